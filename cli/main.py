@@ -1,0 +1,152 @@
+"""The `featstore` command: parses options, calls the library, prints. No logic lives here."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from featstore.errors import FeatstoreError
+from featstore.runtime import tune_allocator
+
+
+def user_errors(fn):
+    """Turn FeatstoreError into one line on stderr and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except FeatstoreError as e:
+            click.echo(f"featstore: error: {e}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.version_option(package_name="featstore")
+def cli() -> None:
+    """Map when a frozen classifier makes up its mind: build a feature store, probe it, query it."""
+    tune_allocator()
+
+
+@cli.command()
+@click.option("--model", required=True, help="torchvision or timm model name (timm/NAME forces timm).")
+@click.option("--data", required=True, type=click.Path(path_type=Path), help="ImageFolder root, or flat folder.")
+@click.option("--store", required=True, type=click.Path(path_type=Path), help="Zarr store to create or extend.")
+@click.option("--labels", type=click.Path(path_type=Path), help="CSV filename,label for a flat folder.")
+@click.option("--views", default="clean", help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, brightness-S.")
+@click.option("--weights", default="default", help="default | a torchvision weights name | PATH | none.")
+@click.option("--anchors", help="Comma list of module names (X.mid inside ResNet blocks); default: preset.")
+@click.option("--pool", type=click.Choice(["cls", "mean"]), default="cls", help="Token pooling for ViTs.")
+@click.option("--image-size", type=int, help="Crop size override; resizes to S*256/224 first.")
+@click.option("--limit", type=int, help="Deterministic subset of N images (ids stay those of the full set).")
+@click.option("--chunk-rows", default=1024, help="Store chunk size along images; the unit of resume.")
+@click.option("--batch-size", default=64, help="Images per forward pass.")
+@click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
+@click.option("--workers", type=int, help="DataLoader decode workers [default: cores-1, at most 4].")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",
+              help="auto = fp16 autocast on CUDA, fp32 on CPU.")
+@click.option("--skip-bad", is_flag=True, help="Record corrupt images as skipped instead of stopping.")
+@click.option("--seed", default=0, help="Seed for random init, --limit and noise views.")
+@click.option("--name", help="Store group for this model config [default: the model name].")
+@click.option("--progress/--no-progress", default=True)
+@user_errors
+def build(**options) -> None:
+    """Extract pooled anchor activations (and logits) of MODEL over DATA into STORE; resumable."""
+    from featstore.build import BuildConfig
+    from featstore.build import build as run_build
+
+    result = run_build(BuildConfig(**options))
+    if result.bad_images:
+        click.echo(f"skipped {len(result.bad_images)} unreadable image(s), recorded in the store: "
+                   f"{', '.join(result.bad_images[:3])}{' …' if len(result.bad_images) > 3 else ''}", err=True)
+    rate = result.images_processed / result.seconds if result.seconds > 0 and result.images_processed else 0.0
+    click.echo(f"{result.key}: {result.chunks_written} chunk(s) written, {result.chunks_skipped} already done, "
+               f"{result.images} images ({rate:.1f} img/s)")
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@user_errors
+def info(store: Path, as_json: bool) -> None:
+    """What STORE holds: images, models, views, anchors, dims and completeness."""
+    from featstore.store import FeatureStore
+
+    summary = FeatureStore(store).info()
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(format_info(summary))
+
+
+def format_info(summary: dict) -> str:
+    lines = [f"store  {summary['path']}"]
+    im = summary["images"]
+    if im:
+        lines.append(f"images {im['count']} in {im['classes']} classes ({im['source']})")
+    for key, m in summary["models"].items():
+        p = m["preprocessing"]
+        lines.append(f"\nmodel  {key}: {m['model']}  weights {m['weights']}  classes {m['num_classes']}")
+        lines.append(f"  preprocessing resize {p['resize']} crop {p['crop']} {p['interpolation']}  "
+                     f"pool {m['token_pool']}  chunk rows {m['chunk_rows']}")
+        lines.append("  anchors " + ", ".join(f"{i}:{name}[{dim}]" for i, name, _, dim in m["anchors"]))
+        for view, v in m["views"].items():
+            state = "complete" if v["chunks_done"] == v["chunks"] else "INCOMPLETE (rerun build to resume)"
+            lines.append(f"  view {view}: {v['chunks_done']}/{v['chunks']} chunks, {v['skipped']} skipped, {state}")
+    return "\n".join(lines)
+
+
+@cli.command()
+@click.option("--model", required=True, help="torchvision or timm model name.")
+@click.option("--all", "show_all", is_flag=True, help="Also list every hookable module name.")
+@user_errors
+def anchors(model: str, show_all: bool) -> None:
+    """The anchors MODEL gets by default, and (with --all) every module name --anchors accepts."""
+    from featstore.anchors import anchor_names_for, resolve_anchor
+    from featstore.models import load_model
+
+    loaded = load_model(model, weights="none")
+    for i, name in enumerate(anchor_names_for(loaded.arch, loaded.library, loaded.module, None)):
+        module, post = resolve_anchor(loaded.module, name)
+        click.echo(f"{i:3d}  {name}" + (f"  (hooks {module} + {post})" if module != name else ""))
+    if show_all:
+        click.echo("\nmodules:")
+        for name, _ in loaded.module.named_modules():
+            if name:
+                click.echo(f"  {name}")
+
+
+@cli.command()
+@click.option("--out", type=click.Path(path_type=Path), default=Path("featstore-demo"),
+              help="Folder for the generated images and the store.")
+@click.option("--images-per-class", default=16, help="Generated images per class (4 classes).")
+@user_errors
+def demo(out: Path, images_per_class: int) -> None:
+    """Offline end-to-end run on generated images with a random-init resnet18 (no network, no GPU)."""
+    from featstore.build import BuildConfig
+    from featstore.build import build as run_build
+    from featstore.store import FeatureStore
+    from featstore.synthetic import make_image_folder
+
+    data = out / "images"
+    if not data.exists():
+        make_image_folder(data, n_classes=4, per_class=images_per_class, size=(160, 120))
+    store = out / "demo.zarr"
+    result = run_build(BuildConfig(model="resnet18", data=data, store=store, weights="none", image_size=64,
+                                   views="clean,gaussian_noise-1,gaussian_blur-1", chunk_rows=32, batch_size=16))
+    click.echo(f"built {result.images} images in {result.seconds:.1f}s\n")
+    click.echo(format_info(FeatureStore(store).info()))
+
+
+def main() -> None:
+    cli(prog_name="featstore")
+
+
+if __name__ == "__main__":
+    main()

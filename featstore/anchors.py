@@ -1,0 +1,124 @@
+"""Anchors: the layers whose pooled activations featstore stores, one description used everywhere.
+
+An anchor names the module whose output is hooked plus an optional elementwise step applied before
+pooling (`X.mid` = inside a ResNet BasicBlock after bn1 + ReLU; the block's `relu` module runs twice, so it
+cannot be hooked). The list is built once per model, written into the store and later into DuckDB, and read
+back by probes and reports (the idea of timm's FeatureInfo).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass
+
+from torch import nn
+
+from featstore.errors import FeatstoreError
+
+# SPEC §3. Names are anchor names; `.mid` suffixes are resolved by `resolve_anchor`.
+PRESETS: dict[str, list[str]] = {
+    "resnet18": ["relu", "maxpool", "layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0", "layer3.1",
+                 "layer4.0.mid", "layer4.0", "layer4.1.mid", "avgpool"],
+    "resnet50": ["maxpool", "layer1.1", "layer1.2", "layer2.1", "layer2.3", "layer3.1", "layer3.3", "layer3.4",
+                 "layer3.5", "layer4.0", "layer4.1", "avgpool"],
+    "resnet101": ["maxpool", "layer1.2", "layer2.3", "layer3.3", "layer3.7", "layer3.11", "layer3.15",
+                  "layer3.18", "layer3.22", "layer4.0", "layer4.1", "avgpool"],
+    "vit_base_patch16_224": [f"blocks.{i}" for i in range(11)] + ["norm"],
+    "convnext_tiny": ["stem", "stages.0.blocks.1", "stages.0.blocks.2", "stages.1.blocks.1", "stages.1.blocks.2",
+                      "stages.2.blocks.2", "stages.2.blocks.4", "stages.2.blocks.6", "stages.2.blocks.8",
+                      "stages.3.blocks.0", "stages.3.blocks.1", "head.norm"],
+}
+
+# The library whose module names a preset uses; a bare name with a preset resolves to that library.
+PRESET_LIBRARY = {"resnet18": "torchvision", "resnet50": "torchvision", "resnet101": "torchvision",
+                  "vit_base_patch16_224": "timm", "convnext_tiny": "timm"}
+
+DEFAULT_COUNT = 12
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """One tap: `name` is what users and tables see, `module` what is hooked, `post` what runs before GAP."""
+
+    index: int
+    name: str
+    module: str
+    dim: int
+    depth_frac: float
+    post: str | None = None  # "relu" for BasicBlock `.mid` taps
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Anchor:
+        return cls(d["index"], d["name"], d["module"], d["dim"], d["depth_frac"], d.get("post"))
+
+
+def resolve_anchor(model: nn.Module, name: str) -> tuple[str, str | None]:
+    """Anchor name -> (module path to hook, post-op). Unknown names fail with the closest valid ones."""
+    modules = dict(model.named_modules())
+    if name.endswith(".mid"):
+        block = name[: -len(".mid")]
+        if block in modules and isinstance(getattr(modules[block], "bn1", None), nn.Module):
+            return f"{block}.bn1", "relu"
+        raise FeatstoreError(f"anchor {name!r}: {block!r} is not a block with a bn1 layer; "
+                             f"`.mid` taps exist only inside ResNet blocks")
+    if name in modules and name != "":
+        return name, None
+    close = difflib.get_close_matches(name, [m for m in modules if m], n=5, cutoff=0.5)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise FeatstoreError(f"anchor {name!r} is not a module of this model{hint}; "
+                         f"`featstore anchors --model <name>` lists the valid names")
+
+
+def block_candidates(model: nn.Module) -> list[str]:
+    """Numbered blocks (children of Sequential/ModuleList) that are not inside another such block."""
+    found: list[str] = []
+    for parent_name, parent in model.named_modules():
+        if not isinstance(parent, (nn.Sequential, nn.ModuleList)):
+            continue
+        for child_name, child in parent.named_children():
+            full = f"{parent_name}.{child_name}" if parent_name else child_name
+            if isinstance(child, (nn.Sequential, nn.ModuleList)) or not any(True for _ in child.parameters()):
+                continue
+            if any(full.startswith(f + ".") for f in found):
+                continue
+            found.append(full)
+    return found
+
+
+def default_anchor_names(model: nn.Module, count: int = DEFAULT_COUNT) -> list[str]:
+    """Evenly spaced blocks over the model's depth, always including the last one."""
+    blocks = block_candidates(model)
+    if not blocks:
+        raise FeatstoreError("this model has no numbered blocks to choose anchors from; pass --anchors a,b,c")
+    if len(blocks) <= count:
+        return blocks
+    step = (len(blocks) - 1) / (count - 1)
+    return [blocks[round(i * step)] for i in range(count)]
+
+
+def anchor_names_for(arch: str, library: str, model: nn.Module, anchors: str | None) -> list[str]:
+    """The user's --anchors, else the preset for this model, else evenly spaced blocks."""
+    if anchors:
+        names = [a.strip() for a in anchors.split(",") if a.strip()]
+    elif PRESET_LIBRARY.get(arch) == library:
+        names = PRESETS[arch]
+    else:
+        names = default_anchor_names(model)
+    if len(set(names)) != len(names):
+        raise FeatstoreError(f"--anchors lists a name twice: {','.join(names)}")
+    if len(names) < 2:
+        raise FeatstoreError("need at least 2 anchors: a decision timeline has a start and an end")
+    return names
+
+
+def build_anchors(model: nn.Module, names: list[str], dims: list[int]) -> list[Anchor]:
+    """Attach resolved modules, measured dims and depth fractions index/T to anchor names."""
+    last = len(names) - 1
+    out = []
+    for i, (name, dim) in enumerate(zip(names, dims, strict=True)):
+        module, post = resolve_anchor(model, name)
+        out.append(Anchor(i, name, module, int(dim), i / last, post))
+    return out

@@ -1,0 +1,280 @@
+"""`featstore build`: run a frozen model over an image set and stream pooled anchors into the store.
+
+Work is cut into the store's chunks. Each chunk is processed in a fixed partition of batches (so its numbers
+never depend on what else runs), written by a background thread through `FeatureStore.commit_chunk`, and
+only then marked done. A rerun skips done chunks; torchrun ranks split the remaining chunks round-robin.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import queue
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from featstore import __version__
+from featstore.anchors import anchor_names_for, build_anchors
+from featstore.datasets import ImageSet, ViewDataset, check_labels, collate, discover
+from featstore.errors import FeatstoreError
+from featstore.extraction import Tapper
+from featstore.models import LoadedModel, load_model
+from featstore.runtime import Ranks, barrier, init_distributed, ranks_from_env, resolve_device
+from featstore.store import ChunkData, FeatureStore, model_key
+from featstore.views import View, parse_views
+
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+
+
+@dataclass
+class BuildConfig:
+    """Everything `featstore build` takes; the CLI only fills this in."""
+
+    model: str
+    data: Path
+    store: Path
+    views: str = "clean"
+    labels: Path | None = None
+    weights: str = "default"
+    anchors: str | None = None
+    pool: str = "cls"
+    image_size: int | None = None
+    limit: int | None = None
+    chunk_rows: int = 1024
+    batch_size: int = 64
+    device: str = "auto"
+    workers: int | None = None
+    precision: str = "auto"
+    skip_bad: bool = False
+    seed: int = 0
+    name: str | None = None
+    progress: bool = True
+
+
+@dataclass
+class BuildResult:
+    key: str
+    images: int
+    chunks_written: int = 0
+    chunks_skipped: int = 0
+    bad_images: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    images_processed: int = 0
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision not in PRECISIONS:
+        raise FeatstoreError(f"--precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    if precision == "auto":
+        return "fp16" if device.type == "cuda" else "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise FeatstoreError("--precision fp16 needs --device cuda; use fp32 or bf16 on CPU")
+    return precision
+
+
+def build(cfg: BuildConfig) -> BuildResult:
+    """Build (or resume) one model's views in a store; see the module docstring for the guarantees."""
+    if cfg.chunk_rows < 1 or cfg.batch_size < 1:
+        raise FeatstoreError("--chunk-rows and --batch-size must be positive")
+    ranks = ranks_from_env()
+    device = resolve_device(cfg.device, ranks.local_rank)
+    precision = resolve_precision(cfg.precision, device)
+    views = parse_views(cfg.views)
+    images = discover(cfg.data, cfg.labels, cfg.limit, cfg.seed)
+    loaded = load_model(cfg.model, cfg.weights, cfg.seed, cfg.image_size)
+    model = loaded.module.to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    names = anchor_names_for(loaded.arch, loaded.library, model, cfg.anchors)
+    tapper = Tapper(model, names, cfg.pool)
+    sample = loaded.preprocessing.normalize(torch.zeros(1, 3, loaded.preprocessing.crop, loaded.preprocessing.crop))
+    dims, num_classes = tapper.dims(sample.to(device))
+    check_labels(images, num_classes)
+    anchors = build_anchors(model, names, dims)
+    key = model_key(cfg.name or cfg.model)
+    config = {
+        "model": cfg.model, "library": loaded.library, "weights_id": loaded.weights_id,
+        "preprocessing": loaded.preprocessing.to_dict(), "token_pool": cfg.pool, "num_classes": num_classes,
+        "chunk_rows": cfg.chunk_rows, "batch_size": cfg.batch_size, "precision": precision,
+        "anchors": [a.to_dict() for a in anchors], "images_fingerprint": images.fingerprint(),
+    }
+    init_distributed(ranks, device)
+    store = _prepare_store(cfg, ranks, images, key, config, views, anchors, num_classes)
+
+    done = {v.name: store.done(key, v.name) for v in views}
+    todo_views = [v for v in views if not done[v.name].all()]
+    n_chunks = math.ceil(len(images) / cfg.chunk_rows)
+    todo = [c for c in range(n_chunks) if any(not done[v.name][c] for v in todo_views)]
+    mine = todo[ranks.rank :: ranks.world]
+    result = BuildResult(key, len(images), chunks_skipped=n_chunks - len(todo))
+    start = time.perf_counter()
+    if mine:
+        _run_chunks(cfg, ranks, store, key, images, loaded, tapper, device, precision, todo_views, done, mine,
+                    result)
+    tapper.close()
+    result.seconds = time.perf_counter() - start
+    barrier(ranks)
+    return result
+
+
+def _prepare_store(cfg: BuildConfig, ranks: Ranks, images: ImageSet, key: str, config: dict,
+                   views: list[View], anchors, num_classes: int) -> FeatureStore:
+    """Rank 0 creates or checks the store's groups; the other ranks wait, then check."""
+    if ranks.is_main:
+        store = FeatureStore(cfg.store, mode="a")
+        if store.has_images():
+            store.check_images(images)
+        else:
+            store.write_images(images)
+        store.prepare_model(key, config, _versions(config["library"]))
+        for v in views:
+            store.prepare_view(key, v.to_dict(), anchors, num_classes, cfg.chunk_rows)
+    barrier(ranks)
+    if not ranks.is_main:
+        store = FeatureStore(cfg.store, mode="a")
+        store.check_images(images)
+        store.prepare_model(key, config, _versions(config["library"]))
+    return store
+
+
+def _versions(library: str) -> dict:
+    import torchvision
+    import zarr
+
+    out = {"featstore": __version__, "python": platform.python_version(), "torch": torch.__version__,
+           "torchvision": torchvision.__version__, "zarr": zarr.__version__}
+    if library == "timm":
+        import timm
+
+        out["timm"] = timm.__version__
+    return out
+
+
+def chunk_batches(rows: range, batch_size: int) -> list[list[int]]:
+    """A chunk's fixed partition into batches: the same rows always meet the same batch-mates."""
+    return [list(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+
+
+def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tapper, device, precision,
+                views: list[View], done: dict, mine: list[int], result: BuildResult) -> None:
+    n = len(images)
+    chunk_of_batch: list[int] = []
+    batches: list[list[int]] = []
+    for c in mine:
+        rows = range(c * cfg.chunk_rows, min(n, (c + 1) * cfg.chunk_rows))
+        for b in chunk_batches(rows, cfg.batch_size):
+            batches.append(b)
+            chunk_of_batch.append(c)
+    workers = cfg.workers if cfg.workers is not None else min(4, max(0, (os.cpu_count() or 1) - 1))
+    loader = torch.utils.data.DataLoader(
+        ViewDataset(images, loaded.preprocessing, views), batch_sampler=batches, collate_fn=collate,
+        num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=False,
+        prefetch_factor=4 if workers else None,
+    )
+    writer = _ChunkWriter(store, key)
+    autocast = (torch.autocast(device.type, dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
+                if precision in ("fp16", "bf16") else nullcontext())
+    bar = _progress(cfg, ranks, sum(len(b) for b in batches), key, views)
+    buffers: dict[str, list] = {}
+    current = None
+    try:
+        for (rows, stacked, errors), chunk in zip(loader, chunk_of_batch, strict=True):
+            if chunk != current:
+                buffers = {v.name: [] for v in views}
+                current = chunk
+            bad = [i for i, e in enumerate(errors) if e is not None]
+            for i in bad:
+                path = images.root / images.paths[rows[i]]
+                if not cfg.skip_bad:
+                    raise FeatstoreError(f"cannot decode image {path} ({errors[i]}); remove or replace the "
+                                         f"file, or pass --skip-bad to record it as skipped and go on")
+                result.bad_images.append(str(path))
+            skipped = np.zeros(len(rows), dtype=bool)
+            skipped[bad] = True
+            with torch.inference_mode(), autocast:
+                for v, x in zip(views, stacked, strict=True):
+                    feats, logits = _forward(tapper, loaded, x, device)
+                    if bad:
+                        for f in feats + [logits]:
+                            f[bad] = np.nan
+                    buffers[v.name].append((feats, logits, skipped))
+            if bar is not None:
+                bar.update(len(rows))
+            last_of_chunk = rows[-1] + 1 == min(n, (chunk + 1) * cfg.chunk_rows)
+            if last_of_chunk:
+                for v in views:
+                    if not done[v.name][chunk]:
+                        writer.put(v.name, _assemble(chunk, buffers[v.name]))
+                result.chunks_written += 1
+                result.images_processed += len(range(chunk * cfg.chunk_rows, min(n, (chunk + 1) * cfg.chunk_rows)))
+    finally:
+        if bar is not None:
+            bar.close()
+        writer.close()
+
+
+def _forward(tapper: Tapper, loaded: LoadedModel, x: torch.Tensor, device: torch.device):
+    x = loaded.preprocessing.normalize(x.to(device, non_blocking=True))
+    if device.type == "cuda":
+        x = x.contiguous(memory_format=torch.channels_last)
+    feats, logits = tapper.forward(x)
+    # one device->host copy per batch: concatenated float16 features
+    flat = torch.cat([f.half() for f in feats] + [logits.half()], dim=1).cpu().numpy()
+    splits = np.cumsum([f.shape[1] for f in feats])
+    parts = np.split(flat, splits, axis=1)
+    return parts[:-1], parts[-1]
+
+
+def _assemble(chunk: int, pieces: list) -> ChunkData:
+    n_anchors = len(pieces[0][0])
+    features = [np.concatenate([p[0][a] for p in pieces]) for a in range(n_anchors)]
+    return ChunkData(chunk, features, np.concatenate([p[1] for p in pieces]),
+                     np.concatenate([p[2] for p in pieces]))
+
+
+class _ChunkWriter:
+    """Writes finished chunks on a background thread so compression and disk I/O overlap compute."""
+
+    def __init__(self, store: FeatureStore, key: str, depth: int = 2):
+        self.store, self.key = store, key
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="featstore-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.store.commit_chunk(self.key, item[0], item[1])
+                except BaseException as e:  # surfaced on the main thread
+                    self.error = e
+
+    def put(self, view: str, data: ChunkData) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put((view, data))
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _progress(cfg: BuildConfig, ranks: Ranks, total: int, key: str, views: list[View]):
+    if not cfg.progress or not ranks.is_main:
+        return None
+    from tqdm import tqdm
+
+    label = f"{key} [{','.join(v.name for v in views)}]"
+    if ranks.world > 1:
+        label += f" rank 0/{ranks.world}"
+    return tqdm(total=total, unit="img", desc=label, dynamic_ncols=True, smoothing=0.1)

@@ -1,0 +1,237 @@
+"""One registry over torchvision and timm: a name and a weights choice in, an eval-mode model out.
+
+Weights: `default` (the library's pretrained weights, fetched by torch/timm), a torchvision weights name
+such as `IMAGENET1K_V1`, a local state-dict path (loaded with `weights_only=True`), or `none` (seeded
+random init). Every choice gets a `weights_id` recorded in the store, so a store never mixes two models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from featstore.anchors import PRESET_LIBRARY
+from featstore.errors import FeatstoreError
+from featstore.preprocessing import Preprocessing
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class LoadedModel:
+    """An eval-mode classifier with what the store records about it."""
+
+    name: str
+    arch: str  # the name inside its library
+    library: str  # "torchvision" | "timm"
+    module: nn.Module
+    weights_id: str
+    preprocessing: Preprocessing
+    num_classes: int
+
+
+@lru_cache(maxsize=1)
+def _torchvision_names() -> frozenset[str]:
+    import torchvision.models
+
+    return frozenset(torchvision.models.list_models())
+
+
+def library_of(name: str) -> tuple[str, str]:
+    """'resnet50' -> ('torchvision', 'resnet50'); 'timm/resnet50' forces timm; unknown names fail."""
+    if name.startswith("timm/"):
+        return "timm", name[len("timm/"):]
+    if name.startswith("torchvision/"):
+        return "torchvision", name[len("torchvision/"):]
+    if name in PRESET_LIBRARY:
+        return PRESET_LIBRARY[name], name
+    if name in _torchvision_names():
+        return "torchvision", name
+    import timm
+
+    if timm.is_model(name):
+        return "timm", name
+    import difflib
+
+    close = difflib.get_close_matches(name, list(_torchvision_names()) + timm.list_models(), n=4)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise FeatstoreError(f"unknown model {name!r}: not a torchvision or timm model name{hint}")
+
+
+def load_model(name: str, weights: str = "default", seed: int = 0, image_size: int | None = None) -> LoadedModel:
+    """Build `name` with the chosen weights, in eval mode, with its own eval preprocessing."""
+    library, arch = library_of(name)
+    path = _weights_path(weights)
+    if library == "torchvision":
+        loaded = _torchvision(arch, weights, path, seed)
+    else:
+        loaded = _timm(arch, weights, path, seed, image_size)
+    loaded.name, loaded.arch = name, arch
+    loaded.preprocessing = loaded.preprocessing.with_image_size(image_size)
+    loaded.module.eval().requires_grad_(False)
+    return loaded
+
+
+def _weights_path(weights: str) -> Path | None:
+    if weights in ("default", "none"):
+        return None
+    p = Path(weights).expanduser()
+    if p.suffix in (".pth", ".pt", ".bin", ".ckpt") or os.sep in weights or p.exists():
+        if not p.is_file():
+            raise FeatstoreError(f"--weights {weights}: no such file; pass a state-dict path, default or none")
+        return p
+    return None
+
+
+def _torchvision(arch: str, weights: str, path: Path | None, seed: int) -> LoadedModel:
+    import torchvision.models as tvm
+
+    try:
+        enum = tvm.get_model_weights(arch)
+    except (ValueError, KeyError):
+        enum = None
+    chosen = None
+    if path is None and weights != "none":
+        if enum is None:
+            raise FeatstoreError(f"torchvision has no pretrained weights for {arch}; use --weights none or PATH")
+        try:
+            chosen = enum.DEFAULT if weights == "default" else enum[weights]
+        except KeyError as e:
+            names = ", ".join(w.name for w in enum)
+            raise FeatstoreError(f"--weights {weights}: {arch} weights are {names}, default, none or a path") from e
+    reference = chosen or (enum.DEFAULT if enum is not None else None)
+    prep = _torchvision_preprocessing(reference)
+    if chosen is not None:
+        try:
+            model = tvm.get_model(arch, weights=chosen)
+        except Exception as e:  # URLError, HTTPError, hash mismatch: all mean "no usable file"
+            target = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(chosen.url)
+            raise FeatstoreError(
+                f"could not get {arch} weights {chosen.name} ({type(e).__name__}); download {chosen.url} "
+                f"and place it at {target}, or pass --weights PATH"
+            ) from e
+        return LoadedModel(arch, arch, "torchvision", model, f"torchvision:{chosen}", prep,
+                           _num_classes(model))
+    torch.manual_seed(seed)
+    model = tvm.get_model(arch, weights=None)
+    if path is None:
+        return LoadedModel(arch, arch, "torchvision", model, f"none:seed={seed}", prep, _num_classes(model))
+    state = _read_state_dict(path)
+    model = _fit_head(model, state, lambda n: tvm.get_model(arch, weights=None, num_classes=n), seed)
+    _load_state(model, state, path, arch)
+    return LoadedModel(arch, arch, "torchvision", model, _file_id(path), prep, _num_classes(model))
+
+
+def _torchvision_preprocessing(weights) -> Preprocessing:
+    if weights is None:
+        return Preprocessing(256, 224, IMAGENET_MEAN, IMAGENET_STD, "bilinear")
+    t = weights.transforms()
+    return Preprocessing(int(t.resize_size[0]), int(t.crop_size[0]), tuple(t.mean), tuple(t.std),
+                         t.interpolation.value)
+
+
+def _timm(arch: str, weights: str, path: Path | None, seed: int, image_size: int | None) -> LoadedModel:
+    from timm.data import resolve_data_config
+
+    if path is None and weights not in ("default", "none"):
+        raise FeatstoreError(f"--weights {weights}: for timm models use default, none or a state-dict path "
+                             f"(choose a pretrained tag in the name, e.g. {arch}.augreg_in21k_ft_in1k)")
+    torch.manual_seed(seed)
+    if path is None and weights == "default":
+        try:
+            model = _create_timm(arch, image_size, pretrained=True)
+        except Exception as e:  # offline hub, missing file, bad cache
+            cfg = _create_timm(arch, image_size, pretrained=False).pretrained_cfg
+            where = cfg.get("hf_hub_id") or cfg.get("url") or "the timm hub"
+            raise FeatstoreError(
+                f"could not get timm weights for {arch} from {where} ({type(e).__name__}); fetch them once "
+                f"online into the Hugging Face cache, or save the state dict and pass --weights PATH"
+            ) from e
+        weights_id = f"timm:{model.pretrained_cfg.get('hf_hub_id') or arch}"
+    else:
+        model = _create_timm(arch, image_size, pretrained=False)
+        weights_id = f"none:seed={seed}"
+        if path is not None:
+            state = _read_state_dict(path)
+            model = _fit_head(model, state, lambda n: _create_timm(arch, image_size, num_classes=n), seed)
+            _load_state(model, state, path, arch)
+            weights_id = _file_id(path)
+    cfg = resolve_data_config({}, model=model)
+    crop = int(cfg["input_size"][-1])
+    resize = int(crop / cfg.get("crop_pct", 0.875))
+    prep = Preprocessing(resize, crop, tuple(cfg["mean"]), tuple(cfg["std"]), cfg.get("interpolation", "bicubic"))
+    return LoadedModel(arch, arch, "timm", model, weights_id, prep, _num_classes(model))
+
+
+def _create_timm(arch: str, image_size: int | None, **kwargs) -> nn.Module:
+    """timm model; ViT-style models are built for `image_size` (their position embedding depends on it)."""
+    import timm
+
+    if image_size is not None:
+        try:
+            return timm.create_model(arch, img_size=image_size, **kwargs)
+        except TypeError:  # convolutional models take any input size
+            pass
+    return timm.create_model(arch, **kwargs)
+
+
+def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise FeatstoreError(f"cannot read weights file {path} ({type(e).__name__}: {str(e)[:120]}); "
+                             f"pass a torch.save'd state dict") from e
+    for key in ("state_dict", "model", "model_state_dict"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise FeatstoreError(f"weights file {path} holds no state dict of tensors; save model.state_dict()")
+    return {k.removeprefix("module."): v for k, v in obj.items()}
+
+
+def _head_name(model: nn.Module) -> str | None:
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    return linears[-1] if linears else None
+
+
+def _fit_head(model: nn.Module, state: dict, rebuild, seed: int) -> nn.Module:
+    """Rebuild with the checkpoint's class count when only the classifier's width differs."""
+    head = _head_name(model)
+    w = state.get(f"{head}.weight") if head else None
+    if w is not None and w.shape[0] != _num_classes(model):
+        torch.manual_seed(seed)
+        return rebuild(int(w.shape[0]))
+    return model
+
+
+def _load_state(model: nn.Module, state: dict, path: Path, arch: str) -> None:
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        first = str(e).split("size mismatch for ", 1)[-1].split(":")[0]
+        raise FeatstoreError(f"weights file {path} does not fit {arch}: size mismatch for {first}; "
+                             f"pass a checkpoint saved from {arch}") from e
+    bad = list(result.missing_keys) + list(result.unexpected_keys)
+    if bad:
+        raise FeatstoreError(f"weights file {path} does not fit {arch}: {len(result.missing_keys)} missing, "
+                             f"{len(result.unexpected_keys)} unexpected keys (e.g. {bad[0]}); "
+                             f"pass a checkpoint saved from {arch}")
+
+
+def _file_id(path: Path) -> str:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return f"file:{path.name}:sha256={digest}"
+
+
+def _num_classes(model: nn.Module) -> int:
+    head = _head_name(model)
+    if head is None:
+        return 0
+    return int(dict(model.named_modules())[head].out_features)

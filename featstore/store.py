@@ -1,0 +1,224 @@
+"""The Zarr v3 feature store (SPEC §4): images, then per model and view one float16 array per anchor.
+
+Layout::
+
+    images/{image_id,path,label}             attrs: source, class_names, count, fingerprint
+    <model>/                                 attrs: config (weights, preprocessing, anchors, ...), versions
+    <model>/<view>/anchors/<anchor>          float16 [N, C], chunks (chunk_rows, C)
+    <model>/<view>/{logits,skipped}          float16 [N, classes], bool [N]
+    <model>/<view>/done                      bool [n_chunks]: the only commit point
+    <model>/probes/<variant>/...             written by probes
+
+`commit_chunk` is the one function that writes a chunk and then marks it done; every writer calls it, so a
+chunk that is marked done is always complete (zarr's LocalStore writes each file atomically).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from featstore.anchors import Anchor
+from featstore.datasets import ImageSet
+from featstore.errors import FeatstoreError
+
+FORMAT = 1
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+def model_key(name: str) -> str:
+    """A model name as a store group name: 'timm/vit_base_patch16_224' -> 'timm_vit_base_patch16_224'."""
+    key = name.replace("/", "_")
+    if not _KEY.match(key):
+        raise FeatstoreError(f"{name!r} cannot name a store group; use --name with letters, digits, _ . -")
+    return key
+
+
+@dataclass
+class ChunkData:
+    """Everything one view of one chunk writes: rows [start, stop) of each array."""
+
+    chunk: int
+    features: list[np.ndarray]  # per anchor, float16 [rows, C]
+    logits: np.ndarray  # float16 [rows, classes]
+    skipped: np.ndarray  # bool [rows]
+
+
+class FeatureStore:
+    """A featstore Zarr store on local disk."""
+
+    def __init__(self, path: str | Path, mode: str = "r"):
+        self.path = Path(path)
+        if mode == "r" and not (self.path / "zarr.json").is_file():
+            raise FeatstoreError(f"no featstore store at {self.path}; build one with `featstore build`")
+        try:
+            self.root = zarr.open_group(str(self.path), mode=mode)
+        except Exception as e:
+            raise FeatstoreError(f"cannot open {self.path} as a Zarr v3 store ({type(e).__name__}: {e}); "
+                                 f"point --store at a featstore store or a new path") from e
+        fmt = self.root.attrs.get("featstore_format")
+        if fmt is None and mode != "r" and not list(self.root.keys()):
+            self.root.attrs["featstore_format"] = FORMAT
+        elif fmt != FORMAT:
+            raise FeatstoreError(f"{self.path} is not a featstore store (format {fmt!r}); use a new --store path")
+
+    # -- images -------------------------------------------------------------------------------------
+
+    def has_images(self) -> bool:
+        return "images" in self.root
+
+    def write_images(self, images: ImageSet) -> None:
+        n = len(images)
+        g = self.root.require_group("images")
+        chunk = (max(1, min(n, 1 << 16)),)
+        g.create_array("image_id", shape=(n,), chunks=chunk, dtype="int64", overwrite=True)[:] = images.image_ids
+        g.create_array("label", shape=(n,), chunks=chunk, dtype="int64", overwrite=True)[:] = images.labels
+        g.create_array("path", shape=(n,), chunks=chunk, dtype=str, overwrite=True)[:] = np.asarray(images.paths)
+        # attrs last: their fingerprint is what marks the image list as written
+        g.attrs.update({"source": images.source, "root": str(images.root.resolve()),
+                        "class_names": images.class_names, "count": n, "fingerprint": images.fingerprint()})
+
+    def check_images(self, images: ImageSet) -> None:
+        attrs = dict(self.root["images"].attrs)
+        if attrs.get("fingerprint") != images.fingerprint():
+            raise FeatstoreError(
+                f"store {self.path} holds a different image list ({attrs.get('count')} images from "
+                f"{attrs.get('source')}) than {images.source} ({len(images)} images); use the same --data, "
+                f"--labels and --limit, or a new --store")
+
+    def image_table(self) -> dict[str, np.ndarray]:
+        g = self.root["images"]
+        return {"image_id": g["image_id"][:], "path": np.asarray(g["path"][:], dtype=object),
+                "label": g["label"][:]}
+
+    def image_attrs(self) -> dict:
+        return dict(self.root["images"].attrs)
+
+    @property
+    def num_images(self) -> int:
+        return int(self.root["images"].attrs["count"])
+
+    # -- models and views ---------------------------------------------------------------------------
+
+    def models(self) -> list[str]:
+        return sorted(k for k, v in self.root.groups() if k != "images")
+
+    def model_attrs(self, key: str) -> dict:
+        if key not in self.models():
+            have = ", ".join(self.models()) or "none"
+            raise FeatstoreError(f"store {self.path} has no model {key!r} (it has: {have}); "
+                                 f"build it with `featstore build --model {key}`")
+        return dict(self.root[key].attrs)
+
+    def anchors(self, key: str) -> list[Anchor]:
+        return [Anchor.from_dict(a) for a in self.model_attrs(key)["config"]["anchors"]]
+
+    def views(self, key: str) -> list[str]:
+        return sorted(k for k, _ in self.root[key].groups() if k != "probes")
+
+    def prepare_model(self, key: str, config: dict, versions: dict) -> None:
+        """Create the model group, or check that an existing one was built with the same config."""
+        if key in self.root:
+            old = dict(self.root[key].attrs).get("config", {})
+            if _canonical(old) != _canonical(config):
+                diff = sorted(k for k in set(old) | set(config) if _canonical(old.get(k)) != _canonical(config.get(k)))
+                raise FeatstoreError(
+                    f"store {self.path} already holds {key!r} built with a different {', '.join(diff)}; "
+                    f"rebuild with the same settings, pass --name to store this config beside it, or use a "
+                    f"new --store")
+            return
+        g = self.root.create_group(key)
+        g.attrs.update({"config": config, "versions": versions})
+
+    def prepare_view(self, key: str, view: dict, anchors: Sequence[Anchor], num_classes: int,
+                     chunk_rows: int) -> None:
+        """Create a view's arrays (NaN-filled) and its all-False done bitmap, unless they exist."""
+        g = self.root[key]
+        if view["name"] in g:
+            return
+        n = self.num_images
+        vg = g.create_group(view["name"])
+        ag = vg.create_group("anchors")
+        for a in anchors:
+            ag.create_array(a.name, shape=(n, a.dim), chunks=(chunk_rows, a.dim), dtype="float16",
+                            fill_value=np.nan)
+        vg.create_array("logits", shape=(n, max(num_classes, 1)), chunks=(chunk_rows, max(num_classes, 1)),
+                        dtype="float16", fill_value=np.nan)
+        vg.create_array("skipped", shape=(n,), chunks=(chunk_rows,), dtype="bool", fill_value=False)
+        # the bitmap last: a view without it was interrupted while being created and is made again
+        vg.create_array("done", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="bool", fill_value=False)
+        vg.attrs.update(view)
+
+    def view_group(self, key: str, view: str) -> zarr.Group:
+        self.model_attrs(key)
+        if view not in self.root[key] or "done" not in self.root[key][view]:
+            have = ", ".join(self.views(key)) or "none"
+            raise FeatstoreError(f"store {self.path} has no view {view!r} of {key!r} (it has: {have}); "
+                                 f"build it with `featstore build --views {view}`")
+        return self.root[key][view]
+
+    def chunk_rows(self, key: str) -> int:
+        return int(self.model_attrs(key)["config"]["chunk_rows"])
+
+    def done(self, key: str, view: str) -> np.ndarray:
+        return np.asarray(self.view_group(key, view)["done"][:], dtype=bool)
+
+    def commit_chunk(self, key: str, view: str, data: ChunkData) -> None:
+        """Write one chunk of every array of a view, then mark it done: the store's only commit point."""
+        g = self.root[key][view]
+        rows = self.chunk_rows(key)
+        start = data.chunk * rows
+        stop = start + len(data.skipped)
+        for a, feats in zip(self.anchors(key), data.features, strict=True):
+            g["anchors"][a.name][start:stop] = feats
+        g["logits"][start:stop] = data.logits
+        g["skipped"][start:stop] = data.skipped
+        g["done"][data.chunk] = True
+
+    def read(self, key: str, view: str, anchor: str, rows: slice = slice(None)) -> np.ndarray:
+        return self.view_group(key, view)["anchors"][anchor][rows]
+
+    def read_logits(self, key: str, view: str, rows: slice = slice(None)) -> np.ndarray:
+        return self.view_group(key, view)["logits"][rows]
+
+    def read_skipped(self, key: str, view: str) -> np.ndarray:
+        return np.asarray(self.view_group(key, view)["skipped"][:], dtype=bool)
+
+    # -- summary ------------------------------------------------------------------------------------
+
+    def info(self) -> dict:
+        """What the store holds: images, and per model its anchors and each view's completeness."""
+        out: dict = {"path": str(self.path), "images": None, "models": {}}
+        if self.has_images():
+            a = self.image_attrs()
+            out["images"] = {"count": a.get("count"), "classes": len(a.get("class_names", [])),
+                             "source": a.get("source")}
+        for key in self.models():
+            attrs = self.model_attrs(key)
+            cfg = attrs["config"]
+            views = {}
+            for v in self.views(key):
+                if "done" not in self.root[key][v]:
+                    continue
+                done = self.done(key, v)
+                views[v] = {"chunks_done": int(done.sum()), "chunks": int(done.size),
+                            "skipped": int(self.read_skipped(key, v).sum())}
+            out["models"][key] = {
+                "model": cfg["model"], "weights": cfg["weights_id"], "preprocessing": cfg["preprocessing"],
+                "token_pool": cfg.get("token_pool"), "num_classes": cfg["num_classes"],
+                "chunk_rows": cfg["chunk_rows"],
+                "anchors": [(a["index"], a["name"], a["module"], a["dim"]) for a in cfg["anchors"]],
+                "views": views, "versions": attrs.get("versions", {}),
+            }
+        return out
+
+
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
