@@ -72,25 +72,33 @@ def resolve_anchor(model: nn.Module, name: str) -> tuple[str, str | None]:
                          f"`featstore anchors --model <name>` lists the valid names")
 
 
-def block_candidates(model: nn.Module) -> list[str]:
-    """Numbered blocks (children of Sequential/ModuleList) that are not inside another such block."""
+def block_candidates(model: nn.Module, head: str | None = None) -> list[str]:
+    """Numbered blocks (children of plain Sequential/ModuleList containers), outermost first, in model order.
+
+    Subclasses of Sequential (torchvision's Conv2dNormActivation, say) count as blocks, not containers.
+    The classifier `head` is left out: its output is the logits, which the store keeps anyway.
+    """
+    containers = (nn.Sequential, nn.ModuleList)
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
     found: list[str] = []
     for parent_name, parent in model.named_modules():
-        if not isinstance(parent, (nn.Sequential, nn.ModuleList)):
+        if type(parent) not in containers:
             continue
         for child_name, child in parent.named_children():
             full = f"{parent_name}.{child_name}" if parent_name else child_name
-            if isinstance(child, (nn.Sequential, nn.ModuleList)) or not any(True for _ in child.parameters()):
+            if type(child) in containers or full == head or not any(True for _ in child.parameters()):
                 continue
             if any(full.startswith(f + ".") for f in found):
                 continue
             found.append(full)
-    return found
+    found = [f for f in found if not any(f.startswith(g + ".") for g in found)]
+    return sorted(found, key=order.__getitem__)
 
 
 def default_anchor_names(model: nn.Module, count: int = DEFAULT_COUNT) -> list[str]:
     """Evenly spaced blocks over the model's depth, always including the last one."""
-    blocks = block_candidates(model)
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    blocks = block_candidates(model, head=linears[-1] if linears else None)
     if not blocks:
         raise FeatstoreError("this model has no numbered blocks to choose anchors from; pass --anchors a,b,c")
     if len(blocks) <= count:

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from featstore.cli.main import cli
 from PIL import Image
 from torchvision import transforms as T
 
+from featstore.cli.main import cli
 from featstore.synthetic import make_image_folder
 
 

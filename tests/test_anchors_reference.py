@@ -6,11 +6,12 @@ import pytest
 import timm
 import torch
 import torchvision
-from conftest import assert_fp16_close, reference_batch, run_cli
 from torchvision.models.feature_extraction import create_feature_extractor
 
 from featstore.anchors import PRESETS
 from featstore.store import FeatureStore
+
+from conftest import assert_fp16_close, reference_batch, run_cli
 
 TORCHVISION_PRESETS = ["resnet18", "resnet50", "resnet101"]
 # oneDNN picks convolution algorithms by batch size, so float32 results move by ~1e-6 between batch sizes

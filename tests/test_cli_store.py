@@ -1,0 +1,74 @@
+"""`featstore info`, `anchors`, `demo`, stable image ids under --limit, and adding a view to a store."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from featstore.datasets import discover
+from featstore.store import FeatureStore
+
+from conftest import run_cli
+
+SMALL = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--chunk-rows", "6",
+         "--batch-size", "3", "--workers", "0", "--no-progress"]
+
+
+def test_limit_keeps_the_ids_of_the_full_set(image_dir):
+    full, part = discover(image_dir), discover(image_dir, limit=5)
+    assert len(part) == 5 and part.image_ids.tolist() == sorted(part.image_ids.tolist())
+    for i, path, label in zip(part.image_ids, part.paths, part.labels, strict=True):
+        assert full.paths[i] == path and full.labels[i] == label
+    assert discover(image_dir, limit=5).fingerprint() == part.fingerprint()
+
+
+def test_info_reports_anchors_views_and_completeness(image_dir, tmp_path):
+    store = tmp_path / "s.zarr"
+    run_cli("build", "--data", image_dir, "--store", store, *SMALL, "--views", "clean")
+    run_cli("build", "--data", image_dir, "--store", store, *SMALL, "--views", "clean,brightness-1")
+    summary = json.loads(run_cli("info", store, "--json").output)
+    m = summary["models"]["resnet18"]
+    assert summary["images"]["count"] == 12 and summary["images"]["classes"] == 3
+    assert [a[1] for a in m["anchors"]][:3] == ["relu", "maxpool", "layer1.0"]
+    assert [a[3] for a in m["anchors"]] == [64, 64, 64, 64, 128, 128, 256, 256, 512, 512, 512, 512]
+    assert m["anchors"][8][2] == "layer4.0.bn1"
+    assert m["views"] == {v: {"chunks_done": 2, "chunks": 2, "skipped": 0} for v in ["brightness-1", "clean"]}
+    assert {"torch", "torchvision", "zarr", "featstore"} <= set(m["versions"])
+    text = run_cli("info", store).output
+    assert "view brightness-1: 2/2 chunks, 0 skipped, complete" in text
+
+
+def test_second_build_adds_only_the_missing_view(image_dir, tmp_path):
+    store = tmp_path / "s.zarr"
+    run_cli("build", "--data", image_dir, "--store", store, *SMALL)
+    before = FeatureStore(store).read("resnet18", "clean", "avgpool")
+    out = run_cli("build", "--data", image_dir, "--store", store, *SMALL, "--views", "clean,gaussian_blur-2").output
+    assert "2 chunk(s) written" in out
+    fs = FeatureStore(store)
+    assert np.array_equal(fs.read("resnet18", "clean", "avgpool"), before)
+    assert not np.array_equal(fs.read("resnet18", "gaussian_blur-2", "avgpool"), before)
+    assert "0 chunk(s) written, 2 already done" in run_cli("build", "--data", image_dir, "--store", store,
+                                                          *SMALL, "--views", "gaussian_blur-2").output
+
+
+def test_info_on_a_missing_store_is_one_line(tmp_path):
+    result = run_cli("info", tmp_path / "nothing.zarr", ok=False)
+    assert result.exit_code == 2 and "featstore build" in result.output
+
+
+def test_anchors_command_lists_preset_and_modules():
+    out = run_cli("anchors", "--model", "resnet18", "--all").output
+    assert "layer4.0.mid  (hooks layer4.0.bn1 + relu)" in out and "  layer3.1.conv2" in out
+
+
+def test_default_anchors_for_a_model_without_preset(image_dir, tmp_path):
+    store = tmp_path / "s.zarr"
+    run_cli("build", "--data", image_dir, "--store", store, *SMALL[2:], "--model", "mobilenet_v3_small")
+    names = [a.name for a in FeatureStore(store).anchors("mobilenet_v3_small")]
+    assert len(names) == 12 and names[0] == "features.0" and names[-1] == "classifier.0"
+
+
+def test_demo_runs_offline(tmp_path):
+    out = run_cli("demo", "--out", tmp_path / "demo", "--images-per-class", "4").output
+    assert "view gaussian_noise-1: 1/1 chunks, 0 skipped, complete" in out

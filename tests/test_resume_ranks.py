@@ -1,0 +1,83 @@
+"""Resume after SIGKILL is bit-identical to an uninterrupted build; two torchrun ranks equal one process."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+BUILD = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--chunk-rows", "8",
+         "--batch-size", "4", "--workers", "0", "--views", "clean,gaussian_noise-1", "--no-progress"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+CLI = [sys.executable, "-m", "featstore.cli.main", "build"]
+
+
+def build_cmd(data: Path, store: Path) -> list[str]:
+    return CLI + ["--data", str(data), "--store", str(store)] + BUILD
+
+
+def done_chunks(store: Path) -> int:
+    return len(list((store / "resnet18" / "clean" / "done" / "c").glob("*")))
+
+
+def arrays(store: Path) -> dict[str, np.ndarray]:
+    root = zarr.open_group(str(store), mode="r")
+    return {name: node[:] for name, node in root.members(max_depth=None) if isinstance(node, zarr.Array)}
+
+
+def assert_identical(a: Path, b: Path) -> None:
+    x, y = arrays(a), arrays(b)
+    assert sorted(x) == sorted(y)
+    for name in x:
+        assert x[name].dtype == y[name].dtype, name
+        assert x[name].tobytes() == y[name].tobytes(), f"{name} differs"
+
+
+def test_sigkill_then_resume_is_bit_identical(big_image_dir, tmp_path):
+    reference = tmp_path / "ref.zarr"
+    subprocess.run(build_cmd(big_image_dir, reference), env=ENV, check=True, capture_output=True)
+    n_chunks = 12
+    assert done_chunks(reference) == n_chunks
+
+    store = tmp_path / "killed.zarr"
+    kills = 0
+    rng = random.Random(0)
+    for attempt in range(6):
+        proc = subprocess.Popen(build_cmd(big_image_dir, store), env=ENV, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        start_done = done_chunks(store) if store.exists() else 0
+        # first kill: as soon as a chunk lands; later ones at a random moment after start-up
+        deadline = time.monotonic() + (60 if attempt == 0 else rng.uniform(2.0, 4.0))
+        while proc.poll() is None and time.monotonic() < deadline:
+            if attempt == 0 and store.exists() and done_chunks(store) > start_done:
+                break
+            time.sleep(0.005)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+            assert done_chunks(store) < n_chunks or attempt > 0
+        if proc.returncode == 0:
+            break
+    if done_chunks(store) < n_chunks:
+        subprocess.run(build_cmd(big_image_dir, store), env=ENV, check=True, capture_output=True)
+    assert kills >= 1, "the build finished before it could be killed; the test proved nothing"
+    assert done_chunks(store) == n_chunks
+    assert_identical(store, reference)
+
+
+def test_two_ranks_equal_one(big_image_dir, tmp_path):
+    single, double = tmp_path / "one.zarr", tmp_path / "two.zarr"
+    subprocess.run(build_cmd(big_image_dir, single), env=ENV, check=True, capture_output=True)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "-m", "featstore.cli.main", "build", "--data", str(big_image_dir), "--store", str(double)] + BUILD
+    done = subprocess.run(torchrun, env=ENV, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_identical(single, double)
