@@ -48,7 +48,8 @@ def cli() -> None:
 @click.option("--chunk-rows", default=1024, help="Store chunk size along images; the unit of resume.")
 @click.option("--batch-size", default=64, help="Images per forward pass.")
 @click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
-@click.option("--workers", type=int, help="DataLoader decode workers [default: cores-1, at most 4].")
+@click.option("--workers", type=int, help="Decoders [default: a thread per core on CPU, taking turns with the forward; "
+              "up to 8 DataLoader processes overlapping it on CUDA]; 0 decodes serially.")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",
               help="auto = fp16 autocast on CUDA, fp32 on CPU.")
 @click.option("--skip-bad", is_flag=True, help="Record corrupt images as skipped instead of stopping.")

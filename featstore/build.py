@@ -8,7 +8,6 @@ only then marked done. A rerun skips done chunks; torchrun ranks split the remai
 from __future__ import annotations
 
 import math
-import os
 import platform
 import queue
 import threading
@@ -22,9 +21,10 @@ import torch
 
 from featstore import __version__
 from featstore.anchors import anchor_names_for, build_anchors
-from featstore.datasets import ImageSet, ViewDataset, check_labels, collate, discover
+from featstore.datasets import ImageSet, ViewDataset, check_labels, discover
 from featstore.errors import FeatstoreError
 from featstore.extraction import Tapper
+from featstore.loading import iterate_batches
 from featstore.models import LoadedModel, load_model
 from featstore.runtime import Ranks, barrier, init_distributed, ranks_from_env, resolve_device
 from featstore.store import ChunkData, FeatureStore, model_key
@@ -79,6 +79,13 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
+def preferred_memory_format(model: torch.nn.Module) -> torch.memory_format:
+    """channels_last for convolutional models: oneDNN and cuDNN run NHWC convolutions faster (~1.2x for
+    resnet18 on this CPU). Recorded in the store config, since float32 results depend on the layout."""
+    has_conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    return torch.channels_last if has_conv else torch.contiguous_format
+
+
 def build(cfg: BuildConfig) -> BuildResult:
     """Build (or resume) one model's views in a store; see the module docstring for the guarantees."""
     if cfg.chunk_rows < 1 or cfg.batch_size < 1:
@@ -89,13 +96,12 @@ def build(cfg: BuildConfig) -> BuildResult:
     views = parse_views(cfg.views)
     images = discover(cfg.data, cfg.labels, cfg.limit, cfg.seed)
     loaded = load_model(cfg.model, cfg.weights, cfg.seed, cfg.image_size)
-    model = loaded.module.to(device)
-    if device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
+    memory_format = preferred_memory_format(loaded.module)
+    model = loaded.module.to(device, memory_format=memory_format)
     names = anchor_names_for(loaded.arch, loaded.library, model, cfg.anchors)
     tapper = Tapper(model, names, cfg.pool)
     sample = loaded.preprocessing.normalize(torch.zeros(1, 3, loaded.preprocessing.crop, loaded.preprocessing.crop))
-    dims, num_classes = tapper.dims(sample.to(device))
+    dims, num_classes = tapper.dims(sample.to(device).contiguous(memory_format=memory_format))
     check_labels(images, num_classes)
     anchors = build_anchors(model, names, dims)
     key = model_key(cfg.name or cfg.model)
@@ -103,6 +109,7 @@ def build(cfg: BuildConfig) -> BuildResult:
         "model": cfg.model, "library": loaded.library, "weights_id": loaded.weights_id,
         "preprocessing": loaded.preprocessing.to_dict(), "token_pool": cfg.pool, "num_classes": num_classes,
         "chunk_rows": cfg.chunk_rows, "batch_size": cfg.batch_size, "precision": precision,
+        "memory_format": str(memory_format).removeprefix("torch."),
         "anchors": [a.to_dict() for a in anchors], "images_fingerprint": images.fingerprint(),
     }
     init_distributed(ranks, device)
@@ -116,8 +123,8 @@ def build(cfg: BuildConfig) -> BuildResult:
     result = BuildResult(key, len(images), chunks_skipped=n_chunks - len(todo))
     start = time.perf_counter()
     if mine:
-        _run_chunks(cfg, ranks, store, key, images, loaded, tapper, device, precision, todo_views, done, mine,
-                    result)
+        _run_chunks(cfg, ranks, store, key, images, loaded, tapper, device, memory_format, precision, todo_views,
+                    done, mine, result)
     tapper.close()
     result.seconds = time.perf_counter() - start
     barrier(ranks)
@@ -162,7 +169,7 @@ def chunk_batches(rows: range, batch_size: int) -> list[list[int]]:
     return [list(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
 
 
-def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tapper, device, precision,
+def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tapper, device, memory_format, precision,
                 views: list[View], done: dict, mine: list[int], result: BuildResult) -> None:
     n = len(images)
     chunk_of_batch: list[int] = []
@@ -172,12 +179,7 @@ def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tap
         for b in chunk_batches(rows, cfg.batch_size):
             batches.append(b)
             chunk_of_batch.append(c)
-    workers = cfg.workers if cfg.workers is not None else min(4, max(0, (os.cpu_count() or 1) - 1))
-    loader = torch.utils.data.DataLoader(
-        ViewDataset(images, loaded.preprocessing, views), batch_sampler=batches, collate_fn=collate,
-        num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=False,
-        prefetch_factor=4 if workers else None,
-    )
+    batches_in = iterate_batches(ViewDataset(images, loaded.preprocessing, views), batches, device, cfg.workers)
     writer = _ChunkWriter(store, key)
     autocast = (torch.autocast(device.type, dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
                 if precision in ("fp16", "bf16") else nullcontext())
@@ -185,7 +187,7 @@ def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tap
     buffers: dict[str, list] = {}
     current = None
     try:
-        for (rows, stacked, errors), chunk in zip(loader, chunk_of_batch, strict=True):
+        for (rows, stacked, errors), chunk in zip(batches_in, chunk_of_batch, strict=True):
             if chunk != current:
                 buffers = {v.name: [] for v in views}
                 current = chunk
@@ -200,7 +202,7 @@ def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tap
             skipped[bad] = True
             with torch.inference_mode(), autocast:
                 for v, x in zip(views, stacked, strict=True):
-                    feats, logits = _forward(tapper, loaded, x, device)
+                    feats, logits = _forward(tapper, loaded, x, device, memory_format)
                     if bad:
                         for f in feats + [logits]:
                             f[bad] = np.nan
@@ -220,10 +222,9 @@ def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tap
         writer.close()
 
 
-def _forward(tapper: Tapper, loaded: LoadedModel, x: torch.Tensor, device: torch.device):
-    x = loaded.preprocessing.normalize(x.to(device, non_blocking=True))
-    if device.type == "cuda":
-        x = x.contiguous(memory_format=torch.channels_last)
+def _forward(tapper: Tapper, loaded: LoadedModel, x: torch.Tensor, device: torch.device,
+             memory_format: torch.memory_format):
+    x = loaded.preprocessing.normalize(x.to(device, non_blocking=True)).contiguous(memory_format=memory_format)
     feats, logits = tapper.forward(x)
     # one device->host copy per batch: concatenated float16 features
     flat = torch.cat([f.half() for f in feats] + [logits.half()], dim=1).cpu().numpy()

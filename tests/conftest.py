@@ -51,9 +51,16 @@ def reference_batch(paths: list[Path], prep: dict) -> torch.Tensor:
 
 
 def assert_fp16_close(stored: np.ndarray, reference: np.ndarray, what: str) -> None:
-    """Stored float16 must equal the float32 reference rounded to float16 (one half-ulp of slack)."""
+    """Stored float16 must equal the float32 reference to float16 precision.
+
+    The scale is the element itself plus its row's RMS: a pooled mean or a logit near zero is a sum of large
+    terms, and float32 summation order (memory layout, batch size) moves it by ~1e-7 of those terms, which a
+    random-init deep network amplifies. A wrong tap, view or image order is off by far more than that.
+    """
     ref = np.asarray(reference, dtype=np.float32)
-    tol = np.abs(ref) * 2.0**-10 + 1e-5
-    err = np.abs(stored.astype(np.float32) - ref)
     assert stored.shape == ref.shape, f"{what}: shape {stored.shape} vs {ref.shape}"
-    assert (err <= tol).all(), f"{what}: max error {err.max():.3g} beyond fp16 precision"
+    row_rms = np.sqrt(np.mean(ref.astype(np.float64) ** 2, axis=-1, keepdims=True))
+    err = np.abs(stored.astype(np.float32) - ref)
+    ratio = err / ((np.abs(ref) + row_rms) * 2.0**-10 + 1e-6)
+    print(f"{what}: worst error / fp16 tolerance = {ratio.max():.3f}")
+    assert (ratio <= 1).all(), f"{what}: error {err.max():.3g}, {ratio.max():.2f}x beyond fp16 precision"
