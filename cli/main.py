@@ -72,6 +72,28 @@ def build(**options) -> None:
 
 
 @cli.command()
+@click.option("--store", required=True, type=click.Path(path_type=Path), help="A store made by featstore build.")
+@click.option("--model", required=True, help="Model (store group) whose anchors to probe.")
+@click.option("--db", required=True, type=click.Path(path_type=Path), help="DuckDB file to create or extend.")
+@click.option("--view", default="clean", help="View(s) to predict: a name, a comma list, or all.")
+@click.option("--variant", default="linear", help="linear | paper | projected[:dim=N] (or a registered one).")
+@click.option("--train-on-view", help="Train the probes on this view [default: clean].")
+@click.option("--cross-fit", default=0, help="K >= 2: K folds, every image predicted out of sample.")
+@click.option("--seed", default=0, help="Split, fold and probe seed.")
+@click.option("--memory-budget", default="4GB", help="Keep features in memory up to this size, else stream chunks.")
+@click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
+@click.option("--progress/--no-progress", default=True)
+@user_errors
+def probe(**options) -> None:
+    """Train one linear probe per anchor from the store and land every prediction in DuckDB."""
+    from featstore.probing.run import ProbeConfig
+    from featstore.probing.run import probe as run_probe
+
+    for run_id in run_probe(ProbeConfig(**options)):
+        click.echo(f"wrote run {run_id}")
+
+
+@cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @user_errors

@@ -191,6 +191,24 @@ class FeatureStore:
     def read_skipped(self, key: str, view: str) -> np.ndarray:
         return np.asarray(self.view_group(key, view)["skipped"][:], dtype=bool)
 
+    # -- probes -------------------------------------------------------------------------------------
+
+    def write_probe(self, key: str, name: str, anchor: str, weight: np.ndarray, bias: np.ndarray,
+                    attrs: dict) -> None:
+        """Save one anchor's probe weights [folds, C, D] and biases [folds, C] under <model>/probes/<name>/."""
+        g = self.root[key].require_group("probes").require_group(name).require_group(anchor)
+        g.create_array("weight", shape=weight.shape, chunks=weight.shape, dtype="float32", overwrite=True)[:] = weight
+        g.create_array("bias", shape=bias.shape, chunks=bias.shape, dtype="float32", overwrite=True)[:] = bias
+        g.attrs.put(attrs)
+
+    def read_probe(self, key: str, name: str, anchor: str) -> tuple[np.ndarray, np.ndarray, dict]:
+        try:
+            g = self.root[key]["probes"][name][anchor]
+        except KeyError as e:
+            raise FeatstoreError(f"store {self.path} has no probe {name!r} for {key}/{anchor}; "
+                                 f"train it with `featstore probe`") from e
+        return g["weight"][:], g["bias"][:], dict(g.attrs)
+
     # -- summary ------------------------------------------------------------------------------------
 
     def info(self) -> dict:

@@ -40,3 +40,75 @@ def make_image_folder(root: str | Path, n_classes: int = 4, per_class: int = 8, 
         for j in range(per_class):
             class_image(label, n_classes, rng, size).save(folder / f"img_{j:04d}{ext}", fmt, quality=90)
     return root
+
+
+def class_clusters(n: int, n_classes: int, dims: list[int], seed: int = 0,
+                   separation: tuple[float, float] = (0.6, 3.0)) -> tuple[list[np.ndarray], np.ndarray]:
+    """Anchor features with known structure: per anchor, rectified Gaussian class clusters whose separation
+    grows with depth, with very different per-feature scales (as pooled activations have).
+
+    Anchor a has class-mean distance ~ separation interpolated over depth, independent of its width, so
+    accuracy rises along the anchors instead of saturating at the wide ones.
+    """
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, n_classes, n)
+    feats = []
+    last = max(1, len(dims) - 1)
+    for a, d in enumerate(dims):
+        sep = (separation[0] + (separation[1] - separation[0]) * a / last) * 2.5 / np.sqrt(d)
+        means = rng.normal(0, 1, (n_classes, d)).astype(np.float32)
+        noise = rng.normal(0, 1, (n, d)).astype(np.float32)
+        scale = np.exp(rng.normal(0, 1, d)).astype(np.float32)
+        feats.append((np.maximum(means[labels] * sep + noise, 0) * scale).astype(np.float16))
+    return feats, labels
+
+
+def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np.ndarray, n_classes: int,
+                        model: str = "synthetic", views: dict[str, list[np.ndarray]] | None = None,
+                        chunk_rows: int = 1024) -> Path:
+    """A store holding the given anchor features (no network involved), for probe tests and benchmarks."""
+    from featstore.anchors import Anchor
+    from featstore.datasets import ImageSet
+    from featstore.store import ChunkData, FeatureStore
+
+    n = len(labels)
+    images = ImageSet(Path(path), np.arange(n, dtype=np.int64), [f"img_{i:07d}.png" for i in range(n)],
+                      np.asarray(labels, dtype=np.int64), [f"class_{c}" for c in range(n_classes)],
+                      f"synthetic features ({n} rows)")
+    store = FeatureStore(path, mode="a")
+    store.write_images(images)
+    last = max(1, len(features) - 1)
+    anchors = [Anchor(i, f"anchor{i:02d}", f"anchor{i:02d}", int(f.shape[1]), i / last)
+               for i, f in enumerate(features)]
+    config = {"model": model, "library": "synthetic", "weights_id": "synthetic", "preprocessing": None,
+              "token_pool": None, "num_classes": n_classes, "chunk_rows": chunk_rows, "batch_size": chunk_rows,
+              "precision": "fp32", "anchors": [a.to_dict() for a in anchors],
+              "images_fingerprint": images.fingerprint()}
+    store.prepare_model(model, config, {})
+    for view, feats in {"clean": features, **(views or {})}.items():
+        store.prepare_view(model, {"name": view}, anchors, n_classes, chunk_rows)
+        logits = np.zeros((n, n_classes), dtype=np.float16)
+        logits[np.arange(n), labels] = 1.0
+        for c in range(0, -(-n // chunk_rows)):
+            rows = slice(c * chunk_rows, min(n, (c + 1) * chunk_rows))
+            store.commit_chunk(model, view, ChunkData(c, [f[rows] for f in feats], logits[rows],
+                                                      np.zeros(rows.stop - rows.start, dtype=bool)))
+    return Path(path)
+
+
+def digits_image_folder(root: str | Path, size: int = 32, limit: int | None = None) -> Path:
+    """scikit-learn's 8x8 handwritten digits (real data that ships offline) as an ImageFolder of PNGs,
+    upsampled to `size` px, grey as RGB. Needs scikit-learn (a dev/demo dependency)."""
+    from sklearn.datasets import load_digits
+
+    root = Path(root)
+    digits = load_digits()
+    images, targets = digits.images, digits.target
+    if limit is not None:
+        images, targets = images[:limit], targets[:limit]
+    for i, (img, y) in enumerate(zip(images, targets, strict=True)):
+        folder = root / f"digit_{int(y)}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = (np.clip(img / 16.0, 0, 1) * 255).astype(np.uint8)
+        Image.fromarray(pixels).convert("RGB").resize((size, size), Image.BILINEAR).save(folder / f"{i:04d}.png")
+    return root

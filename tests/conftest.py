@@ -38,6 +38,15 @@ def run_cli(*args: str, ok: bool = True):
     return result
 
 
+def fails(*args) -> str:
+    """Run the CLI expecting a user error: exit status 2 and exactly one line, which is returned."""
+    result = run_cli(*args, ok=False)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("featstore: error: "), result.output
+    return lines[0]
+
+
 def reference_batch(paths: list[Path], prep: dict) -> torch.Tensor:
     """The eval transform written with torchvision's own transform classes, independent of featstore's."""
     tf = T.Compose([

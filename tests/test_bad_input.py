@@ -9,18 +9,10 @@ import pytest
 
 from featstore.store import FeatureStore
 
-from conftest import run_cli
+from conftest import fails, run_cli
 
 SMALL = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--chunk-rows", "6",
          "--batch-size", "3", "--workers", "0", "--no-progress"]
-
-
-def fails(*args) -> str:
-    result = run_cli(*args, ok=False)
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("featstore: error: "), result.output
-    return lines[0]
 
 
 @pytest.fixture

@@ -1,0 +1,152 @@
+"""The DuckDB side: opening the database (read-only for queries), its schema, and atomic run writes.
+
+All SQL text lives in `sql/`; this module only loads and runs it. Writes of one run happen in a single
+transaction, so a killed `featstore probe` leaves either the old rows of that run or the new ones.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from featstore.errors import FeatstoreError
+
+
+def sql_text(name: str) -> str:
+    """The text of `sql/<name>.sql`."""
+    return importlib.resources.files("featstore.sql").joinpath(f"{name}.sql").read_text()
+
+
+def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open a featstore database; a lock held by another process becomes a one-line error."""
+    path = Path(path)
+    if read_only and not path.exists():
+        raise FeatstoreError(f"no database at {path}; fill one with `featstore probe --db {path}`")
+    try:
+        con = duckdb.connect(str(path), read_only=read_only)
+    except duckdb.IOException as e:
+        msg = str(e)
+        if "lock" in msg.lower():
+            holder = msg.split("Conflicting lock is held in", 1)[-1].split("\n")[0].strip() if "held" in msg else ""
+            raise FeatstoreError(f"database {path} is in use by another process ({holder or 'locked'}); "
+                                 f"close it or pass another --db") from e
+        raise FeatstoreError(f"cannot open database {path}: {msg.splitlines()[0]}") from e
+    except duckdb.Error as e:
+        raise FeatstoreError(f"{path} is not a DuckDB database ({str(e).splitlines()[0]}); "
+                             f"pass another --db") from e
+    if not read_only:
+        con.execute(sql_text("schema"))
+    return con
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, data: pa.Table) -> None:
+    """Bulk-insert an Arrow table (columns in the table's order) without a round trip through files."""
+    con.register("_featstore_incoming", data)
+    try:
+        con.execute(f"INSERT INTO {table} SELECT * FROM _featstore_incoming")
+    finally:
+        con.unregister("_featstore_incoming")
+
+
+@dataclass
+class DatasetInfo:
+    fingerprint: str
+    source: str
+    store: str
+    split_seed: int
+
+
+def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo) -> bool:
+    """True when the DB already holds this image set; a different one is refused. False when empty."""
+    rows = dict(con.execute("SELECT key, value FROM meta").fetchall())
+    if not rows:
+        return False
+    if rows.get("dataset") != info.fingerprint:
+        raise FeatstoreError(f"database {path} holds another image set ({rows.get('source')}); "
+                             f"one database per image set: pass a new --db")
+    if int(rows.get("split_seed", 0)) != info.split_seed:
+        raise FeatstoreError(f"database {path} uses split seed {rows.get('split_seed')}; pass --seed "
+                             f"{rows.get('split_seed')} or a new --db")
+    return True
+
+
+def register_images(con: duckdb.DuckDBPyConnection, info: DatasetInfo, image_id: np.ndarray, path: np.ndarray,
+                    label: np.ndarray, split: np.ndarray) -> None:
+    table = pa.table({"dataset": pa.array([info.fingerprint] * len(image_id)), "image_id": image_id,
+                      "path": pa.array(path.tolist(), pa.string()), "label": label.astype(np.int32),
+                      "split": pa.array(split.tolist(), pa.string())})
+    con.execute("BEGIN")
+    con.execute("DELETE FROM images")
+    _insert(con, "images", table)
+    con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                    [("dataset", info.fingerprint), ("source", info.source), ("store", info.store),
+                     ("split_seed", str(info.split_seed))])
+    con.execute("COMMIT")
+
+
+def register_anchors(con: duckdb.DuckDBPyConnection, model: str, anchors: list) -> None:
+    rows = [(model, a.index, a.name, a.module, a.dim, a.depth_frac, None, None) for a in anchors]
+    con.execute("BEGIN")
+    con.execute("DELETE FROM anchors WHERE model = ?", [model])
+    con.executemany("INSERT INTO anchors VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    con.execute("COMMIT")
+
+
+def replace_model_outputs(con: duckdb.DuckDBPyConnection, model: str, view: str, image_id: np.ndarray,
+                          pred: np.ndarray, conf: np.ndarray) -> None:
+    table = pa.table({"model": pa.array([model] * len(image_id)), "view": pa.array([view] * len(image_id)),
+                      "image_id": image_id, "pred": pred.astype(np.int32), "conf": conf.astype(np.float32)})
+    con.execute("BEGIN")
+    con.execute("DELETE FROM model_outputs WHERE model = ? AND view = ?", [model, view])
+    _insert(con, "model_outputs", table)
+    con.execute("COMMIT")
+
+
+@dataclass
+class RunRows:
+    """Everything one run writes: its `runs` row, predictions [n, anchors], folds and per-anchor fits."""
+
+    run: dict
+    image_id: np.ndarray  # [n]
+    pred: np.ndarray  # [n, A] int
+    conf: np.ndarray  # [n, A] float
+    fold: np.ndarray | None  # [n] for cross-fit runs
+    fits: list[tuple[int, int, float, dict]]  # (fold, anchor, val_accuracy, info)
+
+
+def write_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
+    """Replace one run's rows in a single transaction."""
+    n, a = rows.pred.shape
+    run_id = rows.run["run_id"]
+    predictions = pa.table({
+        "run_id": pa.DictionaryArray.from_arrays(np.zeros(n * a, dtype=np.int32), pa.array([run_id])),
+        "image_id": np.repeat(rows.image_id.astype(np.int64), a),
+        "anchor": np.tile(np.arange(a, dtype=np.int16), n),
+        "pred": rows.pred.astype(np.int32).ravel(),
+        "conf": rows.conf.astype(np.float32).ravel(),
+    })
+    run = rows.run
+    try:
+        con.execute("BEGIN")
+        for table in ("predictions", "folds", "probe_fits", "runs"):
+            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+        con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now())",
+                    [run_id, run["model"], run["view"], run["train_view"], run["probe"], json.dumps(run["params"]),
+                     run["cross_fit"], run["seed"], n, a, run["store"]])
+        _insert(con, "predictions", predictions)
+        if rows.fold is not None:
+            _insert(con, "folds", pa.table({"run_id": pa.array([run_id] * n),
+                                            "image_id": rows.image_id.astype(np.int64),
+                                            "fold": rows.fold.astype(np.int16)}))
+        con.executemany("INSERT INTO probe_fits VALUES (?, ?, ?, ?, ?)",
+                        [(run_id, f, anchor, acc, json.dumps(info)) for f, anchor, acc, info in rows.fits])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise

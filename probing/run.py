@@ -1,0 +1,208 @@
+"""`featstore probe`: fit probes from the store, save them back into it, land every prediction in DuckDB.
+
+All checks (store complete, DB free and of the same image set, variant known) run before anything is
+trained or written; each run's rows are then replaced in one transaction.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from featstore import __version__
+from featstore.analytics import db as fsdb
+from featstore.errors import FeatstoreError
+from featstore.probing.base import FittedProbe, get_variant
+from featstore.probing.source import FeatureSource
+from featstore.probing.split import make_folds, make_split
+from featstore.probing.trainer import FitRows, fit_probes, predict
+from featstore.runtime import resolve_device
+from featstore.store import FeatureStore, model_key
+
+
+@dataclass
+class ProbeConfig:
+    """Everything `featstore probe` takes; the CLI only fills this in."""
+
+    store: Path
+    model: str
+    db: Path
+    view: str = "clean"
+    variant: str = "linear"
+    train_on_view: str | None = None
+    cross_fit: int = 0
+    seed: int = 0
+    val_frac: float = 0.1
+    memory_budget: str = "4GB"
+    device: str = "auto"
+    progress: bool = True
+
+
+def parse_bytes(text: str | int) -> int:
+    """'4GB', '512MB', '0' -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise FeatstoreError(f"--memory-budget {text!r}: give a size such as 4GB, 512MB or 0")
+    return int(float(m.group(1)) * 1024 ** "_KMGT".index(m.group(2).upper() or "_"))
+
+
+def run_id_for(key: str, view: str, label: str, train_view: str, cross_fit: int, seed: int) -> str:
+    rid = f"{key}/{view}/{label}"
+    if train_view != view:
+        rid += f"/train={train_view}"
+    if cross_fit:
+        rid += f"/cf{cross_fit}"
+    if seed:
+        rid += f"/seed{seed}"
+    return rid
+
+
+def probe_name_for(label: str, train_view: str, cross_fit: int, seed: int) -> str:
+    """Where a run's probes live in the store: <model>/probes/<name>/ (shared by every view it predicts)."""
+    return label + (f"-cf{cross_fit}" if cross_fit else "") + (f"-seed{seed}" if seed else "") + f"@{train_view}"
+
+
+def probe(cfg: ProbeConfig) -> list[str]:
+    """Train (once) and predict every requested view; returns the run ids written."""
+    store = FeatureStore(cfg.store, mode="a")
+    key = model_key(cfg.model)
+    attrs = store.model_attrs(key)
+    anchors = store.anchors(key)
+    views = store.views(key) if cfg.view == "all" else [v.strip() for v in cfg.view.split(",") if v.strip()]
+    train_view = cfg.train_on_view or ("clean" if "clean" in store.views(key) else views[0])
+    for v in dict.fromkeys([train_view, *views]):
+        _check_complete(store, key, v, cfg)
+    if cfg.cross_fit == 1 or cfg.cross_fit < 0:
+        raise FeatstoreError("--cross-fit K needs K >= 2 (or 0 for the single 70/30 split)")
+    variant = get_variant(cfg.variant)
+    device = resolve_device(cfg.device)
+    budget = parse_bytes(cfg.memory_budget)
+
+    table = store.image_table()
+    image_attrs = store.image_attrs()
+    labels = table["label"]
+    num_classes = max(len(image_attrs.get("class_names", [])), int(labels.max()) + 1)
+    skipped = np.zeros(len(labels), dtype=bool)
+    for v in dict.fromkeys([train_view, *views]):
+        skipped |= store.read_skipped(key, v)
+    valid = np.flatnonzero(~skipped)
+    split = make_split(table["image_id"], cfg.seed, val_frac=cfg.val_frac)
+    info = fsdb.DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store), cfg.seed)
+    con = fsdb.connect(cfg.db)
+    try:
+        has_images = fsdb.check_dataset(con, cfg.db, info)
+        sources: dict[str, FeatureSource] = {}
+
+        def source_for(view: str) -> FeatureSource:
+            """One read of a view's valid rows, shared by training and prediction."""
+            if view not in sources:
+                sources[view] = FeatureSource(store, key, view, anchors, valid, device, budget)
+            return sources[view]
+
+        fits = _fit(cfg, store, key, anchors, train_view, variant, device, budget, split, valid, labels,
+                    num_classes, source_for)
+        probe_name = probe_name_for(variant.label, train_view, cfg.cross_fit, cfg.seed)
+        _save_probes(store, key, probe_name, anchors, fits, variant, cfg)
+        if not has_images:
+            fsdb.register_images(con, info, table["image_id"], table["path"], labels,
+                                 np.where(skipped, "skipped", split))
+        fsdb.register_anchors(con, key, anchors)
+        run_ids = []
+        for view in views:
+            source = source_for(view)
+            pred = np.empty((len(valid), len(anchors)), dtype=np.int32)
+            conf = np.empty((len(valid), len(anchors)), dtype=np.float32)
+            for rows, fitted in fits:
+                where = np.searchsorted(valid, rows.predict)
+                pred[where], conf[where] = predict(source, fitted, rows.predict)
+            fold = None
+            if cfg.cross_fit:
+                fold = np.empty(len(valid), dtype=np.int16)
+                for k, (rows, _) in enumerate(fits):
+                    fold[np.searchsorted(valid, rows.predict)] = k
+            run_id = run_id_for(key, view, variant.label, train_view, cfg.cross_fit, cfg.seed)
+            run = {"run_id": run_id, "model": key, "view": view, "train_view": train_view, "probe": variant.name,
+                   "params": {**variant.params, "probe_name": probe_name, "val_frac": cfg.val_frac,
+                              "featstore": __version__, "weights_id": attrs["config"]["weights_id"]},
+                   "cross_fit": cfg.cross_fit, "seed": cfg.seed, "store": str(cfg.store)}
+            fit_rows = [(k, a, f.info.get("val_accuracy", float("nan")), f.info)
+                        for k, (_, fitted) in enumerate(fits) for a, f in enumerate(fitted)]
+            fsdb.write_run(con, fsdb.RunRows(run, table["image_id"][valid], pred, conf, fold, fit_rows))
+            _model_outputs(con, store, key, view, table["image_id"], valid)
+            run_ids.append(run_id)
+        return run_ids
+    finally:
+        con.close()
+
+
+@dataclass
+class FoldRows(FitRows):
+    predict: np.ndarray = None  # rows this fit predicts: all valid rows, or the held-out fold
+
+
+def _fit(cfg, store, key, anchors, train_view, variant, device, budget, split, valid, labels, num_classes,
+         source_for):
+    """One fit on the 70/30 split, or K fits whose held-out folds cover every valid image once."""
+    plans: list[FoldRows] = []
+    if cfg.cross_fit:
+        folds = make_folds(len(valid), cfg.cross_fit, cfg.seed)
+        for k in range(cfg.cross_fit):
+            fit_rows = valid[folds != k]
+            n_val = int(round(cfg.val_frac * len(fit_rows)))
+            order = np.random.default_rng(cfg.seed + 100 + k).permutation(fit_rows)
+            plans.append(FoldRows(np.sort(order[n_val:]), np.sort(order[:n_val]), labels, valid[folds == k]))
+    else:
+        in_split = lambda name: valid[split[valid] == name]  # noqa: E731
+        plans.append(FoldRows(in_split("train"), in_split("val"), labels, valid))
+    fits = []
+    for k, rows in enumerate(plans):
+        projections = [variant.projection(a.dim, a.index, cfg.seed) for a in anchors]
+        if any(p is not None for p in projections):
+            source = FeatureSource(store, key, train_view, anchors, np.concatenate([rows.train, rows.val]), device,
+                                   budget, projections)
+        else:
+            source = source_for(train_view)
+        label = None
+        if cfg.progress:
+            label = f"{key} {variant.label}" + (f" fold {k + 1}/{len(plans)}" if cfg.cross_fit else "")
+            label += " (streaming)" if not source.in_memory else ""
+        fitted = fit_probes(source, variant, rows, num_classes, cfg.seed + k, label)
+        fits.append((rows, [_unproject(f, p) for f, p in zip(fitted, projections, strict=True)]))
+    return fits
+
+
+def _unproject(fitted: FittedProbe, projection: torch.Tensor | None) -> FittedProbe:
+    """Fold a fixed projection into the weights, so every probe reads the raw stored features."""
+    if projection is None:
+        return fitted
+    weight = fitted.weight @ projection.T.to(fitted.weight.device)
+    return FittedProbe(weight, fitted.bias, {**fitted.info, "projected_from": int(projection.shape[0]),
+                                             "projected_to": int(projection.shape[1])})
+
+
+def _save_probes(store, key, name, anchors, fits, variant, cfg) -> None:
+    for a, anchor in enumerate(anchors):
+        weight = np.stack([f[a].weight.cpu().numpy() for _, f in fits])
+        bias = np.stack([f[a].bias.cpu().numpy() for _, f in fits])
+        store.write_probe(key, name, anchor.name, weight, bias,
+                          {"variant": variant.name, "params": variant.params, "seed": cfg.seed,
+                           "cross_fit": cfg.cross_fit, "folds": [f[a].info for _, f in fits]})
+
+
+def _model_outputs(con, store, key, view, image_id, valid) -> None:
+    logits = torch.from_numpy(store.read_logits(key, view)[valid].astype(np.float32))
+    conf, pred = torch.softmax(logits, dim=-1).max(dim=-1)
+    fsdb.replace_model_outputs(con, key, view, image_id[valid], pred.numpy(), conf.numpy())
+
+
+def _check_complete(store: FeatureStore, key: str, view: str, cfg: ProbeConfig) -> None:
+    done = store.done(key, view)
+    if not done.all():
+        missing = np.flatnonzero(~done)
+        raise FeatstoreError(
+            f"store {cfg.store}: view {view!r} of {key!r} is incomplete ({int(done.sum())}/{done.size} chunks, "
+            f"first missing chunk {int(missing[0])}); resume it by rerunning the same `featstore build` command")

@@ -1,0 +1,123 @@
+"""Rows of one (model, view) of the store as float32 tensors, held in memory or streamed chunk by chunk.
+
+Both paths hand the trainer the same thing, blocks of rows with every anchor's features; they differ only
+in where the rows come from and in how an epoch is shuffled (in memory: one permutation of all rows;
+streaming: chunks in a random order, rows shuffled within each chunk, each chunk read once per epoch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from featstore.anchors import Anchor
+from featstore.probing.base import FeatureStats
+from featstore.store import FeatureStore
+
+Block = tuple[np.ndarray, list[torch.Tensor]]
+IN_MEMORY_BLOCK = 2048
+
+
+class FeatureSource:
+    def __init__(self, store: FeatureStore, key: str, view: str, anchors: Sequence[Anchor], rows: np.ndarray,
+                 device: torch.device, memory_budget: int,
+                 projections: Sequence[torch.Tensor | None] | None = None):
+        group = store.view_group(key, view)["anchors"]
+        self.arrays = [group[a.name] for a in anchors]
+        self.chunk_rows = store.chunk_rows(key)
+        self.device = device
+        self.projections = [None if p is None else p.to(device) for p in (projections or [None] * len(anchors))]
+        self.rows = np.sort(rows)
+        self.nbytes = len(self.rows) * sum(a.dim for a in anchors) * 4  # held as float32
+        self.in_memory = self.nbytes <= memory_budget
+        self._cache: list[torch.Tensor] | None = None
+        self._where: np.ndarray | None = None
+        if self.in_memory:
+            self._where = np.full(store.num_images, -1, dtype=np.int64)
+            self._where[self.rows] = np.arange(len(self.rows))
+            parts = [self._read_chunk(c, r) for c, r in self._by_chunk(self.rows)]
+            self._cache = [torch.from_numpy(np.concatenate([p[a] for p in parts])).to(device).float()
+                           for a in range(len(self.arrays))]
+
+    @property
+    def dims(self) -> list[int]:
+        return [int(a.shape[1]) if p is None else int(p.shape[1]) for a, p in zip(self.arrays, self.projections,
+                                                                                strict=True)]
+
+    def _by_chunk(self, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        chunks = rows // self.chunk_rows
+        bounds = np.flatnonzero(np.diff(chunks)) + 1
+        return [(int(g[0]) // self.chunk_rows, g) for g in np.split(rows, bounds) if len(g)]
+
+    def _read_chunk(self, chunk: int, rows: np.ndarray) -> list[np.ndarray]:
+        start = chunk * self.chunk_rows
+        stop = min(start + self.chunk_rows, int(self.arrays[0].shape[0]))
+        return [np.asarray(arr[start:stop])[rows - start] for arr in self.arrays]
+
+    def _tensors(self, raw: Sequence[np.ndarray | torch.Tensor]) -> list[torch.Tensor]:
+        out = []
+        for x, p in zip(raw, self.projections, strict=True):
+            t = torch.as_tensor(x).to(self.device, non_blocking=True)
+            t = t if t.dtype == torch.float32 else t.float()
+            out.append(t if p is None else t @ p)
+        return out
+
+    def gather(self, rows: np.ndarray) -> list[torch.Tensor]:
+        """Features of `rows` (any order), as float32 on the device."""
+        rows = np.asarray(rows)
+        if self.in_memory:
+            idx = torch.from_numpy(self._where[rows]).to(self.device)
+            return self._tensors([c.index_select(0, idx) for c in self._cache])
+        order = np.argsort(rows, kind="stable")
+        parts = [self._read_chunk(c, r) for c, r in self._by_chunk(rows[order])]
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        return self._tensors([np.concatenate([p[a] for p in parts])[inverse] for a in range(len(self.arrays))])
+
+    def blocks(self, rows: np.ndarray, rng: np.random.Generator | None = None) -> Iterator[Block]:
+        """Blocks covering `rows` once: shuffled when `rng` is given, else in row order."""
+        rows = np.sort(np.asarray(rows))
+        if self.in_memory:
+            order = rows if rng is None else rng.permutation(rows)
+            for i in range(0, len(order), IN_MEMORY_BLOCK):
+                part = order[i : i + IN_MEMORY_BLOCK]
+                yield part, self.gather(part)
+            return
+        groups = self._by_chunk(rows)
+        if rng is not None:
+            groups = [groups[i] for i in rng.permutation(len(groups))]
+        for chunk, part in groups:
+            if rng is not None:
+                part = rng.permutation(part)
+            yield part, self._tensors(self._read_chunk(chunk, np.sort(part)) if rng is None else
+                                      self._reordered(chunk, part))
+
+    def _reordered(self, chunk: int, part: np.ndarray) -> list[np.ndarray]:
+        order = np.argsort(part, kind="stable")
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        return [a[inverse] for a in self._read_chunk(chunk, part[order])]
+
+    def stats(self, rows: np.ndarray, sample_size: int | None = None, seed: int = 0) -> list[FeatureStats]:
+        """Per-anchor mean and std over `rows` (one pass, float64 sums) and a seeded sample of them
+        (default: max(2048, 2 x the widest anchor) rows, enough for a stable covariance spectrum)."""
+        sample_size = sample_size or max(2048, 2 * max(self.dims))
+        sums = [torch.zeros(d, dtype=torch.float64, device=self.device) for d in self.dims]
+        squares = [torch.zeros(d, dtype=torch.float64, device=self.device) for d in self.dims]
+        for _, feats in self.blocks(rows):
+            for a, x in enumerate(feats):
+                x64 = x.double()
+                sums[a] += x64.sum(dim=0)
+                squares[a] += (x64 * x64).sum(dim=0)
+        n = len(rows)
+        sample_rows = np.random.default_rng(seed).choice(rows, size=min(sample_size, n), replace=False)
+        sample = self.gather(sample_rows)
+        out = []
+        for a in range(len(self.arrays)):
+            mean = sums[a] / n
+            var = (squares[a] / n - mean * mean).clamp_min(0)
+            std = var.sqrt().clamp_min(1e-6 * max(float(var.sqrt().max()), 1e-12) + 1e-12)
+            out.append(FeatureStats(mean.float(), std.float(), sample[a]))
+        return out

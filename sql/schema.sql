@@ -1,0 +1,32 @@
+-- featstore's tables (SPEC §6), one database per image set. Idempotent: run on every write connection.
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+
+-- every image of the store; split is the seeded 70/30 train/test split with val carved from train
+CREATE TABLE IF NOT EXISTS images (
+    dataset VARCHAR, image_id BIGINT PRIMARY KEY, path VARCHAR, label INTEGER, split VARCHAR);
+
+-- the anchors of each model: anchor = index 0..T along depth; block/tap for Transformer module taps
+CREATE TABLE IF NOT EXISTS anchors (
+    model VARCHAR, anchor SMALLINT, name VARCHAR, module VARCHAR, dim INTEGER, depth_frac DOUBLE,
+    block INTEGER, tap VARCHAR, PRIMARY KEY (model, anchor));
+
+-- one row per (model, view, probe variant[, cross-fit, seed]): rerunning replaces it
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR PRIMARY KEY, model VARCHAR, view VARCHAR, train_view VARCHAR, probe VARCHAR, params JSON,
+    cross_fit INTEGER, seed INTEGER, n_images INTEGER, n_anchors INTEGER, store VARCHAR,
+    created_at TIMESTAMP);
+
+-- every image at every anchor: the probe's argmax and max softmax probability
+CREATE TABLE IF NOT EXISTS predictions (
+    run_id VARCHAR, image_id BIGINT, anchor SMALLINT, pred INTEGER, conf REAL);
+
+-- cross-fit runs: the fold whose probes predicted each image (out of sample)
+CREATE TABLE IF NOT EXISTS folds (run_id VARCHAR, image_id BIGINT, fold SMALLINT);
+
+-- per run, fold and anchor: what training chose and reached on its val rows
+CREATE TABLE IF NOT EXISTS probe_fits (
+    run_id VARCHAR, fold SMALLINT, anchor SMALLINT, val_accuracy DOUBLE, info JSON);
+
+-- the model's own head on each view (full-depth baseline, from the stored logits)
+CREATE TABLE IF NOT EXISTS model_outputs (
+    model VARCHAR, view VARCHAR, image_id BIGINT, pred INTEGER, conf REAL);

@@ -1,0 +1,265 @@
+"""`featstore probe`: accuracy against scikit-learn, predictions recomputed from saved weights, cross-fit,
+streaming vs in-memory, reruns, views, and refusals that write nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+
+import duckdb
+import numpy as np
+import pytest
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
+
+from featstore.probing.split import make_split
+from featstore.store import FeatureStore
+from featstore.synthetic import class_clusters, digits_image_folder, write_feature_store
+
+from conftest import fails, run_cli
+
+DIMS = [8, 32, 64, 128]
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory):
+    """A store written by the test: Gaussian class clusters, a clean and a noisier view."""
+    feats, labels = class_clusters(2400, 8, DIMS, seed=3)
+    rng = np.random.default_rng(9)
+    noisy = [(f.astype(np.float32) + rng.normal(0, 1.0, f.shape) * f.astype(np.float32).std(axis=0)).astype(np.float16)
+             for f in feats]
+    path = tmp_path_factory.mktemp("clusters") / "s.zarr"
+    write_feature_store(path, feats, labels, 8, views={"noisy": noisy}, chunk_rows=256)
+    return path, feats, labels
+
+
+@pytest.fixture(scope="module")
+def digits_store(tmp_path_factory):
+    """Real images (scikit-learn's digits) through a random-init resnet18: real stored features."""
+    root = tmp_path_factory.mktemp("digits")
+    data = digits_image_folder(root / "images", size=32)
+    run_cli("build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--data", data,
+            "--store", root / "s.zarr", "--no-progress")
+    return root / "s.zarr"
+
+
+def sklearn_accuracy(x: np.ndarray, labels: np.ndarray, split: np.ndarray, standardise: bool) -> float:
+    fit, test = np.isin(split, ["train", "val"]), split == "test"
+    x = x.astype(np.float32)
+    if standardise:
+        x = StandardScaler().fit(x[fit]).transform(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return float(LogisticRegression().fit(x[fit], labels[fit]).score(x[test], labels[test]))
+
+
+def probe_accuracy(db, run_id: str) -> list[float]:
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("SELECT anchor, avg((p.pred = i.label)::INT) FROM predictions p JOIN images i "
+                       "USING (image_id) WHERE run_id = ? AND i.split = 'test' GROUP BY anchor ORDER BY anchor",
+                       [run_id]).fetchall()
+    con.close()
+    return [acc for _, acc in rows]
+
+
+def assert_matches_sklearn(store_path, key: str, db, run_id: str) -> None:
+    fs = FeatureStore(store_path)
+    labels = fs.image_table()["label"]
+    split = make_split(fs.image_table()["image_id"])
+    ours = probe_accuracy(db, run_id)
+    for anchor, acc in zip(fs.anchors(key), ours, strict=True):
+        x = fs.read(key, "clean", anchor.name)
+        best = max(sklearn_accuracy(x, labels, split, s) for s in (False, True))
+        assert acc >= best - 0.01, f"{anchor.name}: featstore {acc:.4f} vs scikit-learn {best:.4f}"
+
+
+def assert_predictions_recompute(store_path, key: str, view: str, db, run_id: str, probe_name: str) -> None:
+    """N x (T+1) rows, and pred = argmax(W x + b) with the weights saved in the store (float64 here)."""
+    fs = FeatureStore(store_path)
+    anchors = fs.anchors(key)
+    con = duckdb.connect(str(db), read_only=True)
+    got = con.execute("SELECT image_id, anchor, pred, conf FROM predictions WHERE run_id = ? "
+                      "ORDER BY image_id, anchor", [run_id]).fetchnumpy()
+    folds = dict(con.execute("SELECT image_id, fold FROM folds WHERE run_id = ?", [run_id]).fetchall())
+    con.close()
+    n = fs.num_images
+    assert len(got["pred"]) == n * len(anchors)
+    ids = fs.image_table()["image_id"]
+    fold = np.array([folds.get(int(i), 0) for i in ids])
+    for anchor in anchors:
+        w, b, _ = fs.read_probe(key, probe_name, anchor.name)
+        x = fs.read(key, view, anchor.name).astype(np.float64)
+        logits = np.einsum("nd,ncd->nc", x, w[fold].astype(np.float64)) + b[fold]
+        top2 = np.sort(logits, axis=1)[:, -2:]
+        clear = (top2[:, 1] - top2[:, 0]) > 1e-4 * np.abs(top2).max(axis=1)
+        pred = got["pred"][anchor.index :: len(anchors)]
+        assert clear.mean() > 0.99
+        assert np.array_equal(pred[clear], logits.argmax(axis=1)[clear]), anchor.name
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        conf = (probs / probs.sum(axis=1, keepdims=True)).max(axis=1)
+        assert np.allclose(got["conf"][anchor.index :: len(anchors)], conf, atol=1e-4)
+
+
+def test_linear_on_class_clusters_matches_sklearn_and_its_weights(clusters, tmp_path):
+    store, _, _ = clusters
+    db = tmp_path / "f.duckdb"
+    out = run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--no-progress").output
+    assert "wrote run synthetic/clean/linear" in out
+    assert_matches_sklearn(store, "synthetic", db, "synthetic/clean/linear")
+    assert_predictions_recompute(store, "synthetic", "clean", db, "synthetic/clean/linear", "linear@clean")
+
+
+def test_linear_on_real_stored_features_matches_sklearn(digits_store, tmp_path):
+    db = tmp_path / "f.duckdb"
+    run_cli("probe", "--store", digits_store, "--model", "resnet18", "--db", db, "--no-progress")
+    assert_matches_sklearn(digits_store, "resnet18", db, "resnet18/clean/linear")
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM anchors WHERE model = 'resnet18'").fetchone() == (12,)
+    model_acc = con.execute("SELECT count(*) FROM model_outputs WHERE view = 'clean'").fetchone()[0]
+    assert model_acc == FeatureStore(digits_store).num_images
+
+
+def test_streaming_and_in_memory_agree(clusters, tmp_path):
+    store, _, _ = clusters
+    accs = {}
+    for budget in ("4GB", "0"):
+        db = tmp_path / f"{budget}.duckdb"
+        result = run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--memory-budget", budget)
+        assert ("streaming" in result.output) == (budget == "0")
+        accs[budget] = probe_accuracy(db, "synthetic/clean/linear")
+    assert np.allclose(accs["4GB"], accs["0"], atol=0.015), accs
+    assert_matches_sklearn(store, "synthetic", tmp_path / "0.duckdb", "synthetic/clean/linear")
+
+
+def test_cross_fit_predicts_every_image_once_out_of_sample(clusters, tmp_path):
+    store, _, _ = clusters
+    db = tmp_path / "f.duckdb"
+    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--cross-fit", "3", "--no-progress")
+    run_id = "synthetic/clean/linear/cf3"
+    con = duckdb.connect(str(db), read_only=True)
+    folds = con.execute("SELECT fold, count(*), count(DISTINCT image_id) FROM folds WHERE run_id = ? "
+                        "GROUP BY fold ORDER BY fold", [run_id]).fetchall()
+    assert [f for f, _, _ in folds] == [0, 1, 2] and sum(c for _, c, _ in folds) == 2400
+    assert con.execute("SELECT count(DISTINCT image_id) FROM folds WHERE run_id = ?", [run_id]).fetchone() == (2400,)
+    con.close()
+    assert_predictions_recompute(store, "synthetic", "clean", db, run_id, "linear-cf3@clean")
+    # each fold's probe never saw its own images: refitting on them would make it far better than out-of-sample
+    w, b, attrs = FeatureStore(store).read_probe("synthetic", "linear-cf3@clean", "anchor00")
+    assert w.shape[0] == 3 and len(attrs["folds"]) == 3
+
+
+def test_rerun_replaces_rows_and_views_use_clean_probes(clusters, tmp_path):
+    store, _, _ = clusters
+    db = tmp_path / "f.duckdb"
+    for _ in range(2):
+        out = run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--view", "all",
+                      "--no-progress").output
+    assert "synthetic/noisy/linear/train=clean" in out
+    con = duckdb.connect(str(db), read_only=True)
+    runs = con.execute("SELECT run_id, view, train_view FROM runs ORDER BY run_id").fetchall()
+    assert runs == [("synthetic/clean/linear", "clean", "clean"),
+                    ("synthetic/noisy/linear/train=clean", "noisy", "clean")]
+    assert con.execute("SELECT count(*) FROM predictions").fetchone() == (2 * 2400 * 4,)
+    con.close()
+    assert_predictions_recompute(store, "synthetic", "noisy", db, "synthetic/noisy/linear/train=clean",
+                                 "linear@clean")
+    noisy = probe_accuracy(db, "synthetic/noisy/linear/train=clean")
+    clean = probe_accuracy(db, "synthetic/clean/linear")
+    assert np.mean(noisy) < np.mean(clean)
+    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--view", "noisy", "--train-on-view",
+            "noisy", "--no-progress")
+    con = duckdb.connect(str(db), read_only=True)
+    assert ("noisy",) in con.execute("SELECT train_view FROM runs WHERE run_id = 'synthetic/noisy/linear'").fetchall()
+
+
+def test_paper_variant_stops_with_patience_and_projected_folds_back(clusters, tmp_path):
+    store, _, _ = clusters
+    db = tmp_path / "f.duckdb"
+    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "paper", "--no-progress")
+    _, _, attrs = FeatureStore(store).read_probe("synthetic", "paper@clean", "anchor03")
+    info = attrs["folds"][0]
+    assert info["epochs_run"] <= 100 and info["epochs_run"] - 1 - info["best_epoch"] <= 10
+    assert info["val_accuracy"] == max(info["val_accuracy_history"])
+    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "projected:dim=16",
+            "--no-progress")
+    w, _, attrs = FeatureStore(store).read_probe("synthetic", "projected16@clean", "anchor03")
+    assert w.shape == (1, 8, 128) and attrs["folds"][0]["projected_to"] == 16
+    assert np.linalg.matrix_rank(w[0].astype(np.float64)) <= 8
+    assert_predictions_recompute(store, "synthetic", "clean", db, "synthetic/clean/projected16", "projected16@clean")
+
+
+def test_a_failed_write_leaves_no_partial_run(clusters, tmp_path, monkeypatch):
+    store, _, _ = clusters
+    db = tmp_path / "f.duckdb"
+    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--no-progress")
+    from featstore.analytics import db as fsdb
+
+    real_insert = fsdb._insert
+
+    def dying_insert(con, table, data):
+        real_insert(con, table, data)
+        if table == "predictions":
+            raise OSError("disk full while writing")
+
+    monkeypatch.setattr(fsdb, "_insert", dying_insert)
+    with pytest.raises(OSError, match="disk full"):
+        run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "projected:dim=16",
+                "--no-progress")
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT run_id FROM runs").fetchall() == [("synthetic/clean/linear",)]
+    assert con.execute("SELECT run_id, count(*) FROM predictions GROUP BY run_id").fetchall() == [
+        ("synthetic/clean/linear", 2400 * 4)]
+
+
+def test_refusals_write_nothing(clusters, tmp_path):
+    store, feats, labels = clusters
+    db = tmp_path / "f.duckdb"
+    assert "no model 'resnet50'" in fails("probe", "--store", store, "--model", "resnet50", "--db", db)
+    assert "no view 'fog-1'" in fails("probe", "--store", store, "--model", "synthetic", "--view", "fog-1", "--db", db)
+    assert "unknown probe variant" in fails("probe", "--store", store, "--model", "synthetic", "--variant", "svm",
+                                            "--db", db)
+    assert not db.exists()
+
+    partial = shutil.copytree(store, tmp_path / "partial.zarr")
+    (partial / "synthetic" / "clean" / "done" / "c" / "3").unlink()
+    line = fails("probe", "--store", partial, "--model", "synthetic", "--db", db)
+    assert "incomplete" in line and "chunk 3" in line and "featstore build" in line
+    assert not db.exists()
+
+    other = write_feature_store(tmp_path / "other.zarr", [f[:300] for f in feats], labels[:300], 8)
+    run_cli("probe", "--store", other, "--model", "synthetic", "--db", db, "--no-progress")
+    line = fails("probe", "--store", store, "--model", "synthetic", "--db", db)
+    assert "another image set" in line and str(db) in line
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM predictions").fetchone() == (300 * 4,)
+    con.close()
+
+
+def test_a_database_locked_by_another_process(clusters, tmp_path):
+    store, _, _ = clusters
+    db = tmp_path / "f.duckdb"
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
+                               "print('ready', flush=True); time.sleep(60)", str(db)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        line = fails("probe", "--store", store, "--model", "synthetic", "--db", db)
+        assert "in use by another process" in line and str(db) in line
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_runs_record_their_parameters(clusters, tmp_path):
+    store, _, _ = clusters
+    db = tmp_path / "f.duckdb"
+    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--seed", "0", "--no-progress")
+    con = duckdb.connect(str(db), read_only=True)
+    params = json.loads(con.execute("SELECT params FROM runs").fetchone()[0])
+    assert params["probe_name"] == "linear@clean" and params["epochs"] == 8
+    splits = dict(con.execute("SELECT split, count(*) FROM images GROUP BY split").fetchall())
+    assert splits == {"train": 1512, "val": 168, "test": 720}
