@@ -144,8 +144,9 @@ def write_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
             _insert(con, "folds", pa.table({"run_id": pa.array([run_id] * n),
                                             "image_id": rows.image_id.astype(np.int64),
                                             "fold": rows.fold.astype(np.int16)}))
-        con.executemany("INSERT INTO probe_fits VALUES (?, ?, ?, ?, ?)",
-                        [(run_id, f, anchor, acc, json.dumps(info)) for f, anchor, acc, info in rows.fits])
+        if rows.fits:
+            con.executemany("INSERT INTO probe_fits VALUES (?, ?, ?, ?, ?)",
+                            [(run_id, f, anchor, acc, json.dumps(info)) for f, anchor, acc, info in rows.fits])
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

@@ -122,6 +122,8 @@ def format_info(summary: dict) -> str:
         for view, v in m["views"].items():
             state = "complete" if v["chunks_done"] == v["chunks"] else "INCOMPLETE (rerun build to resume)"
             lines.append(f"  view {view}: {v['chunks_done']}/{v['chunks']} chunks, {v['skipped']} skipped, {state}")
+        if m.get("probes"):
+            lines.append("  probes " + ", ".join(m["probes"]))
     return "\n".join(lines)
 
 

@@ -228,12 +228,13 @@ class FeatureStore:
                 done = self.done(key, v)
                 views[v] = {"chunks_done": int(done.sum()), "chunks": int(done.size),
                             "skipped": int(self.read_skipped(key, v).sum())}
+            probes = sorted(k for k, _ in self.root[key]["probes"].groups()) if "probes" in self.root[key] else []
             out["models"][key] = {
                 "model": cfg["model"], "weights": cfg["weights_id"], "preprocessing": cfg["preprocessing"],
                 "token_pool": cfg.get("token_pool"), "num_classes": cfg["num_classes"],
                 "chunk_rows": cfg["chunk_rows"],
                 "anchors": [(a["index"], a["name"], a["module"], a["dim"]) for a in cfg["anchors"]],
-                "views": views, "versions": attrs.get("versions", {}),
+                "views": views, "probes": probes, "versions": attrs.get("versions", {}),
             }
         return out
 

@@ -109,6 +109,7 @@ def test_linear_on_class_clusters_matches_sklearn_and_its_weights(clusters, tmp_
     db = tmp_path / "f.duckdb"
     out = run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--no-progress").output
     assert "wrote run synthetic/clean/linear" in out
+    assert "probes linear@clean" in run_cli("info", store).output
     assert_matches_sklearn(store, "synthetic", db, "synthetic/clean/linear")
     assert_predictions_recompute(store, "synthetic", "clean", db, "synthetic/clean/linear", "linear@clean")
 
