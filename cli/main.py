@@ -116,8 +116,8 @@ def format_info(summary: dict) -> str:
     for key, m in summary["models"].items():
         p = m["preprocessing"]
         lines.append(f"\nmodel  {key}: {m['model']}  weights {m['weights']}  classes {m['num_classes']}")
-        lines.append(f"  preprocessing resize {p['resize']} crop {p['crop']} {p['interpolation']}  "
-                     f"pool {m['token_pool']}  chunk rows {m['chunk_rows']}")
+        prep = f"resize {p['resize']} crop {p['crop']} {p['interpolation']}" if p else "none (features written directly)"
+        lines.append(f"  preprocessing {prep}  pool {m['token_pool']}  chunk rows {m['chunk_rows']}")
         lines.append("  anchors " + ", ".join(f"{i}:{name}[{dim}]" for i, name, _, dim in m["anchors"]))
         for view, v in m["views"].items():
             state = "complete" if v["chunks_done"] == v["chunks"] else "INCOMPLETE (rerun build to resume)"
