@@ -116,7 +116,7 @@ def format_info(summary: dict) -> str:
     for key, m in summary["models"].items():
         p = m["preprocessing"]
         lines.append(f"\nmodel  {key}: {m['model']}  weights {m['weights']}  classes {m['num_classes']}")
-        prep = f"resize {p['resize']} crop {p['crop']} {p['interpolation']}" if p else "none (features written directly)"
+        prep = f"resize {p['resize']} crop {p['crop']} {p['interpolation']}" if p else "none (written directly)"
         lines.append(f"  preprocessing {prep}  pool {m['token_pool']}  chunk rows {m['chunk_rows']}")
         lines.append("  anchors " + ", ".join(f"{i}:{name}[{dim}]" for i, name, _, dim in m["anchors"]))
         for view, v in m["views"].items():
