@@ -17,6 +17,11 @@ import pyarrow as pa
 
 from featstore.errors import FeatstoreError
 
+# Views and macros, in dependency order; each file holds one and says what it returns.
+MACROS = ("in_scope", "timelines", "decision_layers", "decision_sweep", "decision_summary", "decision_mass",
+          "cumulative_curve", "probe_accuracy", "probe_accuracy_by_split", "clean_pairs", "corruption_shift",
+          "paper_table")
+
 
 def sql_text(name: str) -> str:
     """The text of `sql/<name>.sql`."""
@@ -42,6 +47,8 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
                              f"pass another --db") from e
     if not read_only:
         con.execute(sql_text("schema"))
+        for name in MACROS:  # persisted in the file: any DuckDB client can call them
+            con.execute(sql_text(name))
     return con
 
 
@@ -134,7 +141,7 @@ def write_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
     run = rows.run
     try:
         con.execute("BEGIN")
-        for table in ("predictions", "folds", "probe_fits", "runs"):
+        for table in ("predictions", "decisions", "folds", "probe_fits", "runs"):
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
         con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now())",
                     [run_id, run["model"], run["view"], run["train_view"], run["probe"], json.dumps(run["params"]),
@@ -144,6 +151,7 @@ def write_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
             _insert(con, "folds", pa.table({"run_id": pa.array([run_id] * n),
                                             "image_id": rows.image_id.astype(np.int64),
                                             "fold": rows.fold.astype(np.int16)}))
+        con.execute(sql_text("derive_decisions"), {"run_id": run_id})
         if rows.fits:
             con.executemany("INSERT INTO probe_fits VALUES (?, ?, ?, ?, ?)",
                             [(run_id, f, anchor, acc, json.dumps(info)) for f, anchor, acc, info in rows.fits])

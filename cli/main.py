@@ -93,6 +93,70 @@ def probe(**options) -> None:
         click.echo(f"wrote run {run_id}")
 
 
+def parse_ks(text: str) -> list[int]:
+    try:
+        ks = sorted({int(k) for k in text.split(",") if k.strip()})
+    except ValueError as e:
+        raise FeatstoreError(f"--k {text!r}: give stability windows such as 1,2,3,4") from e
+    if not ks or ks[0] < 1:
+        raise FeatstoreError(f"--k {text!r}: k counts anchors after the first, so k >= 1")
+    return ks
+
+
+def print_frame(frame, fmt: str = "table") -> None:
+    import polars as pl
+
+    if fmt == "csv":
+        click.echo(frame.write_csv(), nl=False)
+    elif fmt == "json":
+        click.echo(frame.write_json())
+    else:
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=240, fmt_str_lengths=80,
+                       tbl_hide_dataframe_shape=True, float_precision=4):
+            click.echo(frame)
+
+
+@cli.command()
+@click.option("--db", required=True, type=click.Path(path_type=Path), help="A database filled by featstore probe.")
+@click.argument("statement")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@user_errors
+def sql(db: Path, statement: str, fmt: str) -> None:
+    """Run STATEMENT on the database, read-only (macros: decision_summary(k), decision_layers(k), …)."""
+    from featstore.analytics.queries import query
+
+    print_frame(query(db, statement), fmt)
+
+
+@cli.command()
+@click.option("--db", required=True, type=click.Path(path_type=Path))
+@click.option("--k", "ks", default="1,2,3,4", help="Stability windows.")
+@click.option("--scope", default="auto", help="auto (test split, or all images of cross-fit runs) | all | train | "
+              "val | test.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@user_errors
+def timeline(db: Path, ks: str, scope: str, fmt: str) -> None:
+    """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong."""
+    from featstore.analytics.queries import k_sweep
+
+    frame = k_sweep(db, parse_ks(ks), scope)
+    print_frame(frame.drop("model", "view", "probe"), fmt)
+
+
+@cli.command()
+@click.option("--db", required=True, type=click.Path(path_type=Path))
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Folder for report.html and PNGs.")
+@click.option("--k", "ks", default="1,2,3,4", help="Stability windows.")
+@click.option("--scope", default="auto")
+@user_errors
+def report(db: Path, out: Path, ks: str, scope: str) -> None:
+    """One self-contained HTML page of plots and tables of every run in the database."""
+    from featstore.analytics.report import write_report
+
+    path = write_report(db, out, parse_ks(ks), scope)
+    click.echo(f"wrote {path}")
+
+
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

@@ -30,3 +30,9 @@ CREATE TABLE IF NOT EXISTS probe_fits (
 -- the model's own head on each view (full-depth baseline, from the stored logits)
 CREATE TABLE IF NOT EXISTS model_outputs (
     model VARCHAR, view VARCHAR, image_id BIGINT, pred INTEGER, conf REAL);
+
+-- derived at write time from predictions (sql/derive_decisions.sql), one row per (run, image, k), k = 1..T:
+-- the decision layer l*(k), the prediction it settles on, whether that is the label, and never-stable
+CREATE TABLE IF NOT EXISTS decisions (
+    run_id VARCHAR, image_id BIGINT, k SMALLINT, layer SMALLINT, stable_pred INTEGER, correct BOOLEAN,
+    never_stable BOOLEAN);

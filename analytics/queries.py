@@ -1,0 +1,78 @@
+"""The analyses as Polars DataFrames: thin calls of the SQL macros in `sql/`, on a read-only connection.
+
+Every function takes a database path (or an open connection) and returns exactly what the macro of the same
+name returns, so Python, `featstore sql` and any DuckDB client see the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from featstore.analytics.db import connect
+from featstore.errors import FeatstoreError
+
+Db = str | Path | duckdb.DuckDBPyConnection
+
+
+def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFrame:
+    """Run one SQL statement read-only and return its result as a Polars DataFrame."""
+    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
+    try:
+        relation = con.sql(sql, params=params or None)
+        return pl.DataFrame() if relation is None else relation.pl()
+    except duckdb.Error as e:
+        first = str(e).splitlines()[0]
+        if "read-only" in first.lower():
+            raise FeatstoreError(f"queries open the database read-only and cannot change it ({first}); "
+                                 f"featstore probe is what writes") from e
+        raise FeatstoreError(f"SQL error: {first}") from e
+    finally:
+        if con is not db:
+            con.close()
+
+
+def decision_layers(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM decision_layers(?, scope := ?)", [k, scope])
+
+
+def decision_summary(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM decision_summary(?, scope := ?)", [k, scope])
+
+
+def k_sweep(db: Db, ks: Sequence[int] = (1, 2, 3, 4), scope: str = "auto") -> pl.DataFrame:
+    frame = query(db, "SELECT * FROM decision_sweep(?, scope := ?)", [max(ks), scope])
+    return frame.filter(pl.col("k").is_in(list(ks)))
+
+
+def decision_mass(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM decision_mass(?, scope := ?)", [k, scope])
+
+
+def cumulative_curve(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM cumulative_curve(?, scope := ?)", [k, scope])
+
+
+def probe_accuracy(db: Db, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM probe_accuracy(scope := ?)", [scope])
+
+
+def corruption_shift(db: Db, k: int = 2, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM corruption_shift(?, scope := ?)", [k, scope])
+
+
+def paper_table(db: Db, k: int = 2, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM paper_table(?, scope := ?)", [k, scope])
+
+
+def timelines(db: Db, run_id: str | None = None) -> pl.DataFrame:
+    if run_id is None:
+        return query(db, "SELECT * FROM timelines ORDER BY run_id, image_id")
+    return query(db, "SELECT * FROM timelines WHERE run_id = ? ORDER BY image_id", [run_id])
+
+
+def runs(db: Db) -> pl.DataFrame:
+    return query(db, "SELECT * FROM runs ORDER BY run_id")

@@ -1,0 +1,206 @@
+"""`featstore report`: one self-contained HTML page (PNGs embedded, and written beside it) of every run.
+
+Everything drawn comes from the SQL macros through `analytics.queries`; this module only lays it out.
+matplotlib draws the figures (Agg backend, no display needed).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+
+from featstore.analytics import queries as q
+from featstore.analytics.db import connect
+from featstore.errors import FeatstoreError
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+
+
+def _table(frame: pl.DataFrame, digits: int = 3) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in frame.columns)
+    rows = []
+    for row in frame.iter_rows():
+        cells = []
+        for v in row:
+            text = f"{v:.{digits}f}" if isinstance(v, float) else ("" if v is None else str(v))
+            cells.append(f"<td>{html.escape(text)}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+class _Figures:
+    """Saves each figure as a PNG in `out` and keeps its bytes to embed in the page."""
+
+    def __init__(self, out: Path):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        self.plt, self.out, self.saved = plt, out, []
+
+    def save(self, fig, name: str, caption: str) -> str:
+        path = self.out / f"{_slug(name)}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        self.plt.close(fig)
+        self.saved.append(path)
+        data = base64.b64encode(path.read_bytes()).decode()
+        return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{html.escape(caption)} ({path.name})</figcaption></figure>")
+
+
+def write_report(db: str | Path, out: str | Path, ks: Sequence[int] = (1, 2, 3, 4), scope: str = "auto") -> Path:
+    """Write `out/report.html` (and one PNG per figure) for every run in `db`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    con = connect(db, read_only=True)
+    try:
+        runs = q.runs(con)
+        if runs.is_empty():
+            raise FeatstoreError(f"database {db} has no probe runs yet; run `featstore probe --db {db}` first")
+        figs = _Figures(out)
+        sweep = q.k_sweep(con, ks, scope)
+        accuracy = q.probe_accuracy(con, scope)
+        k_mid = 2 if 2 in ks else ks[0]
+        sections = [
+            "<h2>k-sweep (decision-layer statistics per run)</h2>",
+            _table(sweep.drop("model", "probe")),
+            f"<h2>Cross-model table (k = {k_mid}, shaped like the paper's Table 1)</h2>",
+            _table(q.paper_table(con, k_mid, scope)),
+        ]
+        clean = runs.filter(pl.col("view") == "clean")
+        for run in clean.iter_rows(named=True):
+            sections.append(f"<h2>{html.escape(run['run_id'])}</h2>")
+            sections.append(_histograms(figs, con, run["run_id"], ks, scope))
+            sections.append(_cumulative(figs, con, run["run_id"], ks, scope))
+            sections.append(_accuracy_and_mass(figs, con, run, accuracy, k_mid, scope))
+            sections.append(_k_sensitivity(figs, sweep.filter(pl.col("run_id") == run["run_id"]), run["run_id"]))
+        shift = pl.concat([q.corruption_shift(con, k, scope).with_columns(pl.lit(k).alias("k")) for k in ks])
+        if not shift.is_empty():
+            sections.append("<h2>Corruption shift Δd̄ (view minus clean, same images and probes)</h2>")
+            sections.append(_shift(figs, shift))
+            sections.append(_table(shift.select("model", "view", "probe", "k", "n", "mean_layer",
+                                                "clean_mean_layer", "delta")))
+        if clean["model"].n_unique() > 1:
+            sections.append("<h2>Cross-model comparison</h2>")
+            sections.append(_cross_model(figs, sweep.filter(pl.col("view") == "clean")))
+        page = _page(db, scope, sections)
+    finally:
+        con.close()
+    path = out / "report.html"
+    path.write_text(page)
+    return path
+
+
+def _histograms(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str) -> str:
+    fig, axes = figs.plt.subplots(1, len(ks), figsize=(3.2 * len(ks), 2.8), squeeze=False, sharey=True)
+    for ax, k in zip(axes[0], ks, strict=True):
+        mass = q.decision_mass(con, k, scope).filter(pl.col("run_id") == run_id)
+        layers, share = mass["layer"].to_list(), mass["share"].to_list()
+        total = max(1, int(mass["n"].sum()))
+        never = [n / total for n in mass["never_stable"].to_list()]
+        stable = [s - v for s, v in zip(share, never, strict=True)]
+        ax.bar(layers, stable, color="#3b6ea8", label="decided")
+        ax.bar(layers, never, bottom=stable, color="#d98c3a", label="never stable (at T)")
+        ax.set_title(f"k = {k}")
+        ax.set_xlabel("decision layer l*")
+    axes[0][0].set_ylabel("share of images")
+    axes[0][-1].legend(fontsize=7)
+    return figs.save(fig, f"{run_id}_histograms", f"Decision-layer histograms of {run_id}")
+
+
+def _cumulative(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str) -> str:
+    fig, ax = figs.plt.subplots(figsize=(5, 3.2))
+    for k in ks:
+        curve = q.cumulative_curve(con, k, scope).filter(pl.col("run_id") == run_id)
+        ax.step(curve["layer"].to_list(), curve["f"].to_list(), where="post", label=f"k = {k}")
+    ax.set_xlabel("anchor l")
+    ax.set_ylabel("F_k(l) = share with l* <= l")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=8)
+    return figs.save(fig, f"{run_id}_cumulative", f"Cumulative decision curves of {run_id}")
+
+
+def _accuracy_and_mass(figs: _Figures, con, run: dict, accuracy: pl.DataFrame, k: int, scope: str) -> str:
+    fig, ax = figs.plt.subplots(figsize=(6, 3.4))
+    mass = q.decision_mass(con, k, scope).filter(pl.col("run_id") == run["run_id"])
+    twin = ax.twinx()
+    twin.bar(mass["layer"].to_list(), mass["share"].to_list(), color="#cccccc", label=f"decision mass (k={k})")
+    twin.set_ylabel("decision mass")
+    ax.set_zorder(twin.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    same_model = accuracy.filter(pl.col("model") == run["model"])
+    for run_id in same_model["run_id"].unique(maintain_order=True).to_list():
+        part = same_model.filter(pl.col("run_id") == run_id)
+        view = part["view"][0]
+        ax.plot(part["anchor"].to_list(), part["accuracy"].to_list(), marker="o", ms=3, label=view,
+                lw=2.2 if view == "clean" else 1.0)
+    ax.set_xlabel("anchor")
+    ax.set_ylabel("probe accuracy")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7, loc="upper left")
+    return figs.save(fig, f"{run['run_id']}_accuracy", f"Probe accuracy per anchor of {run['model']} (lines, "
+                                                       f"one per view) with the decision mass (bars)")
+
+
+def _k_sensitivity(figs: _Figures, sweep: pl.DataFrame, run_id: str) -> str:
+    fig, (left, right) = figs.plt.subplots(1, 2, figsize=(8, 3))
+    left.plot(sweep["k"].to_list(), sweep["mean"].to_list(), marker="o", label="mean l*")
+    left.plot(sweep["k"].to_list(), sweep["median"].to_list(), marker="s", label="median l*")
+    left.set_xlabel("k")
+    left.set_ylabel("decision layer")
+    left.legend(fontsize=8)
+    for col in ("f_early", "f_mid", "f_late", "never_stable"):
+        right.plot(sweep["k"].to_list(), sweep[col].to_list(), marker="o", label=col)
+    right.set_xlabel("k")
+    right.set_ylabel("share of images")
+    right.set_ylim(0, 1)
+    right.legend(fontsize=8)
+    return figs.save(fig, f"{run_id}_k_sensitivity", f"Sensitivity to the stability window k of {run_id}")
+
+
+def _shift(figs: _Figures, shift: pl.DataFrame) -> str:
+    fig, ax = figs.plt.subplots(figsize=(7, 3.2))
+    labels = [f"{m}\n{v}" for m, v in shift.filter(pl.col("k") == shift["k"].min()).select("model", "view").rows()]
+    ks = shift["k"].unique().sort().to_list()
+    width = 0.8 / len(ks)
+    for i, k in enumerate(ks):
+        part = shift.filter(pl.col("k") == k)
+        ax.bar([j + i * width for j in range(len(part))], part["delta"].to_list(), width, label=f"k = {k}")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, fontsize=7)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_ylabel("Δd̄ (anchors)")
+    ax.legend(fontsize=8)
+    return figs.save(fig, "corruption_shift", "Corruption shift of the mean decision layer")
+
+
+def _cross_model(figs: _Figures, sweep: pl.DataFrame) -> str:
+    fig, ax = figs.plt.subplots(figsize=(6, 3.2))
+    for run_id in sweep["run_id"].unique(maintain_order=True).to_list():
+        part = sweep.filter(pl.col("run_id") == run_id)
+        ax.plot(part["k"].to_list(), part["mean"].to_list(), marker="o", label=run_id)
+    ax.set_xlabel("k")
+    ax.set_ylabel("mean decision layer")
+    ax.legend(fontsize=7)
+    return figs.save(fig, "cross_model", "Mean decision layer per model and k")
+
+
+def _page(db, scope: str, sections: list[str]) -> str:
+    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;font-size:12px;margin:1em 0}td,th{border:1px solid #ccc;"
+             "padding:2px 6px;text-align:right}th{background:#f0f0f0}figure{margin:1em 0}img{max-width:100%}"
+             "figcaption{font-size:12px;color:#555}")
+    intro = (f"<p>Database <code>{html.escape(str(db))}</code>; images counted: <code>{html.escape(scope)}</code> "
+             "(auto = the test split, or every image of a cross-fit run). l*(k) is the first anchor from which "
+             "the probe prediction stays the same for k more anchors; images that never settle are put at the "
+             "last anchor T and counted as never stable.</p>")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>featstore report</title>"
+            f"<style>{style}</style></head><body><h1>featstore report</h1>{intro}{''.join(sections)}</body></html>")

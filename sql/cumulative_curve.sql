@@ -1,0 +1,4 @@
+-- cumulative_curve(k, scope := 'auto') -> (run_id, layer, f): F_k(l), the share of images with l*(k) <= l.
+CREATE OR REPLACE MACRO cumulative_curve(k, scope := 'auto') AS TABLE
+SELECT run_id, layer, sum(share) OVER (PARTITION BY run_id ORDER BY layer) AS f
+FROM decision_mass(k, scope) ORDER BY run_id, layer;

@@ -1,0 +1,20 @@
+-- Fills `decisions` for one run ($run_id) from its predictions. l*(k) is the start of the first run of
+-- equal consecutive predictions of length >= k+1 (SPEC §7), so one table of runs answers every k:
+-- islands numbers those runs (anchor minus its rank among equal predictions is constant inside one).
+INSERT INTO decisions
+WITH islands AS (
+    SELECT image_id, pred, anchor,
+           anchor - row_number() OVER (PARTITION BY image_id, pred ORDER BY anchor) AS island
+    FROM predictions WHERE run_id = $run_id),
+stretches AS (
+    SELECT image_id, pred, min(anchor) AS start, count(*) AS length FROM islands GROUP BY image_id, pred, island),
+depth AS (SELECT n_anchors - 1 AS t FROM runs WHERE run_id = $run_id),
+finals AS (SELECT image_id, pred AS final_pred FROM stretches, depth WHERE start + length - 1 = depth.t),
+ks AS (SELECT range AS k FROM range(1, (SELECT t FROM depth) + 1)),
+firsts AS (
+    SELECT image_id, k, min(start) AS layer, arg_min(pred, start) AS stable_pred
+    FROM stretches JOIN ks ON length >= k + 1 GROUP BY image_id, k)
+SELECT $run_id, f.image_id, ks.k, coalesce(s.layer, depth.t), coalesce(s.stable_pred, f.final_pred),
+       coalesce(s.stable_pred, f.final_pred) = i.label, s.layer IS NULL
+FROM finals f CROSS JOIN ks CROSS JOIN depth JOIN images i USING (image_id)
+LEFT JOIN firsts s ON s.image_id = f.image_id AND s.k = ks.k;
