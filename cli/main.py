@@ -213,24 +213,24 @@ def anchors(model: str, show_all: bool) -> None:
 
 @cli.command()
 @click.option("--out", type=click.Path(path_type=Path), default=Path("featstore-demo"),
-              help="Folder for the generated images and the store.")
-@click.option("--images-per-class", default=16, help="Generated images per class (4 classes).")
+              help="Folder for the images, the cached network, the store, the database and the report.")
+@click.option("--epochs", default=4, help="Training epochs of the digits ResNet-18 (cached per value).")
+@click.option("--limit", type=int, help="Use only the first N digits (a quick run, e.g. in CI).")
+@click.option("--progress/--no-progress", default=True)
 @user_errors
-def demo(out: Path, images_per_class: int) -> None:
-    """Offline end-to-end run on generated images with a random-init resnet18 (no network, no GPU)."""
-    from featstore.build import BuildConfig
-    from featstore.build import build as run_build
-    from featstore.store import FeatureStore
-    from featstore.synthetic import make_image_folder
+def demo(out: Path, epochs: int, limit: int | None, progress: bool) -> None:
+    """The whole pipeline offline: digits -> trained ResNet-18 -> store -> probes -> DuckDB -> k-sweep, report."""
+    from featstore.analytics.queries import k_sweep, paper_table
+    from featstore.demo import run_demo
 
-    data = out / "images"
-    if not data.exists():
-        make_image_folder(data, n_classes=4, per_class=images_per_class, size=(160, 120))
-    store = out / "demo.zarr"
-    result = run_build(BuildConfig(model="resnet18", data=data, store=store, weights="none", image_size=64,
-                                   views="clean,gaussian_noise-1,gaussian_blur-1", chunk_rows=32, batch_size=16))
-    click.echo(f"built {result.images} images in {result.seconds:.1f}s\n")
-    click.echo(format_info(FeatureStore(store).info()))
+    result = run_demo(out, epochs=epochs, limit=limit, progress=progress)
+    click.echo("\nk-sweep of decision layers (test split):")
+    print_frame(k_sweep(result.db).drop("model", "probe"))
+    click.echo("\nTable 1 shape (k = 2):")
+    print_frame(paper_table(result.db).drop("probe"))
+    timing = ", ".join(f"{k} {v:.0f}s" for k, v in result.seconds.items())
+    click.echo(f"\nreport: {result.report}\ndatabase: {result.db} (try: featstore sql --db {result.db} "
+               f"\"SELECT * FROM decision_summary(2)\")\ntime: {timing}")
 
 
 def main() -> None:
