@@ -20,7 +20,7 @@ from featstore.errors import FeatstoreError
 # Views and macros, in dependency order; each file holds one and says what it returns.
 MACROS = ("in_scope", "timelines", "decision_layers", "decision_sweep", "decision_summary", "decision_mass",
           "cumulative_curve", "probe_accuracy", "probe_accuracy_by_split", "clean_pairs", "corruption_shift",
-          "paper_table")
+          "paper_table", "exit_events", "exit_simulation", "exit_shares", "exit_pareto")
 
 
 def sql_text(name: str) -> str:
@@ -112,6 +112,18 @@ def replace_model_outputs(con: duckdb.DuckDBPyConnection, model: str, view: str,
     con.execute("BEGIN")
     con.execute("DELETE FROM model_outputs WHERE model = ? AND view = ?", [model, view])
     _insert(con, "model_outputs", table)
+    con.execute("COMMIT")
+
+
+def replace_costs(con: duckdb.DuckDBPyConnection, model: str, cost) -> None:
+    """Store one `featstore.cost.ModelCost`, replacing an earlier measurement of the same model, device, batch."""
+    key = [model, cost.device, cost.batch_size]
+    con.execute("BEGIN")
+    for table in ("anchor_costs", "model_costs"):
+        con.execute(f"DELETE FROM {table} WHERE model = ? AND device = ? AND batch_size = ?", key)
+    con.executemany("INSERT INTO anchor_costs VALUES (?, ?, ?, ?, ?, ?, ?, ?, now())",
+                    [key + [a.anchor, a.ms, a.flops, a.probe_ms, a.probe_flops] for a in cost.anchors])
+    con.execute("INSERT INTO model_costs VALUES (?, ?, ?, ?, ?, now())", key + [cost.ms, cost.flops])
     con.execute("COMMIT")
 
 

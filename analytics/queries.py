@@ -76,3 +76,36 @@ def timelines(db: Db, run_id: str | None = None) -> pl.DataFrame:
 
 def runs(db: Db) -> pl.DataFrame:
     return query(db, "SELECT * FROM runs ORDER BY run_id")
+
+
+def cost_devices(db: Db, model: str, batch_size: int) -> list[str]:
+    frame = query(db, "SELECT DISTINCT device FROM anchor_costs WHERE model = ? AND batch_size = ? ORDER BY 1",
+                  [model, batch_size])
+    return frame["device"].to_list() if not frame.is_empty() else []
+
+
+def _exit_args(ks: Sequence[int], thresholds: Sequence[float], combined: Sequence[float]) -> list:
+    return [list(ks), [float(t) for t in thresholds], [float(t) for t in combined]]
+
+
+def exit_simulation(db: Db, run_id: str, device: str, batch_size: int = 1, ks: Sequence[int] = (1, 2, 3, 4),
+                    thresholds: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
+                    combined: Sequence[float] = (0.5, 0.7, 0.9), scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM exit_simulation(?, ?, sim_batch := ?, ks := ?, thresholds := ?, "
+                     "combined_thresholds := ?, scope := ?)",
+                 [run_id, device, batch_size, *_exit_args(ks, thresholds, combined), scope])
+
+
+def exit_pareto(db: Db, run_id: str, device: str, batch_size: int = 1, ks: Sequence[int] = (1, 2, 3, 4),
+                thresholds: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
+                combined: Sequence[float] = (0.5, 0.7, 0.9), scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM exit_pareto(?, ?, sim_batch := ?, ks := ?, thresholds := ?, "
+                     "combined_thresholds := ?, scope := ?)",
+                 [run_id, device, batch_size, *_exit_args(ks, thresholds, combined), scope])
+
+
+def exit_shares(db: Db, run_id: str, ks: Sequence[int] = (1, 2, 3, 4),
+                thresholds: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
+                combined: Sequence[float] = (0.5, 0.7, 0.9), scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM exit_shares(?, ks := ?, thresholds := ?, combined_thresholds := ?, scope := ?)",
+                 [run_id, *_exit_args(ks, thresholds, combined), scope])

@@ -157,6 +157,88 @@ def report(db: Path, out: Path, ks: str, scope: str) -> None:
     click.echo(f"wrote {path}")
 
 
+def parse_thresholds(text: str) -> list[float]:
+    """'0.5:0.99:0.01' (start:stop:step, stop included) or '0.5,0.9' -> thresholds."""
+    try:
+        if ":" in text:
+            start, stop, step = (float(v) for v in text.split(":"))
+            count = int(round((stop - start) / step)) + 1
+            values = [round(start + i * step, 10) for i in range(count)]
+        else:
+            values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as e:
+        raise FeatstoreError(f"thresholds {text!r}: give start:stop:step (e.g. 0.5:0.99:0.01) or a comma list") from e
+    if not values or not all(0 <= v <= 1 for v in values):
+        raise FeatstoreError(f"thresholds {text!r}: confidences lie in [0, 1]")
+    return values
+
+
+@cli.command()
+@click.option("--model", required=True, help="Model (store group / DB model) to measure.")
+@click.option("--db", required=True, type=click.Path(path_type=Path))
+@click.option("--store", type=click.Path(path_type=Path), help="Read anchors, crop and head width from this store.")
+@click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
+@click.option("--batch-size", "batch_sizes", default="1,64", help="Batch sizes: latency (1) and throughput.")
+@click.option("--repeats", default=20, help="Timed runs per measurement (median), after 3 warm-up runs.")
+@click.option("--image-size", type=int, help="Input crop when no --store is given [default: the model's].")
+@user_errors
+def cost(model: str, db: Path, store: Path | None, device: str, batch_sizes: str, repeats: int,
+         image_size: int | None) -> None:
+    """Measure the cost of exiting at each anchor: network prefix + probes, ms and FLOPs, into DuckDB."""
+    from featstore.cost import measure_model
+
+    sizes = parse_ks(batch_sizes)
+    for c in measure_model(model, db, store, device, sizes, repeats, image_size):
+        click.echo(f"{model} on {c.device}, batch {c.batch_size}: full model {c.ms:.2f} ms, {c.flops / 1e9:.3f} GFLOP")
+        for a in c.anchors:
+            click.echo(f"  anchor {a.anchor:2d}: prefix {a.ms:8.3f} ms {a.flops / 1e9:8.3f} GFLOP  "
+                       f"probe {a.probe_ms:.3f} ms")
+
+
+@cli.command("exit-sim")
+@click.option("--db", required=True, type=click.Path(path_type=Path))
+@click.option("--run", "run_id", required=True, help="A run id (see `featstore sql \"SELECT run_id FROM runs\"`).")
+@click.option("--k", "ks", default="1,2,3,4", help="Stability windows.")
+@click.option("--thresholds", default="0.5:0.99:0.01", help="Confidence thresholds: start:stop:step or a list.")
+@click.option("--combined-thresholds", default="0.5,0.7,0.9", help="Thresholds of the stability AND confidence gate.")
+@click.option("--device", help="Device the costs were measured on [default: the only one in the DB].")
+@click.option("--batch-size", default=1, help="Which measured batch size prices the exits.")
+@click.option("--scope", default="auto")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@user_errors
+def exit_sim(db: Path, run_id: str, ks: str, thresholds: str, combined_thresholds: str, device: str | None,
+             batch_size: int, scope: str, fmt: str) -> None:
+    """Simulate early exit from stored predictions: stability, confidence, combined gates, oracle, Pareto front."""
+    from featstore.analytics import queries as q
+
+    run = q.query(db, "SELECT model FROM runs WHERE run_id = ?", [run_id])
+    if run.is_empty():
+        raise FeatstoreError(f"no run {run_id!r} in {db}; list them with featstore sql --db {db} "
+                             f"\"SELECT run_id FROM runs\"")
+    model = run["model"][0]
+    devices = q.cost_devices(db, model, batch_size)
+    if device is None:
+        if len(devices) != 1:
+            raise FeatstoreError(
+                f"no costs of {model!r} at batch size {batch_size} in {db}; run featstore cost --model {model} "
+                f"--db {db}" if not devices else f"costs of {model!r} exist for several devices "
+                f"({'; '.join(devices)}): pick one with --device")
+        device = devices[0]
+    elif device not in devices:
+        raise FeatstoreError(f"no costs of {model!r} measured on {device!r} at batch size {batch_size} "
+                             f"(have: {'; '.join(devices) or 'none'})")
+    args = dict(ks=parse_ks(ks), thresholds=parse_thresholds(thresholds),
+                combined=parse_thresholds(combined_thresholds), scope=scope)
+    sim = q.exit_simulation(db, run_id, device, batch_size, **args)
+    if fmt != "table":
+        print_frame(sim, fmt)
+        return
+    click.echo(f"early exit for {run_id}, costs measured on {device}, batch {batch_size} (ms per image):")
+    print_frame(sim)
+    click.echo("\nPareto front (accuracy vs mean latency):")
+    print_frame(q.exit_pareto(db, run_id, device, batch_size, **args))
+
+
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

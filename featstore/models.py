@@ -65,14 +65,18 @@ def library_of(name: str) -> tuple[str, str]:
     raise FeatstoreError(f"unknown model {name!r}: not a torchvision or timm model name{hint}")
 
 
-def load_model(name: str, weights: str = "default", seed: int = 0, image_size: int | None = None) -> LoadedModel:
-    """Build `name` with the chosen weights, in eval mode, with its own eval preprocessing."""
+def load_model(name: str, weights: str = "default", seed: int = 0, image_size: int | None = None,
+               num_classes: int | None = None) -> LoadedModel:
+    """Build `name` with the chosen weights, in eval mode, with its own eval preprocessing.
+    `num_classes` sets the head's width for `weights="none"` (cost measurement of a fine-tuned model)."""
     library, arch = library_of(name)
     path = _weights_path(weights)
+    if num_classes is not None and weights != "none":
+        raise FeatstoreError("num_classes applies to random-init models only; checkpoints bring their own head")
     if library == "torchvision":
-        loaded = _torchvision(arch, weights, path, seed)
+        loaded = _torchvision(arch, weights, path, seed, num_classes)
     else:
-        loaded = _timm(arch, weights, path, seed, image_size)
+        loaded = _timm(arch, weights, path, seed, image_size, num_classes)
     loaded.name, loaded.arch = name, arch
     loaded.preprocessing = loaded.preprocessing.with_image_size(image_size)
     loaded.module.eval().requires_grad_(False)
@@ -90,7 +94,7 @@ def _weights_path(weights: str) -> Path | None:
     return None
 
 
-def _torchvision(arch: str, weights: str, path: Path | None, seed: int) -> LoadedModel:
+def _torchvision(arch: str, weights: str, path: Path | None, seed: int, num_classes: int | None = None) -> LoadedModel:
     import torchvision.models as tvm
 
     try:
@@ -120,7 +124,7 @@ def _torchvision(arch: str, weights: str, path: Path | None, seed: int) -> Loade
         return LoadedModel(arch, arch, "torchvision", model, f"torchvision:{chosen}", prep,
                            _num_classes(model))
     torch.manual_seed(seed)
-    model = tvm.get_model(arch, weights=None)
+    model = tvm.get_model(arch, weights=None, **({"num_classes": num_classes} if num_classes else {}))
     if path is None:
         return LoadedModel(arch, arch, "torchvision", model, f"none:seed={seed}", prep, _num_classes(model))
     state = _read_state_dict(path)
@@ -137,7 +141,8 @@ def _torchvision_preprocessing(weights) -> Preprocessing:
                          t.interpolation.value)
 
 
-def _timm(arch: str, weights: str, path: Path | None, seed: int, image_size: int | None) -> LoadedModel:
+def _timm(arch: str, weights: str, path: Path | None, seed: int, image_size: int | None,
+          num_classes: int | None = None) -> LoadedModel:
     from timm.data import resolve_data_config
 
     if path is None and weights not in ("default", "none"):
@@ -156,7 +161,8 @@ def _timm(arch: str, weights: str, path: Path | None, seed: int, image_size: int
             ) from e
         weights_id = f"timm:{model.pretrained_cfg.get('hf_hub_id') or arch}"
     else:
-        model = _create_timm(arch, image_size, pretrained=False)
+        head = {"num_classes": num_classes} if num_classes else {}
+        model = _create_timm(arch, image_size, pretrained=False, **head)
         weights_id = f"none:seed={seed}"
         if path is not None:
             state = _read_state_dict(path)

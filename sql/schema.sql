@@ -36,3 +36,10 @@ CREATE TABLE IF NOT EXISTS model_outputs (
 CREATE TABLE IF NOT EXISTS decisions (
     run_id VARCHAR, image_id BIGINT, k SMALLINT, layer SMALLINT, stable_pred INTEGER, correct BOOLEAN,
     never_stable BOOLEAN);
+
+-- featstore cost: measured cost of exiting at each anchor, per model, device and batch size (per batch, ms)
+CREATE TABLE IF NOT EXISTS anchor_costs (
+    model VARCHAR, device VARCHAR, batch_size INTEGER, anchor SMALLINT, ms DOUBLE, flops BIGINT,
+    probe_ms DOUBLE, probe_flops BIGINT, measured_at TIMESTAMP);
+CREATE TABLE IF NOT EXISTS model_costs (
+    model VARCHAR, device VARCHAR, batch_size INTEGER, ms DOUBLE, flops BIGINT, measured_at TIMESTAMP);

@@ -1,0 +1,170 @@
+"""`featstore cost`: what exiting at each anchor costs on this device, measured once per model and device.
+
+The prefix up to an anchor is timed by running the model and stopping with an exception raised in that
+anchor's forward hook, so it is exactly the computation that precedes the anchor's output. Each anchor's
+probe (global average pooling of a map of the anchor's real shape, then a linear layer and its softmax) is
+timed apart. Times are medians of repeated runs after warm-up; FLOPs come from torch.utils.flop_counter.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from featstore.anchors import resolve_anchor
+from featstore.extraction import pool
+
+
+class _Stop(Exception):
+    pass
+
+
+@dataclass
+class AnchorCost:
+    anchor: int
+    ms: float  # network prefix up to this anchor's output
+    flops: int
+    probe_ms: float  # pooling + this anchor's linear probe + softmax
+    probe_flops: int
+
+
+@dataclass
+class ModelCost:
+    device: str
+    batch_size: int
+    ms: float  # the whole model, head included, no probes
+    flops: int
+    anchors: list[AnchorCost]
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def _flops(fn: Callable[[], object]) -> int:
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def measure_costs(model: nn.Module, anchor_names: Sequence[str], crop: int, num_classes: int, device: torch.device,
+                  batch_size: int, token_pool: str = "cls", repeats: int = 20, warmup: int = 3) -> ModelCost:
+    """Prefix and probe cost of every anchor, and the full model's, at one batch size."""
+    model = model.to(device).eval()
+    x = torch.randn(batch_size, 3, crop, crop, device=device)
+    modules = dict(model.named_modules())
+    shapes: dict[str, torch.Size] = {}
+    hooks = []
+    for name in anchor_names:
+        module_name, _ = resolve_anchor(model, name)
+        hooks.append(modules[module_name].register_forward_hook(
+            lambda m, i, o, name=name: shapes.__setitem__(name, (o[0] if isinstance(o, (tuple, list)) else o).shape)))
+    with torch.inference_mode():
+        model(x)
+    for h in hooks:
+        h.remove()
+
+    def prefix(module: nn.Module) -> Callable[[], None]:
+        def run() -> None:
+            def stop(*_):
+                _sync(device)
+                raise _Stop
+
+            handle = module.register_forward_hook(stop)
+            try:
+                with torch.inference_mode():
+                    model(x)
+            except _Stop:
+                pass
+            finally:
+                handle.remove()
+        return run
+
+    costs = []
+    for index, name in enumerate(anchor_names):
+        module_name, _ = resolve_anchor(model, name)
+        run = prefix(modules[module_name])
+        feature_map = torch.randn(shapes[name], device=device)
+        dim = pool(feature_map, token_pool).shape[1]
+        weight = torch.randn(num_classes, dim, device=device)
+        bias = torch.randn(num_classes, device=device)
+
+        def probe(feature_map=feature_map, weight=weight, bias=bias) -> torch.Tensor:
+            with torch.inference_mode():
+                return torch.softmax(pool(feature_map, token_pool) @ weight.T + bias, dim=-1).max(dim=-1)
+
+        costs.append(AnchorCost(index, median_ms(run, device, repeats, warmup), _flops(run),
+                                median_ms(probe, device, repeats, warmup), _flops(probe)))
+
+    def full() -> None:
+        with torch.inference_mode():
+            model(x)
+
+    return ModelCost(device_name(device), batch_size, median_ms(full, device, repeats, warmup), _flops(full), costs)
+
+
+def measure_model(key: str, db, store=None, device: str = "auto", batch_sizes: Sequence[int] = (1,),
+                  repeats: int = 20, image_size: int | None = None) -> list[ModelCost]:
+    """Measure a model of the store/DB and save its costs in DuckDB. Weights do not change timings, so the
+    architecture is rebuilt with random weights (and the head width the stored model has)."""
+    from featstore.analytics import db as fsdb
+    from featstore.errors import FeatstoreError
+    from featstore.models import load_model
+    from featstore.runtime import resolve_device
+    from featstore.store import FeatureStore
+
+    con = fsdb.connect(db)
+    try:
+        if store is not None:
+            fs = FeatureStore(store)
+            cfg = fs.model_attrs(key)["config"]
+            name, names, pool_kind = cfg["model"], [a["name"] for a in cfg["anchors"]], cfg.get("token_pool") or "cls"
+            crop = image_size or cfg["preprocessing"]["crop"]
+            head, probe_classes = cfg["num_classes"], len(fs.image_attrs().get("class_names", [])) or cfg["num_classes"]
+        else:
+            names = [n for (n,) in con.execute("SELECT name FROM anchors WHERE model = ? ORDER BY anchor",
+                                               [key]).fetchall()]
+            if not names:
+                raise FeatstoreError(f"database {db} has no anchors of {key!r}; pass --store, or probe the model first")
+            name, pool_kind, head = key, "cls", None
+            probe_classes = con.execute("SELECT max(label) + 1 FROM images").fetchone()[0] or 1000
+            crop = None
+        loaded = load_model(name, weights="none", image_size=image_size if store is None else crop, num_classes=head)
+        crop = crop or loaded.preprocessing.crop
+        dev = resolve_device(device)
+        results = []
+        for batch in batch_sizes:
+            cost = measure_costs(loaded.module, names, crop, probe_classes, dev, batch, pool_kind, repeats)
+            fsdb.replace_costs(con, key, cost)
+            results.append(cost)
+        return results
+    finally:
+        con.close()

@@ -1,0 +1,42 @@
+-- exit_events(sim_run, ks, thresholds, combined_thresholds, scope := 'auto') -> (policy, k, theta, image_id,
+-- label, exit_anchor, pred): where each early-exit policy leaves the network for each image (SPEC §7), from the
+-- stored predictions alone. exit_anchor NULL = full depth, where the prediction is the model's own head.
+-- stability k: first l >= k with equal predictions at l-k..l (= l*(k)+k); confidence θ: first l with
+-- conf >= θ; combined (k, θ): both at the same l; oracle: first anchor whose prediction is correct.
+CREATE OR REPLACE MACRO exit_events(sim_run, ks := [1, 2, 3, 4],
+                                    thresholds := [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99],
+                                    combined_thresholds := [0.5, 0.7, 0.9], scope := 'auto') AS TABLE
+WITH r AS (SELECT run_id, model, view, cross_fit FROM runs WHERE run_id = sim_run),
+imgs AS (SELECT i.image_id, i.label FROM images i, r WHERE in_scope(scope, i.split, r.cross_fit)),
+islands AS (
+    SELECT p.image_id, p.anchor, p.pred, p.conf, imgs.label,
+           p.anchor - row_number() OVER (PARTITION BY p.image_id, p.pred ORDER BY p.anchor) AS island
+    FROM predictions p JOIN imgs USING (image_id) WHERE p.run_id = sim_run),
+p AS (SELECT *, anchor - min(anchor) OVER (PARTITION BY image_id, pred, island) AS stable_for FROM islands),
+ks_ AS (SELECT unnest(ks) AS k),
+th AS (SELECT unnest(thresholds) AS theta),
+cth AS (SELECT unnest(combined_thresholds) AS theta),
+events AS (
+    SELECT 'stability' AS policy, k, NULL::DOUBLE AS theta, image_id,
+           min(anchor) FILTER (WHERE stable_for >= k) AS exit_anchor,
+           arg_min(pred, anchor) FILTER (WHERE stable_for >= k) AS exit_pred
+    FROM p, ks_ GROUP BY k, image_id
+    UNION ALL
+    SELECT 'confidence', NULL, theta, image_id, min(anchor) FILTER (WHERE conf >= theta),
+           arg_min(pred, anchor) FILTER (WHERE conf >= theta)
+    FROM p, th GROUP BY theta, image_id
+    UNION ALL
+    SELECT 'combined', k, theta, image_id, min(anchor) FILTER (WHERE stable_for >= k AND conf >= theta),
+           arg_min(pred, anchor) FILTER (WHERE stable_for >= k AND conf >= theta)
+    FROM p, ks_, cth GROUP BY k, theta, image_id
+    UNION ALL
+    SELECT 'oracle', NULL, NULL, image_id, min(anchor) FILTER (WHERE pred = label),
+           arg_min(pred, anchor) FILTER (WHERE pred = label)
+    FROM p GROUP BY image_id
+    UNION ALL
+    SELECT 'full depth', NULL, NULL, image_id, NULL, NULL FROM imgs)
+SELECT e.policy, e.k, e.theta, e.image_id, imgs.label, e.exit_anchor,
+       CASE WHEN e.exit_anchor IS NULL THEN mo.pred ELSE e.exit_pred END AS pred
+FROM events e JOIN imgs USING (image_id)
+LEFT JOIN model_outputs mo ON mo.image_id = e.image_id AND mo.model = (SELECT model FROM r)
+                          AND mo.view = (SELECT view FROM r);
