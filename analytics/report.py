@@ -83,6 +83,7 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] = (1, 2, 3, 
             sections.append(_cumulative(figs, con, run["run_id"], ks, scope))
             sections.append(_accuracy_and_mass(figs, con, run, accuracy, k_mid, scope))
             sections.append(_k_sensitivity(figs, sweep.filter(pl.col("run_id") == run["run_id"]), run["run_id"]))
+            sections.append(_early_exit(figs, con, run, scope))
         shift = pl.concat([q.corruption_shift(con, k, scope).with_columns(pl.lit(k).alias("k")) for k in ks])
         if not shift.is_empty():
             sections.append("<h2>Corruption shift Δd̄ (view minus clean, same images and probes)</h2>")
@@ -165,6 +166,31 @@ def _k_sensitivity(figs: _Figures, sweep: pl.DataFrame, run_id: str) -> str:
     right.set_ylim(0, 1)
     right.legend(fontsize=8)
     return figs.save(fig, f"{run_id}_k_sensitivity", f"Sensitivity to the stability window k of {run_id}")
+
+
+def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
+    """Accuracy vs mean latency of every exit policy, with the Pareto front, if costs were measured."""
+    sizes = q.query(con, "SELECT DISTINCT batch_size, device FROM anchor_costs WHERE model = ? ORDER BY 1, 2",
+                    [run["model"]])
+    if sizes.is_empty():
+        return (f"<p>Early exit: no costs of {html.escape(run['model'])} measured yet "
+                f"(<code>featstore cost --model {html.escape(run['model'])} --db …</code>).</p>")
+    batch, device = sizes.row(0)
+    sim = q.exit_simulation(con, run["run_id"], device, batch, scope=scope)
+    front = q.exit_pareto(con, run["run_id"], device, batch, scope=scope)
+    fig, ax = figs.plt.subplots(figsize=(6, 3.6))
+    for policy in sim["policy"].unique().sort().to_list():
+        part = sim.filter(pl.col("policy") == policy)
+        marker = {"full depth": "*", "oracle": "D"}.get(policy, "o")
+        ax.scatter(part["mean_ms"].to_list(), part["accuracy"].to_list(), label=policy, marker=marker,
+                   s=60 if marker != "o" else 18)
+    ax.plot(front["mean_ms"].to_list(), front["accuracy"].to_list(), color="black", lw=0.8, label="Pareto front")
+    ax.set_xlabel(f"mean latency per image (ms, batch {batch})")
+    ax.set_ylabel("accuracy")
+    ax.legend(fontsize=7)
+    caption = f"Early exit for {run['run_id']}: costs measured on {device}, batch {batch}"
+    return (figs.save(fig, f"{run['run_id']}_early_exit", caption) + "<h3>Pareto front</h3>"
+            + _table(front))
 
 
 def _shift(figs: _Figures, shift: pl.DataFrame) -> str:

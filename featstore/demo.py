@@ -2,7 +2,8 @@
 
 Real images that a dependency ships (scikit-learn's 8x8 digits, upsampled to 32 px) -> a torchvision
 ResNet-18 trained on them once (cached as a state dict, then loaded by `--weights PATH` like any checkpoint)
--> a store with the preset anchors and two corruption views -> probes -> DuckDB -> k-sweep and report.
+-> a store with the preset anchors and two corruption views -> probes -> DuckDB -> measured exit costs ->
+k-sweep, early-exit simulation and report.
 """
 
 from __future__ import annotations
@@ -91,6 +92,11 @@ def run_demo(out: Path, epochs: int = 4, limit: int | None = None, progress: boo
     seconds["probe"] = time.perf_counter() - start
 
     from featstore.analytics.report import write_report
+    from featstore.cost import measure_model
+
+    start = time.perf_counter()
+    measure_model("resnet18", db, store, device="cpu", batch_sizes=(1,), repeats=10)
+    seconds["cost"] = time.perf_counter() - start
 
     start = time.perf_counter()
     report = write_report(db, out / "report")

@@ -2,7 +2,7 @@
 -- label, exit_anchor, pred): where each early-exit policy leaves the network for each image (SPEC §7), from the
 -- stored predictions alone. exit_anchor NULL = full depth, where the prediction is the model's own head.
 -- stability k: first l >= k with equal predictions at l-k..l (= l*(k)+k); confidence θ: first l with
--- conf >= θ; combined (k, θ): both at the same l; oracle: first anchor whose prediction is correct.
+-- conf >= θ (compared at the stored float32 precision); combined (k, θ): both at the same l; oracle: first anchor whose prediction is correct.
 CREATE OR REPLACE MACRO exit_events(sim_run, ks := [1, 2, 3, 4],
                                     thresholds := [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99],
                                     combined_thresholds := [0.5, 0.7, 0.9], scope := 'auto') AS TABLE
@@ -22,12 +22,12 @@ events AS (
            arg_min(pred, anchor) FILTER (WHERE stable_for >= k) AS exit_pred
     FROM p, ks_ GROUP BY k, image_id
     UNION ALL
-    SELECT 'confidence', NULL, theta, image_id, min(anchor) FILTER (WHERE conf >= theta),
-           arg_min(pred, anchor) FILTER (WHERE conf >= theta)
+    SELECT 'confidence', NULL, theta, image_id, min(anchor) FILTER (WHERE conf >= theta::REAL),
+           arg_min(pred, anchor) FILTER (WHERE conf >= theta::REAL)
     FROM p, th GROUP BY theta, image_id
     UNION ALL
-    SELECT 'combined', k, theta, image_id, min(anchor) FILTER (WHERE stable_for >= k AND conf >= theta),
-           arg_min(pred, anchor) FILTER (WHERE stable_for >= k AND conf >= theta)
+    SELECT 'combined', k, theta, image_id, min(anchor) FILTER (WHERE stable_for >= k AND conf >= theta::REAL),
+           arg_min(pred, anchor) FILTER (WHERE stable_for >= k AND conf >= theta::REAL)
     FROM p, ks_, cth GROUP BY k, theta, image_id
     UNION ALL
     SELECT 'oracle', NULL, NULL, image_id, min(anchor) FILTER (WHERE pred = label),

@@ -1,0 +1,160 @@
+"""Early exit: every policy on a hand-made prediction table equals a plain-Python simulation; measured
+prefix costs grow along the network and the full model's FLOPs equal an independent count."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+
+from featstore.analytics import db as fsdb
+from featstore.analytics import queries as q
+from featstore.anchors import PRESETS
+from featstore.cost import AnchorCost, ModelCost, measure_costs
+
+from conftest import fails, run_cli
+
+# five images, anchors 0..4 (T = 4); labels 1; the model's own head says 1, 1, 2, 1, 1
+PREDS = [[0, 1, 1, 1, 1],   # stable from 1
+         [2, 2, 2, 1, 1],   # stable from 0 (k<=2), never for k=4
+         [3, 0, 3, 0, 3],   # never stable, never right at an anchor... (head: 2)
+         [1, 1, 1, 1, 1],   # right everywhere
+         [4, 4, 1, 2, 1]]   # flicker
+CONFS = [[0.2, 0.6, 0.9, 0.95, 0.99],
+         [0.8, 0.7, 0.6, 0.9, 0.97],
+         [0.1, 0.2, 0.3, 0.4, 0.5],
+         [0.55, 0.65, 0.75, 0.85, 0.95],
+         [0.9, 0.3, 0.92, 0.5, 0.6]]
+HEAD = [1, 1, 2, 1, 1]
+PREFIX_MS, PROBE_MS, FULL_MS = [1.0, 2.0, 4.0, 7.0, 9.0], 0.5, 10.0
+PREFIX_FLOPS, PROBE_FLOPS, FULL_FLOPS = [10, 20, 40, 70, 90], 5, 100
+DEVICE = "test-device"
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("exit") / "f.duckdb"
+    con = fsdb.connect(path)
+    ids = np.arange(5)
+    fsdb.register_images(con, fsdb.DatasetInfo("fp", "test", "-", 0), ids, np.array(["a"] * 5), np.ones(5, int),
+                         np.array(["test"] * 5))
+    fsdb.register_anchors(con, "m", [SimpleNamespace(index=a, name=f"a{a}", module=f"a{a}", dim=2, depth_frac=a / 4)
+                                     for a in range(5)])
+    run = {"run_id": "m/clean/linear", "model": "m", "view": "clean", "train_view": "clean", "probe": "linear",
+           "params": {}, "cross_fit": 0, "seed": 0, "store": "-"}
+    fsdb.write_run(con, fsdb.RunRows(run, ids, np.array(PREDS), np.array(CONFS), None, []))
+    fsdb.replace_model_outputs(con, "m", "clean", ids, np.array(HEAD), np.full(5, 0.9))
+    for batch in (1, 4):  # batch 4 costs 4x per batch: the same per image
+        anchors = [AnchorCost(a, ms * batch, PREFIX_FLOPS[a] * batch, PROBE_MS * batch, PROBE_FLOPS * batch)
+                   for a, ms in enumerate(PREFIX_MS)]
+        fsdb.replace_costs(con, "m", ModelCost(DEVICE, batch, FULL_MS * batch, FULL_FLOPS * batch, anchors))
+    con.close()
+    return path
+
+
+def simulate(policy: str, k: int | None, theta: float | None) -> list[tuple[int | None, int]]:
+    """Plain Python, SPEC §7: (exit anchor or None for full depth, prediction) per image."""
+    out = []
+    for preds, confs, head in zip(PREDS, CONFS, HEAD, strict=True):
+        exit_at = None
+        for layer in range(len(preds)):
+            stable = k is not None and layer >= k and len(set(preds[layer - k : layer + 1])) == 1
+            confident = theta is not None and confs[layer] >= theta
+            if (policy == "stability" and stable) or (policy == "confidence" and confident) or \
+               (policy == "combined" and stable and confident) or (policy == "oracle" and preds[layer] == 1):
+                exit_at = layer
+                break
+        out.append((exit_at, head if exit_at is None else preds[exit_at]))
+    return out
+
+
+def price(policy: str, exit_at: int | None) -> tuple[float, float]:
+    if exit_at is None:
+        extra = 0 if policy == "full depth" else 1
+        return FULL_MS + extra * PROBE_MS * 5, FULL_FLOPS + extra * PROBE_FLOPS * 5
+    return PREFIX_MS[exit_at] + PROBE_MS * (exit_at + 1), PREFIX_FLOPS[exit_at] + PROBE_FLOPS * (exit_at + 1)
+
+
+CASES = ([("stability", k, None) for k in (1, 2, 3, 4)] + [("confidence", None, t) for t in (0.5, 0.8, 0.96)]
+         + [("combined", k, t) for k in (1, 2, 3, 4) for t in (0.5, 0.9)]
+         + [("oracle", None, None), ("full depth", None, None)])
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_every_policy_matches_a_plain_simulation(db, batch):
+    sim = q.exit_simulation(db, "m/clean/linear", DEVICE, batch, ks=[1, 2, 3, 4], thresholds=[0.5, 0.8, 0.96],
+                            combined=[0.5, 0.9])
+    shares = q.exit_shares(db, "m/clean/linear", ks=[1, 2, 3, 4], thresholds=[0.5, 0.8, 0.96], combined=[0.5, 0.9])
+    assert len(sim) == len(CASES)
+    for policy, k, theta in CASES:
+        events = simulate(policy, k, theta) if policy != "full depth" else [(None, h) for h in HEAD]
+        row = sim.filter((sim["policy"] == policy) & sim["k"].eq_missing(k) & sim["theta"].eq_missing(theta))
+        assert len(row) == 1, (policy, k, theta)
+        row = row.to_dicts()[0]
+        assert row["accuracy"] == pytest.approx(np.mean([p == 1 for _, p in events])), (policy, k, theta)
+        costs = [price(policy, e) for e, _ in events]
+        assert row["mean_ms"] == pytest.approx(np.mean([c[0] for c in costs])), (policy, k, theta)
+        assert row["mean_flops"] == pytest.approx(np.mean([c[1] for c in costs])), (policy, k, theta)
+        same = (shares["policy"] == policy) & shares["k"].eq_missing(k) & shares["theta"].eq_missing(theta)
+        got = shares.filter(same)
+        expected = {a: sum(e == a for e, _ in events) / 5 for a in {e for e, _ in events}}
+        assert dict(zip(got["exit_anchor"].to_list(), got["share"].to_list(), strict=True)) == pytest.approx(expected)
+
+
+def test_pareto_front_is_the_undominated_set(db):
+    sim = q.exit_simulation(db, "m/clean/linear", DEVICE, thresholds=[0.5, 0.8, 0.96], combined=[0.5, 0.9])
+    front = q.exit_pareto(db, "m/clean/linear", DEVICE, thresholds=[0.5, 0.8, 0.96], combined=[0.5, 0.9])
+    rows = sim.select("accuracy", "mean_ms").rows()
+    expected = {(a, m) for a, m in rows if not any(b >= a and n <= m and (b > a or n < m) for b, n in rows)}
+    assert set(front.select("accuracy", "mean_ms").rows()) == expected
+    assert front["mean_ms"].is_sorted()
+
+
+def test_prefix_costs_grow_and_full_flops_match_an_independent_count():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    cost = measure_costs(model, PRESETS["resnet18"], 64, 10, torch.device("cpu"), 2, repeats=7)
+    flops = [a.flops for a in cost.anchors]
+    assert flops == sorted(flops) and flops[0] > 0
+
+    counted = []
+
+    def count(module, inputs, output):
+        if isinstance(module, torch.nn.Conv2d):
+            kh, kw = module.kernel_size
+            counted.append(2 * output.numel() * (module.in_channels // module.groups) * kh * kw)
+        elif isinstance(module, torch.nn.Linear):
+            counted.append(2 * output.shape[0] * module.in_features * module.out_features)
+
+    for m in model.modules():
+        if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
+            m.register_forward_hook(count)
+    with torch.no_grad():
+        model(torch.randn(2, 3, 64, 64))
+    assert cost.flops == sum(counted)
+    assert cost.anchors[-1].flops == sum(counted) - counted[-1]  # avgpool: everything but the classifier
+    ms = [a.ms for a in cost.anchors]
+    ranks = np.argsort(np.argsort(ms))
+    spearman = np.corrcoef(ranks, np.arange(len(ms)))[0, 1]
+    assert ms[-1] > ms[0] and spearman > 0.7, ms  # monotone within timing noise
+    assert cost.ms >= ms[0] and all(a.probe_ms > 0 for a in cost.anchors)
+
+
+def test_cost_and_exit_sim_commands(image_dir, tmp_path):
+    store, db = tmp_path / "s.zarr", tmp_path / "f.duckdb"
+    run_cli("build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--data", image_dir,
+            "--store", store, "--no-progress", "--workers", "0")
+    assert "no costs" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear") if db.exists() else True
+    run_cli("probe", "--store", store, "--model", "resnet18", "--db", db, "--no-progress")
+    assert "featstore cost" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear")
+    out = run_cli("cost", "--model", "resnet18", "--db", db, "--store", store, "--batch-size", "1,4",
+                  "--repeats", "3").output
+    assert "batch 4" in out and "anchor 11" in out
+    out = run_cli("exit-sim", "--db", db, "--run", "resnet18/clean/linear", "--thresholds", "0.1:0.3:0.1").output
+    assert "Pareto front" in out and "stability" in out and "full depth" in out
+    assert "no run" in fails("exit-sim", "--db", db, "--run", "nope")
+    assert "confidences lie in" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear", "--thresholds",
+                                         "0.5:1.5:0.5")
