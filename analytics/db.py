@@ -20,7 +20,8 @@ from featstore.errors import FeatstoreError
 # Views and macros, in dependency order; each file holds one and says what it returns.
 MACROS = ("in_scope", "timelines", "decision_layers", "decision_sweep", "decision_summary", "decision_mass",
           "cumulative_curve", "probe_accuracy", "probe_accuracy_by_split", "clean_pairs", "corruption_shift",
-          "paper_table", "exit_events", "exit_simulation", "exit_shares", "exit_pareto")
+          "paper_table", "exit_events", "exit_simulation", "exit_shares", "exit_pareto", "tap_grid", "tap_gains",
+          "tap_decision_layers")
 
 
 def sql_text(name: str) -> str:
@@ -98,7 +99,8 @@ def register_images(con: duckdb.DuckDBPyConnection, info: DatasetInfo, image_id:
 
 
 def register_anchors(con: duckdb.DuckDBPyConnection, model: str, anchors: list) -> None:
-    rows = [(model, a.index, a.name, a.module, a.dim, a.depth_frac, None, None) for a in anchors]
+    rows = [(model, a.index, a.name, a.module, a.dim, a.depth_frac, getattr(a, "block", None), getattr(a, "tap", None))
+            for a in anchors]
     con.execute("BEGIN")
     con.execute("DELETE FROM anchors WHERE model = ?", [model])
     con.executemany("INSERT INTO anchors VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)

@@ -88,20 +88,25 @@ def _exit_args(ks: Sequence[int], thresholds: Sequence[float], combined: Sequenc
     return [list(ks), [float(t) for t in thresholds], [float(t) for t in combined]]
 
 
+def _exit_table(macro: str, db: Db, run_id: str, device: str, batch_size: int, ks: Sequence[int],
+                thresholds: Sequence[float], combined: Sequence[float], scope: str) -> pl.DataFrame:
+    return query(db, f"SELECT * FROM {macro}(?, ?, sim_batch := ?, ks := ?, thresholds := ?, "
+                     "combined_thresholds := ?, scope := ?)",
+                 [run_id, device, batch_size, *_exit_args(ks, thresholds, combined), scope])
+
+
 def exit_simulation(db: Db, run_id: str, device: str, batch_size: int = 1, ks: Sequence[int] = (1, 2, 3, 4),
                     thresholds: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
                     combined: Sequence[float] = (0.5, 0.7, 0.9), scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM exit_simulation(?, ?, sim_batch := ?, ks := ?, thresholds := ?, "
-                     "combined_thresholds := ?, scope := ?)",
-                 [run_id, device, batch_size, *_exit_args(ks, thresholds, combined), scope])
+    """Accuracy and mean cost per image of every exit policy (see sql/exit_simulation.sql)."""
+    return _exit_table("exit_simulation", db, run_id, device, batch_size, ks, thresholds, combined, scope)
 
 
 def exit_pareto(db: Db, run_id: str, device: str, batch_size: int = 1, ks: Sequence[int] = (1, 2, 3, 4),
                 thresholds: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
                 combined: Sequence[float] = (0.5, 0.7, 0.9), scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM exit_pareto(?, ?, sim_batch := ?, ks := ?, thresholds := ?, "
-                     "combined_thresholds := ?, scope := ?)",
-                 [run_id, device, batch_size, *_exit_args(ks, thresholds, combined), scope])
+    """The policies of exit_simulation that no other beats on both accuracy and cost."""
+    return _exit_table("exit_pareto", db, run_id, device, batch_size, ks, thresholds, combined, scope)
 
 
 def exit_shares(db: Db, run_id: str, ks: Sequence[int] = (1, 2, 3, 4),
@@ -109,3 +114,15 @@ def exit_shares(db: Db, run_id: str, ks: Sequence[int] = (1, 2, 3, 4),
                 combined: Sequence[float] = (0.5, 0.7, 0.9), scope: str = "auto") -> pl.DataFrame:
     return query(db, "SELECT * FROM exit_shares(?, ks := ?, thresholds := ?, combined_thresholds := ?, scope := ?)",
                  [run_id, *_exit_args(ks, thresholds, combined), scope])
+
+
+def tap_grid(db: Db, run_id: str, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM tap_grid(?, scope := ?)", [run_id, scope])
+
+
+def tap_gains(db: Db, run_id: str, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM tap_gains(?, scope := ?)", [run_id, scope])
+
+
+def tap_decision_layers(db: Db, run_id: str, tap: str, k: int, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM tap_decision_layers(?, ?, ?, scope := ?)", [run_id, tap, k, scope])

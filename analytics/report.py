@@ -84,6 +84,7 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] = (1, 2, 3, 
             sections.append(_accuracy_and_mass(figs, con, run, accuracy, k_mid, scope))
             sections.append(_k_sensitivity(figs, sweep.filter(pl.col("run_id") == run["run_id"]), run["run_id"]))
             sections.append(_early_exit(figs, con, run, scope))
+            sections.append(_tap_heatmap(figs, con, run["run_id"], scope))
         shift = pl.concat([q.corruption_shift(con, k, scope).with_columns(pl.lit(k).alias("k")) for k in ks])
         if not shift.is_empty():
             sections.append("<h2>Corruption shift Δd̄ (view minus clean, same images and probes)</h2>")
@@ -191,6 +192,26 @@ def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
     caption = f"Early exit for {run['run_id']}: costs measured on {device}, batch {batch}"
     return (figs.save(fig, f"{run['run_id']}_early_exit", caption) + "<h3>Pareto front</h3>"
             + _table(front))
+
+
+def _tap_heatmap(figs: _Figures, con, run_id: str, scope: str) -> str:
+    """Block x tap probe-accuracy heatmap and the fixed-tap strategies, for runs built with --taps."""
+    grid = q.tap_grid(con, run_id, scope)
+    if grid.is_empty():
+        return ""
+    taps = grid["tap"].unique(maintain_order=True).to_list()
+    blocks = sorted(grid["block"].unique().to_list())
+    values = [[None] * len(blocks) for _ in taps]
+    for block, tap, acc in grid.select("block", "tap", "accuracy").rows():
+        values[taps.index(tap)][blocks.index(block)] = acc
+    fig, ax = figs.plt.subplots(figsize=(1.0 + 0.5 * len(blocks), 0.5 + 0.4 * len(taps)))
+    image = ax.imshow(values, aspect="auto", cmap="viridis")
+    ax.set_xticks(range(len(blocks)), blocks)
+    ax.set_yticks(range(len(taps)), taps)
+    ax.set_xlabel("block")
+    fig.colorbar(image, ax=ax, label="probe accuracy")
+    return (figs.save(fig, f"{run_id}_taps", f"Probe accuracy per block and module tap of {run_id}")
+            + "<h3>Fixed taps and gain recovered</h3>" + _table(q.tap_gains(con, run_id, scope)))
 
 
 def _shift(figs: _Figures, shift: pl.DataFrame) -> str:

@@ -42,7 +42,10 @@ def cli() -> None:
 @click.option("--views", default="clean", help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, brightness-S.")
 @click.option("--weights", default="default", help="default | a torchvision weights name | PATH | none.")
 @click.option("--anchors", help="Comma list of module names (X.mid inside ResNet blocks); default: preset.")
-@click.option("--pool", type=click.Choice(["cls", "mean"]), default="cls", help="Token pooling for ViTs.")
+@click.option("--taps", help="Transformer module taps per block: all, or a list of ln1,attn,resid_mid,ln2,fc1,act,"
+              "fc2,resid (timm ViTs); anchors become (block, tap) pairs.")
+@click.option("--pool", type=click.Choice(["cls", "mean"]), help="Token pooling for ViTs [default: cls; mean "
+              "with --taps].")
 @click.option("--image-size", type=int, help="Crop size override; resizes to S*256/224 first.")
 @click.option("--limit", type=int, help="Deterministic subset of N images (ids stay those of the full set).")
 @click.option("--chunk-rows", default=1024, help="Store chunk size along images; the unit of resume.")
@@ -79,6 +82,8 @@ def build(**options) -> None:
 @click.option("--variant", default="linear", help="linear | paper | projected[:dim=N] (or a registered one).")
 @click.option("--train-on-view", help="Train the probes on this view [default: clean].")
 @click.option("--cross-fit", default=0, help="K >= 2: K folds, every image predicted out of sample.")
+@click.option("--project-dim", type=int, help="Capacity control: the projected variant at this width (a seeded "
+              "random projection of wider anchors); results coexist with the raw variant's.")
 @click.option("--seed", default=0, help="Split, fold and probe seed.")
 @click.option("--memory-budget", default="4GB", help="Keep features in memory up to this size, else stream chunks.")
 @click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
@@ -89,6 +94,11 @@ def probe(**options) -> None:
     from featstore.probing.run import ProbeConfig
     from featstore.probing.run import probe as run_probe
 
+    project_dim = options.pop("project_dim")
+    if project_dim is not None:
+        if options["variant"] != "linear":
+            raise FeatstoreError("--project-dim and --variant exclude each other (it means projected:dim=D)")
+        options["variant"] = f"projected:dim={project_dim}"
     for run_id in run_probe(ProbeConfig(**options)):
         click.echo(f"wrote run {run_id}")
 
@@ -237,6 +247,31 @@ def exit_sim(db: Path, run_id: str, ks: str, thresholds: str, combined_threshold
     print_frame(sim)
     click.echo("\nPareto front (accuracy vs mean latency):")
     print_frame(q.exit_pareto(db, run_id, device, batch_size, **args))
+
+
+@cli.command()
+@click.option("--db", required=True, type=click.Path(path_type=Path))
+@click.option("--run", "run_id", required=True, help="A run of a store built with --taps.")
+@click.option("--scope", default="auto")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@user_errors
+def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
+    """Layer x module probing: accuracy grid (block x tap), best pairs, act@100 / ln2@60 and gain recovered."""
+    import polars as pl
+
+    from featstore.analytics import queries as q
+
+    grid = q.tap_grid(db, run_id, scope)
+    if grid.is_empty():
+        raise FeatstoreError(f"run {run_id!r} in {db} has no (block, tap) anchors; build the store with --taps")
+    wide = grid.pivot(on="tap", index="block", values="accuracy", aggregate_function="first")
+    if fmt != "table":
+        print_frame(grid, fmt)
+        return
+    click.echo(f"probe accuracy, block x tap ({run_id}, scope {scope}):")
+    print_frame(wide.sort("block"))
+    click.echo("\nstrategies (gain recovered G = (A_S - A_base) / (A_oracle - A_base)):")
+    print_frame(q.tap_gains(db, run_id, scope).with_columns(pl.col("accuracy").round(4)))
 
 
 @cli.command()

@@ -35,6 +35,14 @@ PRESET_LIBRARY = {"resnet18": "torchvision", "resnet50": "torchvision", "resnet1
 
 DEFAULT_COUNT = 12
 
+# Transformer module taps per block (SPEC §3, seed 002): tap -> (submodule of the block, which side of it).
+# "input" taps read what enters the module (a forward pre-hook); "" is the block itself.
+TAPS: dict[str, tuple[str, str]] = {
+    "ln1": ("norm1", "output"), "attn": ("ls1", "output"), "resid_mid": ("norm2", "input"),
+    "ln2": ("norm2", "output"), "fc1": ("mlp.fc1", "output"), "act": ("mlp.act", "output"),
+    "fc2": ("mlp.fc2", "output"), "resid": ("", "output"),
+}
+
 
 @dataclass(frozen=True)
 class Anchor:
@@ -45,19 +53,29 @@ class Anchor:
     module: str
     dim: int
     depth_frac: float
-    post: str | None = None  # "relu" for BasicBlock `.mid` taps
+    post: str | None = None  # "relu" for BasicBlock `.mid` taps, "input" for taps read before a module
+    block: int | None = None  # Transformer module taps: the block index ...
+    tap: str | None = None  # ... and the tap name (ln1, attn, resid_mid, ln2, fc1, act, fc2, resid)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> Anchor:
-        return cls(d["index"], d["name"], d["module"], d["dim"], d["depth_frac"], d.get("post"))
+        return cls(d["index"], d["name"], d["module"], d["dim"], d["depth_frac"], d.get("post"), d.get("block"),
+                   d.get("tap"))
 
 
 def resolve_anchor(model: nn.Module, name: str) -> tuple[str, str | None]:
     """Anchor name -> (module path to hook, post-op). Unknown names fail with the closest valid ones."""
     modules = dict(model.named_modules())
+    block_name, _, tap = name.rpartition(".")
+    if tap in TAPS and block_name in modules and hasattr(modules[block_name], "norm2"):
+        sub, side = TAPS[tap]
+        module = f"{block_name}.{sub}" if sub else block_name
+        if module not in modules:
+            raise FeatstoreError(f"anchor {name!r}: this block has no {sub}; taps need timm ViT-style blocks")
+        return module, "input" if side == "input" else None
     if name.endswith(".mid"):
         block = name[: -len(".mid")]
         if block in modules and isinstance(getattr(modules[block], "bn1", None), nn.Module):
@@ -122,11 +140,35 @@ def anchor_names_for(arch: str, library: str, model: nn.Module, anchors: str | N
     return names
 
 
+def tap_anchor_names(model: nn.Module, taps: str) -> list[str]:
+    """'all' or 'ln2,act' -> blocks.<i>.<tap> for every block of a timm VisionTransformer, block-major."""
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, (nn.Sequential, nn.ModuleList)) or not all(hasattr(b, "norm2") for b in blocks):
+        raise FeatstoreError("--taps needs a timm VisionTransformer-style model (blocks with norm1/attn/norm2/mlp)")
+    names = list(TAPS) if taps == "all" else [t.strip() for t in taps.split(",") if t.strip()]
+    unknown = [t for t in names if t not in TAPS]
+    if unknown:
+        raise FeatstoreError(f"--taps {taps}: unknown tap(s) {', '.join(unknown)}; use all or {','.join(TAPS)}")
+    return [f"blocks.{i}.{tap}" for i in range(len(blocks)) for tap in names]
+
+
 def build_anchors(model: nn.Module, names: list[str], dims: list[int]) -> list[Anchor]:
-    """Attach resolved modules, measured dims and depth fractions index/T to anchor names."""
+    """Attach resolved modules, measured dims and depth fractions to anchor names (index/T; for module taps
+    block/(L-1), the seed's depth%)."""
     last = len(names) - 1
+    blocks = [_block_of(n) for n in names]
+    last_block = max((b for b in blocks if b is not None), default=0) or 1
     out = []
-    for i, (name, dim) in enumerate(zip(names, dims, strict=True)):
+    for i, (name, dim, block) in enumerate(zip(names, dims, blocks, strict=True)):
         module, post = resolve_anchor(model, name)
-        out.append(Anchor(i, name, module, int(dim), i / last, post))
+        tap = name.rpartition(".")[2] if block is not None else None
+        depth = block / last_block if block is not None else i / last
+        out.append(Anchor(i, name, module, int(dim), depth, post, block, tap))
     return out
+
+
+def _block_of(name: str) -> int | None:
+    parts = name.split(".")
+    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in TAPS:
+        return int(parts[1])
+    return None

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from featstore import __version__
-from featstore.anchors import anchor_names_for, build_anchors
+from featstore.anchors import anchor_names_for, build_anchors, tap_anchor_names
 from featstore.datasets import ImageSet, ViewDataset, check_labels, discover
 from featstore.errors import FeatstoreError
 from featstore.extraction import Tapper
@@ -44,7 +44,8 @@ class BuildConfig:
     labels: Path | None = None
     weights: str = "default"
     anchors: str | None = None
-    pool: str = "cls"
+    taps: str | None = None
+    pool: str | None = None
     image_size: int | None = None
     limit: int | None = None
     chunk_rows: int = 1024
@@ -98,8 +99,12 @@ def build(cfg: BuildConfig) -> BuildResult:
     loaded = load_model(cfg.model, cfg.weights, cfg.seed, cfg.image_size)
     memory_format = preferred_memory_format(loaded.module)
     model = loaded.module.to(device, memory_format=memory_format)
-    names = anchor_names_for(loaded.arch, loaded.library, model, cfg.anchors)
-    tapper = Tapper(model, names, cfg.pool)
+    if cfg.taps and cfg.anchors:
+        raise FeatstoreError("--taps and --anchors exclude each other: taps define the anchors")
+    names = tap_anchor_names(model, cfg.taps) if cfg.taps else anchor_names_for(loaded.arch, loaded.library, model,
+                                                                                 cfg.anchors)
+    pool_kind = cfg.pool or ("mean" if cfg.taps else "cls")  # seed 002 pools module taps over all tokens
+    tapper = Tapper(model, names, pool_kind)
     sample = loaded.preprocessing.normalize(torch.zeros(1, 3, loaded.preprocessing.crop, loaded.preprocessing.crop))
     dims, num_classes = tapper.dims(sample.to(device).contiguous(memory_format=memory_format))
     check_labels(images, num_classes)
@@ -107,7 +112,7 @@ def build(cfg: BuildConfig) -> BuildResult:
     key = model_key(cfg.name or cfg.model)
     config = {
         "model": cfg.model, "library": loaded.library, "weights_id": loaded.weights_id,
-        "preprocessing": loaded.preprocessing.to_dict(), "token_pool": cfg.pool, "num_classes": num_classes,
+        "preprocessing": loaded.preprocessing.to_dict(), "token_pool": pool_kind, "num_classes": num_classes,
         "chunk_rows": cfg.chunk_rows, "batch_size": cfg.batch_size, "precision": precision,
         "memory_format": str(memory_format).removeprefix("torch."),
         "anchors": [a.to_dict() for a in anchors], "images_fingerprint": images.fingerprint(),

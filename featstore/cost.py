@@ -26,6 +26,10 @@ class _Stop(Exception):
     pass
 
 
+def _first(output):
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
 @dataclass
 class AnchorCost:
     anchor: int
@@ -84,21 +88,25 @@ def measure_costs(model: nn.Module, anchor_names: Sequence[str], crop: int, num_
     shapes: dict[str, torch.Size] = {}
     hooks = []
     for name in anchor_names:
-        module_name, _ = resolve_anchor(model, name)
-        hooks.append(modules[module_name].register_forward_hook(
-            lambda m, i, o, name=name: shapes.__setitem__(name, (o[0] if isinstance(o, (tuple, list)) else o).shape)))
+        module_name, side = resolve_anchor(model, name)
+        if side == "input":
+            hooks.append(modules[module_name].register_forward_pre_hook(
+                lambda m, i, name=name: shapes.__setitem__(name, i[0].shape)))
+        else:
+            hooks.append(modules[module_name].register_forward_hook(
+                lambda m, i, o, name=name: shapes.__setitem__(name, _first(o).shape)))
     with torch.inference_mode():
         model(x)
     for h in hooks:
         h.remove()
 
-    def prefix(module: nn.Module) -> Callable[[], None]:
+    def prefix(module: nn.Module, side: str | None) -> Callable[[], None]:
         def run() -> None:
             def stop(*_):
                 _sync(device)
                 raise _Stop
 
-            handle = module.register_forward_hook(stop)
+            handle = module.register_forward_pre_hook(stop) if side == "input" else module.register_forward_hook(stop)
             try:
                 with torch.inference_mode():
                     model(x)
@@ -110,8 +118,8 @@ def measure_costs(model: nn.Module, anchor_names: Sequence[str], crop: int, num_
 
     costs = []
     for index, name in enumerate(anchor_names):
-        module_name, _ = resolve_anchor(model, name)
-        run = prefix(modules[module_name])
+        module_name, side = resolve_anchor(model, name)
+        run = prefix(modules[module_name], side)
         feature_map = torch.randn(shapes[name], device=device)
         dim = pool(feature_map, token_pool).shape[1]
         weight = torch.randn(num_classes, dim, device=device)

@@ -44,7 +44,11 @@ class Tapper:
         self._handles = []
         for name in self.names:
             module_name, post = resolve_anchor(model, name)
-            self._handles.append(modules[module_name].register_forward_hook(self._hook(name, post)))
+            module = modules[module_name]
+            if post == "input":
+                self._handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
+            else:
+                self._handles.append(module.register_forward_hook(self._hook(name, post)))
 
     @classmethod
     def for_anchors(cls, model: nn.Module, anchors: Sequence[Anchor], token_pool: str = "cls") -> Tapper:
@@ -56,6 +60,12 @@ class Tapper:
             if post == "relu":
                 x = torch.relu(x)
             self._pooled[name] = pool(x, self.token_pool).float()
+
+        return hook
+
+    def _pre_hook(self, name: str):
+        def hook(_module: nn.Module, inputs) -> None:
+            self._pooled[name] = pool(inputs[0], self.token_pool).float()
 
         return hook
 
