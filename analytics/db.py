@@ -21,7 +21,7 @@ from featstore.errors import FeatstoreError
 MACROS = ("in_scope", "timelines", "decision_layers", "decision_sweep", "decision_summary", "decision_mass",
           "cumulative_curve", "probe_accuracy", "probe_accuracy_by_split", "clean_pairs", "corruption_shift",
           "paper_table", "exit_events", "exit_simulation", "exit_shares", "exit_pareto", "tap_grid", "tap_gains",
-          "tap_decision_layers")
+          "tap_decision_layers", "idm", "ddb", "css")
 
 
 def sql_text(name: str) -> str:
@@ -127,6 +127,29 @@ def replace_costs(con: duckdb.DuckDBPyConnection, model: str, cost) -> None:
                     [key + [a.anchor, a.ms, a.flops, a.probe_ms, a.probe_flops] for a in cost.anchors])
     con.execute("INSERT INTO model_costs VALUES (?, ?, ?, ?, ?, now())", key + [cost.ms, cost.flops])
     con.execute("COMMIT")
+
+
+def write_circuit(con: duckdb.DuckDBPyConnection, run: dict, edges: list[tuple[str, str, int, int]],
+                  scores: np.ndarray) -> None:
+    """Replace one circuit run and its edge scores (fixed edge order) in a single transaction."""
+    n = len(edges)
+    table = pa.table({"run_id": pa.array([run["run_id"]] * n), "edge": np.arange(n, dtype=np.int32),
+                      "src": pa.array([e[0] for e in edges]), "dst": pa.array([e[1] for e in edges]),
+                      "src_layer": np.array([e[2] for e in edges], dtype=np.int16),
+                      "dst_layer": np.array([e[3] for e in edges], dtype=np.int16),
+                      "score": np.asarray(scores, dtype=np.float64)})
+    try:
+        con.execute("BEGIN")
+        con.execute("DELETE FROM edges WHERE run_id = ?", [run["run_id"]])
+        con.execute("DELETE FROM circuit_runs WHERE run_id = ?", [run["run_id"]])
+        con.execute("INSERT INTO circuit_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, now())",
+                    [run["run_id"], run["model"], run["view"], run["layers"], run["heads"], run["ig_steps"],
+                     run["n_images"], n, json.dumps(run.get("params", {}))])
+        _insert(con, "edges", table)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
 
 
 @dataclass

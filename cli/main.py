@@ -275,6 +275,62 @@ def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
 
 
 @cli.command()
+@click.option("--model", required=True, help="A timm VisionTransformer name (any depth/heads).")
+@click.option("--data", required=True, type=click.Path(path_type=Path))
+@click.option("--db", required=True, type=click.Path(path_type=Path))
+@click.option("--view", default="clean", help="clean or a corruption view (the OOD set).")
+@click.option("--labels", type=click.Path(path_type=Path), help="CSV filename,label for a flat folder.")
+@click.option("--weights", default="default", help="default | PATH | none.")
+@click.option("--image-size", type=int)
+@click.option("--ig-steps", default=5, help="m: integrated-gradient steps (left Riemann sum).")
+@click.option("--limit", default=500, help="Images (a seeded subset with stable ids).")
+@click.option("--batch-size", default=32)
+@click.option("--device", default="auto")
+@click.option("--workers", type=int)
+@click.option("--seed", default=0)
+@click.option("--progress/--no-progress", default=True)
+@user_errors
+def circuits(**options) -> None:
+    """EAP-IG edge scores of a ViT on one view (label-free) into DuckDB's edges table."""
+    from featstore.circuits import CircuitConfig, run_circuits
+
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
+    click.echo(f"wrote circuit {run_circuits(CircuitConfig(**options))}")
+
+
+@cli.command()
+@click.option("--db", required=True, type=click.Path(path_type=Path))
+@click.option("--tau", default=0.3, help="Shallow = blocks < tau L, deep = blocks >= (1 - tau) L.")
+@click.option("--variant", type=click.Choice(["global", "deep", "out"]), default="global")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@user_errors
+def ddb(db: Path, tau: float, variant: str, fmt: str) -> None:
+    """Dependency Depth Bias of every circuit run (higher: the model leans on deep computation)."""
+    from featstore.analytics.queries import query
+
+    print_frame(query(db, "SELECT * FROM ddb(tau := ?, variant := ?)", [tau, variant]), fmt)
+
+
+@cli.command()
+@click.option("--db", required=True, type=click.Path(path_type=Path))
+@click.option("--id", "id_run", required=True, help="Circuit run on in-distribution images.")
+@click.option("--ood", "ood_run", required=True, help="Circuit run of the same model on shifted images.")
+@click.option("--distance", type=click.Choice(["srcc", "cosine", "l2", "jaccard"]), default="srcc")
+@click.option("--top-n", default=200, help="Edges compared by the jaccard distance.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@user_errors
+def css(db: Path, id_run: str, ood_run: str, distance: str, top_n: int, fmt: str) -> None:
+    """Circuit Shift Score between an ID and an OOD circuit of one model."""
+    from featstore.analytics.queries import query
+
+    frame = query(db, "SELECT * FROM css(?, ?, distance := ?, top_n := ?)", [id_run, ood_run, distance, top_n])
+    if frame.is_empty() or frame["n_edges"][0] == 0:
+        raise FeatstoreError(f"no common edges between {id_run!r} and {ood_run!r} in {db}; they must be circuit "
+                             f"runs of the same model")
+    print_frame(frame, fmt)
+
+
+@cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @user_errors

@@ -43,3 +43,10 @@ CREATE TABLE IF NOT EXISTS anchor_costs (
     probe_ms DOUBLE, probe_flops BIGINT, measured_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS model_costs (
     model VARCHAR, device VARCHAR, batch_size INTEGER, ms DOUBLE, flops BIGINT, measured_at TIMESTAMP);
+
+-- featstore circuits: one row per EAP-IG run, and its edge scores in the graph's fixed edge order
+CREATE TABLE IF NOT EXISTS circuit_runs (
+    run_id VARCHAR PRIMARY KEY, model VARCHAR, view VARCHAR, layers INTEGER, heads INTEGER, ig_steps INTEGER,
+    n_images INTEGER, n_edges INTEGER, params JSON, created_at TIMESTAMP);
+CREATE TABLE IF NOT EXISTS edges (
+    run_id VARCHAR, edge INTEGER, src VARCHAR, dst VARCHAR, src_layer SMALLINT, dst_layer SMALLINT, score DOUBLE);
