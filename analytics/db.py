@@ -68,6 +68,7 @@ class DatasetInfo:
     source: str
     store: str
     split_seed: int
+    val_frac: float = 0.1
 
 
 def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo) -> bool:
@@ -81,6 +82,9 @@ def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo)
     if int(rows.get("split_seed", 0)) != info.split_seed:
         raise FeatstoreError(f"database {path} uses split seed {rows.get('split_seed')}; pass --seed "
                              f"{rows.get('split_seed')} or a new --db")
+    if float(rows.get("val_frac", 0.1)) != info.val_frac:
+        raise FeatstoreError(f"database {path} records a val fraction of {rows.get('val_frac')} in its images "
+                             f"table; probe with that value or use a new --db")
     return True
 
 
@@ -94,7 +98,7 @@ def register_images(con: duckdb.DuckDBPyConnection, info: DatasetInfo, image_id:
     _insert(con, "images", table)
     con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                     [("dataset", info.fingerprint), ("source", info.source), ("store", info.store),
-                     ("split_seed", str(info.split_seed))])
+                     ("split_seed", str(info.split_seed)), ("val_frac", str(info.val_frac))])
     con.execute("COMMIT")
 
 

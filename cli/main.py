@@ -85,6 +85,7 @@ def build(**options) -> None:
 @click.option("--project-dim", type=int, help="Capacity control: the projected variant at this width (a seeded "
               "random projection of wider anchors); results coexist with the raw variant's.")
 @click.option("--seed", default=0, help="Split, fold and probe seed.")
+@click.option("--val-frac", default=0.1, help="Share of the train split carved out as val (fixed per database).")
 @click.option("--memory-budget", default="4GB", help="Keep features in memory up to this size, else stream chunks.")
 @click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
 @click.option("--progress/--no-progress", default=True)

@@ -121,6 +121,7 @@ def build(cfg: BuildConfig) -> BuildResult:
     store = _prepare_store(cfg, ranks, images, key, config, views, anchors, num_classes)
 
     done = {v.name: store.done(key, v.name) for v in views}
+    barrier(ranks)  # every rank has read the same bitmap before any rank commits a chunk
     todo_views = [v for v in views if not done[v.name].all()]
     n_chunks = math.ceil(len(images) / cfg.chunk_rows)
     todo = [c for c in range(n_chunks) if any(not done[v.name][c] for v in todo_views)]
@@ -205,6 +206,10 @@ def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tap
                 result.bad_images.append(str(path))
             skipped = np.zeros(len(rows), dtype=bool)
             skipped[bad] = True
+            if stacked[0] is None:  # every image of the batch is bad: forward zeros, their rows become NaN
+                crop = loaded.preprocessing.crop
+                stacked = [torch.zeros(len(rows), 3, crop, crop, dtype=torch.uint8 if v.corruption is None
+                                       else torch.float32) for v in views]
             with torch.inference_mode(), autocast:
                 for v, x in zip(views, stacked, strict=True):
                     feats, logits = _forward(tapper, loaded, x, device, memory_format)

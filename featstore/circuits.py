@@ -191,11 +191,14 @@ def eap_ig_scores(graph: ViTGraph, batches: Iterator[torch.Tensor], means: torch
             logits, _ = graph.forward(x0, deltas=deltas)
             loss = kl_clean_patched(clean_logits, logits).sum()
             step_grads = torch.autograd.grad(loss, [deltas[s] for s in slots])
-            grads += torch.stack(step_grads)
+            for i, g in enumerate(step_grads):  # in place: no stacked copy of every slot's gradient
+                grads[i] += g
+            del step_grads, deltas
         grads /= steps
-        diff = means.unsqueeze(1) - clean_out  # z'_u - z_u  [nodes-1, B, N, D]
-        # per edge: sum over images, positions and width of diff[src] * grad[dst slot]
-        per_pair = torch.einsum("ubnd,sbnd->us", diff.double(), grads.double())
+        diff = (means.unsqueeze(1) - clean_out).flatten(1)  # z'_u - z_u  [nodes-1, B*N*D]
+        # per edge: sum over images, positions and width of diff[src] * grad[dst slot]; float32 products,
+        # slot by slot, so no float64 copy of the gradients is made
+        per_pair = torch.stack([(diff @ grads[i].flatten()).double() for i in range(len(slots))], dim=1)
         scores += per_pair[src, dst_slot]
         positions += clean_x0.shape[0] * clean_x0.shape[1]
     return scores / positions

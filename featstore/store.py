@@ -72,7 +72,8 @@ class FeatureStore:
     # -- images -------------------------------------------------------------------------------------
 
     def has_images(self) -> bool:
-        return "images" in self.root
+        """True once the image list is complete (its fingerprint attr is written last)."""
+        return "images" in self.root and "fingerprint" in self.root["images"].attrs
 
     def write_images(self, images: ImageSet) -> None:
         n = len(images)
@@ -125,6 +126,8 @@ class FeatureStore:
 
     def prepare_model(self, key: str, config: dict, versions: dict) -> None:
         """Create the model group, or check that an existing one was built with the same config."""
+        if key in self.root and "config" not in self.root[key].attrs:
+            del self.root[key]  # interrupted while being created: nothing in it was committed
         if key in self.root:
             old = dict(self.root[key].attrs).get("config", {})
             if _canonical(old) != _canonical(config):
@@ -141,8 +144,10 @@ class FeatureStore:
                      chunk_rows: int) -> None:
         """Create a view's arrays (NaN-filled) and its all-False done bitmap, unless they exist."""
         g = self.root[key]
-        if view["name"] in g:
+        if view["name"] in g and "done" in g[view["name"]]:
             return
+        if view["name"] in g:
+            del g[view["name"]]  # interrupted while its arrays were being created: make it again
         n = self.num_images
         vg = g.create_group(view["name"])
         ag = vg.create_group("anchors")

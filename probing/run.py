@@ -91,7 +91,8 @@ def probe(cfg: ProbeConfig) -> list[str]:
         skipped |= store.read_skipped(key, v)
     valid = np.flatnonzero(~skipped)
     split = make_split(table["image_id"], cfg.seed, val_frac=cfg.val_frac)
-    info = fsdb.DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store), cfg.seed)
+    info = fsdb.DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store), cfg.seed,
+                            cfg.val_frac)
     con = fsdb.connect(cfg.db)
     try:
         has_images = fsdb.check_dataset(con, cfg.db, info)
@@ -134,6 +135,7 @@ def probe(cfg: ProbeConfig) -> list[str]:
             fsdb.write_run(con, fsdb.RunRows(run, table["image_id"][valid], pred, conf, fold, fit_rows))
             _model_outputs(con, store, key, view, table["image_id"], valid)
             run_ids.append(run_id)
+            sources.pop(view, None)  # one view's features in memory at a time
         return run_ids
     finally:
         con.close()

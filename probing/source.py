@@ -76,6 +76,14 @@ class FeatureSource:
         inverse[order] = np.arange(len(order))
         return self._tensors([np.concatenate([p[a] for p in parts])[inverse] for a in range(len(self.arrays))])
 
+    def steps_per_epoch(self, rows: np.ndarray, batch_size: int) -> int:
+        """Mini-batches one epoch over `rows` takes: batches never straddle a block (a chunk when streaming)."""
+        if self.in_memory:
+            sizes = [min(IN_MEMORY_BLOCK, len(rows) - i) for i in range(0, len(rows), IN_MEMORY_BLOCK)]
+        else:
+            sizes = [len(part) for _, part in self._by_chunk(np.sort(np.asarray(rows)))]
+        return sum(-(-size // batch_size) for size in sizes)
+
     def blocks(self, rows: np.ndarray, rng: np.random.Generator | None = None) -> Iterator[Block]:
         """Blocks covering `rows` once: shuffled when `rng` is given, else in row order."""
         rows = np.sort(np.asarray(rows))

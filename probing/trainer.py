@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,7 +38,7 @@ def fit_probes(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_
     is_val_row = torch.zeros(len(rows.labels), dtype=torch.bool, device=device)
     is_val_row[torch.from_numpy(rows.val).to(device)] = True
     active = list(range(len(probes)))
-    total_steps = plan.epochs * max(1, math.ceil(len(fit) / plan.batch_size))
+    total_steps = plan.epochs * max(1, source.steps_per_epoch(fit, plan.batch_size))
     step = 0
     rng = np.random.default_rng(seed)
     for epoch in range(plan.epochs):

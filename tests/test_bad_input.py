@@ -134,3 +134,33 @@ def test_unknown_anchor_lists_close_names(image_dir, tmp_path):
 def test_unknown_model(image_dir, tmp_path):
     line = fails("build", "--data", image_dir, "--store", tmp_path / "s.zarr", *SMALL[2:], "--model", "resnet5O")
     assert "resnet5O" in line and "resnet50" in line
+
+
+def test_skip_bad_when_a_whole_batch_is_bad(data, tmp_path):
+    bad = data / "class_02" / "img_0003.jpg"  # the last image: its batch of one holds nothing decodable
+    bad.write_bytes(b"garbage")
+    store = tmp_path / "s.zarr"
+    run_cli("build", "--data", data, "--store", store, "--skip-bad", *SMALL[:-5], "--batch-size", "1",
+            "--workers", "0", "--no-progress", "--views", "clean,brightness-1")
+    fs = FeatureStore(store)
+    for view in ("clean", "brightness-1"):
+        assert fs.read_skipped("resnet18", view).tolist() == [False] * 11 + [True]
+        assert np.isnan(fs.read("resnet18", view, "avgpool")[11]).all() and fs.done("resnet18", view).all()
+
+
+def test_a_build_killed_while_creating_groups_recovers(image_dir, tmp_path):
+    import shutil as sh
+
+    import zarr
+
+    store = tmp_path / "s.zarr"
+    run_cli("build", "--data", image_dir, "--store", store, *SMALL)
+    reference = FeatureStore(store).read("resnet18", "clean", "layer2.0")
+    sh.rmtree(store / "resnet18" / "clean" / "done")  # as if killed before the view's bitmap was created
+    run_cli("build", "--data", image_dir, "--store", store, *SMALL)
+    assert FeatureStore(store).done("resnet18", "clean").all()
+    assert np.array_equal(FeatureStore(store).read("resnet18", "clean", "layer2.0"), reference)
+    root = zarr.open_group(str(store), mode="a")
+    del root["resnet18"].attrs["config"]  # as if killed before the model's config was committed
+    run_cli("build", "--data", image_dir, "--store", store, *SMALL)
+    assert np.array_equal(FeatureStore(store).read("resnet18", "clean", "layer2.0"), reference)

@@ -12,6 +12,7 @@ import warnings
 import duckdb
 import numpy as np
 import pytest
+import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
@@ -231,6 +232,11 @@ def test_refusals_write_nothing(clusters, tmp_path):
     assert "incomplete" in line and "chunk 3" in line and "featstore build" in line
     assert not db.exists()
 
+    run_cli("probe", "--store", store, "--model", "synthetic", "--db", tmp_path / "vf.duckdb", "--no-progress")
+    line = fails("probe", "--store", store, "--model", "synthetic", "--db", tmp_path / "vf.duckdb", "--val-frac",
+                 "0.2")
+    assert "val fraction of 0.1" in line
+
     other = write_feature_store(tmp_path / "other.zarr", [f[:300] for f in feats], labels[:300], 8)
     run_cli("probe", "--store", other, "--model", "synthetic", "--db", db, "--no-progress")
     line = fails("probe", "--store", store, "--model", "synthetic", "--db", db)
@@ -238,6 +244,17 @@ def test_refusals_write_nothing(clusters, tmp_path):
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM predictions").fetchone() == (300 * 4,)
     con.close()
+
+
+def test_streaming_steps_per_epoch_follow_the_chunks(clusters):
+    from featstore.probing.source import FeatureSource
+
+    store, _, _ = clusters
+    fs = FeatureStore(store)
+    rows = np.sort(np.random.default_rng(0).choice(2400, 1500, replace=False))
+    streaming = FeatureSource(fs, "synthetic", "clean", fs.anchors("synthetic"), rows, torch.device("cpu"), 0)
+    per_chunk = np.bincount(rows // 256)
+    assert streaming.steps_per_epoch(rows, 100) == int(np.sum(np.ceil(per_chunk[per_chunk > 0] / 100)))
 
 
 def test_a_database_locked_by_another_process(clusters, tmp_path):

@@ -147,3 +147,24 @@ def test_taps_command_and_projected_probes(image_dir, tmp_path):
     w, _, attrs = FeatureStore(store).read_probe(MODEL, "projected64@clean", "blocks.3.act")
     assert w.shape[-1] == 768 and attrs["folds"][0]["projected_to"] == 64
     assert "no (block, tap) anchors" in fails("taps", "--db", db, "--run", "nope")
+
+
+def test_gains_without_a_resid_tap_keep_their_rows(tmp_path):
+    db = tmp_path / "f.duckdb"
+    con = fsdb.connect(db)
+    fsdb.register_images(con, fsdb.DatasetInfo("fp", "t", "-", 0), np.arange(10), np.array(["x"] * 10),
+                         np.zeros(10, int), np.array(["test"] * 10))
+    anchors = [SimpleNamespace(index=2 * b + j, name=f"blocks.{b}.{t}", module="m", dim=4, depth_frac=b / 2,
+                               block=b, tap=t) for b in range(3) for j, t in enumerate(["ln2", "act"])]
+    fsdb.register_anchors(con, "vit", anchors)
+    preds = np.ones((10, 6), dtype=int)
+    for a in range(6):
+        preds[: a + 1, a] = 0
+    run = {"run_id": "r", "model": "vit", "view": "clean", "train_view": "clean", "probe": "linear", "params": {},
+           "cross_fit": 0, "seed": 0, "store": "-"}
+    fsdb.write_run(con, fsdb.RunRows(run, np.arange(10), preds, np.full(preds.shape, 0.5), None, []))
+    con.close()
+    gains = q.tap_gains(db, "r")
+    assert gains["strategy"].to_list() == ["oracle", "act@100", "ln2@60", "best@0", "best@1", "best@2"]
+    assert gains["gain_recovered"].null_count() == len(gains)
+    assert gains.filter(gains["strategy"] == "oracle")["accuracy"][0] == 0.6
