@@ -64,9 +64,16 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] = (1, 2, 3, 
     con = connect(db, read_only=True)
     try:
         runs = q.runs(con)
-        if runs.is_empty():
-            raise FeatstoreError(f"database {db} has no probe runs yet; run `featstore probe --db {db}` first")
+        circuit_runs = q.query(con, "SELECT * FROM circuit_runs ORDER BY run_id")
+        if runs.is_empty() and circuit_runs.is_empty():
+            raise FeatstoreError(f"database {db} has no probe or circuit runs yet; run `featstore probe --db {db}` "
+                                 f"or `featstore circuits --db {db}` first")
         figs = _Figures(out)
+        if runs.is_empty():
+            page = _page(db, scope, _circuits(figs, con, circuit_runs))
+            path = out / "report.html"
+            path.write_text(page)
+            return path
         sweep = q.k_sweep(con, ks, scope)
         accuracy = q.probe_accuracy(con, scope)
         k_mid = 2 if 2 in ks else ks[0]
@@ -94,6 +101,7 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] = (1, 2, 3, 
         if clean["model"].n_unique() > 1:
             sections.append("<h2>Cross-model comparison</h2>")
             sections.append(_cross_model(figs, sweep.filter(pl.col("view") == "clean")))
+        sections += _circuits(figs, con, circuit_runs)
         page = _page(db, scope, sections)
     finally:
         con.close()
@@ -212,6 +220,35 @@ def _tap_heatmap(figs: _Figures, con, run_id: str, scope: str) -> str:
     fig.colorbar(image, ax=ax, label="probe accuracy")
     return (figs.save(fig, f"{run_id}_taps", f"Probe accuracy per block and module tap of {run_id}")
             + "<h3>Fixed taps and gain recovered</h3>" + _table(q.tap_gains(con, run_id, scope)))
+
+
+def _circuits(figs: _Figures, con, circuit_runs: pl.DataFrame) -> list[str]:
+    """Inter-layer dependency matrices of every circuit run, with DDB (all variants) and CSS vs clean."""
+    if circuit_runs.is_empty():
+        return []
+    parts = ["<h2>Circuits (EAP-IG)</h2>"]
+    ddb = pl.concat([q.query(con, "SELECT * FROM ddb(variant := ?)", [v]) for v in ("global", "deep", "out")])
+    parts.append(_table(ddb.select("run_id", "variant", "tau", "ddb")))
+    css = q.query(con, "SELECT o.run_id AS ood_run, i.run_id AS id_run, s.css FROM circuit_runs o "
+                       "JOIN circuit_runs i ON i.model = o.model AND i.view = 'clean' AND o.view <> 'clean' "
+                       "AND i.ig_steps = o.ig_steps, LATERAL css(i.run_id, o.run_id) s")
+    if not css.is_empty():
+        parts.append("<h3>Circuit shift score (1 - Spearman, vs the clean circuit)</h3>" + _table(css))
+    for run in circuit_runs.iter_rows(named=True):
+        idm = q.query(con, "SELECT * FROM idm(?)", [run["run_id"]])
+        layers = run["layers"]
+        grid = [[0.0] * (layers + 1) for _ in range(layers + 1)]  # rows: source -1..L-1, cols: target 0..L
+        for src, dst, value in idm.rows():
+            grid[src + 1][dst] = value
+        fig, ax = figs.plt.subplots(figsize=(1.5 + 0.35 * layers, 1.2 + 0.35 * layers))
+        image = ax.imshow(grid, cmap="magma", origin="lower")
+        ax.set_xticks(range(layers + 1), [str(j) for j in range(layers)] + ["logits"], fontsize=7)
+        ax.set_yticks(range(layers + 1), ["input"] + [str(i) for i in range(layers)], fontsize=7)
+        ax.set_xlabel("target block")
+        ax.set_ylabel("source block")
+        fig.colorbar(image, ax=ax, label="Λ = Σ|c(e)|")
+        parts.append(figs.save(fig, f"{run['run_id']}_idm", f"Inter-layer dependency matrix of {run['run_id']}"))
+    return parts
 
 
 def _shift(figs: _Figures, shift: pl.DataFrame) -> str:

@@ -129,4 +129,8 @@ def test_circuits_ddb_css_commands(image_dir, tmp_path):
                   "vit_tiny_patch16_224/gaussian_noise-2/eap-ig2", "--format", "csv").output
     assert out.splitlines()[0] == "id_run,ood_run,distance,css,n_edges"
     assert "no common edges" in fails("css", "--db", db, "--id", "a", "--ood", "b")
+    run_cli("report", "--db", db, "--out", tmp_path / "rep")
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "Circuit shift score" in page and "Inter-layer dependency matrix" in page
+    assert len(list((tmp_path / "rep").glob("*_idm.png"))) == 2
     assert "circuits need a timm VisionTransformer" in fails("circuits", *common[2:], "--model", "resnet18")
