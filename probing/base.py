@@ -70,10 +70,10 @@ class AnchorProbe(ABC):
     """The probe of one anchor while it trains."""
 
     @abstractmethod
-    def step(self, x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor,
-             progress: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """One update on a mini-batch (raw features); `progress` runs from 0 to 1 over the plan. Returns the
-        batch's mean training loss and accuracy as 0-d tensors (read only for the progress bar)."""
+    def step(self, x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, progress: float,
+             report: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """One update on a mini-batch (raw features); `progress` runs from 0 to 1 over the plan. With `report`,
+        return the batch's mean training loss and accuracy as 0-d tensors (for the progress bar)."""
 
     def end_epoch(self, epoch: int, val_x: torch.Tensor | None, val_y: torch.Tensor | None) -> bool:
         """Called after each epoch; return True when this probe needs no more epochs."""

@@ -73,6 +73,8 @@ class MultiHeadProbe(AnchorProbe):
         self.ctx, self.momentum, self.h = ctx, momentum, len(lrs)
         dev, c = ctx.device, ctx.num_classes
         self.mean, self.std = ctx.stats.mean.to(dev), ctx.stats.std.to(dev)
+        self.inv_std = 1.0 / self.std
+        self.shift = -self.mean * self.inv_std
         sample = (ctx.stats.sample.to(dev) - self.mean) / self.std
         lam = top_eigenvalue(sample, seed=ctx.seed)
         self.precondition: torch.Tensor | None = None
@@ -88,19 +90,21 @@ class MultiHeadProbe(AnchorProbe):
         self.vw, self.vb = torch.zeros_like(self.w), torch.zeros_like(self.b)
 
     def _features(self, x: torch.Tensor) -> torch.Tensor:
-        xs = (x - self.mean) / self.std
+        xs = torch.addcmul(self.shift, x, self.inv_std)  # (x - mean) / std in one pass
         return xs if self.precondition is None else xs @ self.precondition
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return (self._features(x) @ self.w + self.b).view(len(x), 2 * self.h, self.ctx.num_classes)
 
-    def step(self, x, y, is_val, progress):
+    def step(self, x, y, is_val, progress, report=False):
         xs = self._features(x)
         n, heads = len(x), 2 * self.h
         p = torch.softmax(torch.addmm(self.b, xs, self.w).view(n, heads, -1), dim=-1)
         target = y.view(n, 1, 1).expand(n, heads, 1)
-        loss = -torch.log(p[:, :1].gather(2, target[:, :1]).clamp_min(1e-12)).mean()
-        acc = (p[:, 0].argmax(dim=-1) == y).float().mean()
+        stats = None
+        if report:
+            stats = (-torch.log(p[:, :1].gather(2, target[:, :1]).clamp_min(1e-12)).mean(),
+                     (p[:, 0].argmax(dim=-1) == y).float().mean())
         p.scatter_add_(2, target, torch.full((n, heads, 1), -1.0, device=p.device))  # softmax - onehot
         p[:, : self.h].mul_(((~is_val).to(p.dtype) / n)[:, None, None])  # main heads never learn from val rows
         p[:, self.h :].div_(n)
@@ -110,7 +114,7 @@ class MultiHeadProbe(AnchorProbe):
         self.vb.mul_(self.momentum).add_(grad.sum(dim=0))
         self.w.addcmul_(self.vw, self.lr, value=-scale)
         self.b.addcmul_(self.vb, self.lr, value=-scale)
-        return loss, acc
+        return stats
 
     def fitted(self, val_x, val_y) -> FittedProbe:
         c = self.ctx.num_classes

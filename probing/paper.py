@@ -42,19 +42,20 @@ class SgdProbe(AnchorProbe):
         self.best = (-1.0, self.w.clone(), self.b.clone(), -1)
         self.history: list[float] = []
 
-    def step(self, x, y, is_val, progress):
+    def step(self, x, y, is_val, progress, report=False):
         n = len(x)
         p = torch.softmax(x @ self.w + self.b, dim=-1)
         rows = torch.arange(n, device=x.device)
-        loss = -torch.log(p[rows, y].clamp_min(1e-12)).mean()
-        acc = (p.argmax(dim=-1) == y).float().mean()
+        stats = None
+        if report:
+            stats = (-torch.log(p[rows, y].clamp_min(1e-12)).mean(), (p.argmax(dim=-1) == y).float().mean())
         p[rows, y] -= 1.0
         grad = p / n
         self.vw.mul_(self.momentum).add_(x.T @ grad + self.wd * self.w)
         self.vb.mul_(self.momentum).add_(grad.sum(dim=0) + self.wd * self.b)
         self.w.sub_(self.lr * self.vw)
         self.b.sub_(self.lr * self.vb)
-        return loss, acc
+        return stats
 
     def end_epoch(self, epoch, val_x, val_y) -> bool:
         acc = float(((val_x @ self.w + self.b).argmax(dim=-1) == val_y).float().mean())

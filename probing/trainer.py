@@ -40,6 +40,7 @@ def fit_probes(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_
     active = list(range(len(probes)))
     total_steps = plan.epochs * max(1, source.steps_per_epoch(fit, plan.batch_size))
     step = 0
+    shown = None
     rng = np.random.default_rng(seed)
     for epoch in range(plan.epochs):
         bar = _bar(progress, epoch, plan.epochs, len(fit))
@@ -50,12 +51,13 @@ def fit_probes(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_
                 sl = slice(i, i + plan.batch_size)
                 progress_frac = min(step / total_steps, 1.0)
                 for a in active:
-                    loss, acc = probes[a].step(feats[a][sl], y_block[sl], val_block[sl], progress_frac)
+                    shown = probes[a].step(feats[a][sl], y_block[sl], val_block[sl], progress_frac,
+                                           report=bar is not None and a == active[-1]) or shown
                 step += 1
                 if bar is not None:
                     bar.update(len(y_block[sl]))
-            if bar is not None:
-                bar.set_postfix(loss=f"{float(loss):.3f}", acc=f"{float(acc):.3f}", anchor=active[-1])
+            if bar is not None and shown is not None:
+                bar.set_postfix(loss=f"{float(shown[0]):.3f}", acc=f"{float(shown[1]):.3f}", anchor=active[-1])
         if bar is not None:
             bar.close()
         if plan.eval_every_epoch:
