@@ -110,7 +110,7 @@ class MultiHeadProbe(AnchorProbe):
         p[:, self.h :].div_(n)
         grad = p.view(n, -1)
         scale = 0.5 * (1.0 + math.cos(math.pi * progress))
-        self.vw.mul_(self.momentum).addmm_(xs.T, grad).addcmul_(self.w, self.wd)
+        self.vw.addmm_(xs.T, grad, beta=self.momentum).addcmul_(self.w, self.wd)  # momentum in the matmul
         self.vb.mul_(self.momentum).add_(grad.sum(dim=0))
         self.w.addcmul_(self.vw, self.lr, value=-scale)
         self.b.addcmul_(self.vb, self.lr, value=-scale)
