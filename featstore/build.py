@@ -178,11 +178,14 @@ def chunk_batches(rows: range, batch_size: int) -> list[list[int]]:
 def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tapper, device, memory_format, precision,
                 views: list[View], done: dict, mine: list[int], result: BuildResult) -> None:
     n = len(images)
+
+    def chunk_rows(c: int) -> range:
+        return range(c * cfg.chunk_rows, min(n, (c + 1) * cfg.chunk_rows))
+
     chunk_of_batch: list[int] = []
     batches: list[list[int]] = []
     for c in mine:
-        rows = range(c * cfg.chunk_rows, min(n, (c + 1) * cfg.chunk_rows))
-        for b in chunk_batches(rows, cfg.batch_size):
+        for b in chunk_batches(chunk_rows(c), cfg.batch_size):
             batches.append(b)
             chunk_of_batch.append(c)
     batches_in = iterate_batches(ViewDataset(images, loaded.preprocessing, views), batches, device, cfg.workers)
@@ -219,13 +222,12 @@ def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tap
                     buffers[v.name].append((feats, logits, skipped))
             if bar is not None:
                 bar.update(len(rows))
-            last_of_chunk = rows[-1] + 1 == min(n, (chunk + 1) * cfg.chunk_rows)
-            if last_of_chunk:
+            if rows[-1] + 1 == chunk_rows(chunk).stop:  # the chunk's last batch
                 for v in views:
                     if not done[v.name][chunk]:
                         writer.put(v.name, _assemble(chunk, buffers[v.name]))
                 result.chunks_written += 1
-                result.images_processed += len(range(chunk * cfg.chunk_rows, min(n, (chunk + 1) * cfg.chunk_rows)))
+                result.images_processed += len(chunk_rows(chunk))
     finally:
         if bar is not None:
             bar.close()

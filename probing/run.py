@@ -117,14 +117,14 @@ def probe(cfg: ProbeConfig) -> list[str]:
             source = source_for(view)
             pred = np.empty((len(valid), len(anchors)), dtype=np.int32)
             conf = np.empty((len(valid), len(anchors)), dtype=np.float32)
-            for rows, fitted in fits:
-                where = np.searchsorted(valid, rows.predict)
-                pred[where], conf[where] = predict(source, fitted, rows.predict)
+            for predicted, fitted in fits:
+                where = np.searchsorted(valid, predicted)
+                pred[where], conf[where] = predict(source, fitted, predicted)
             fold = None
             if cfg.cross_fit:
                 fold = np.empty(len(valid), dtype=np.int16)
-                for k, (rows, _) in enumerate(fits):
-                    fold[np.searchsorted(valid, rows.predict)] = k
+                for k, (predicted, _) in enumerate(fits):
+                    fold[np.searchsorted(valid, predicted)] = k
             run_id = run_id_for(key, view, variant.label, train_view, cfg.cross_fit, cfg.seed)
             run = {"run_id": run_id, "model": key, "view": view, "train_view": train_view, "probe": variant.name,
                    "params": {**variant.params, "probe_name": probe_name, "val_frac": cfg.val_frac,
@@ -141,27 +141,23 @@ def probe(cfg: ProbeConfig) -> list[str]:
         con.close()
 
 
-@dataclass
-class FoldRows(FitRows):
-    predict: np.ndarray = None  # rows this fit predicts: all valid rows, or the held-out fold
-
-
 def _fit(cfg, store, key, anchors, train_view, variant, device, budget, split, valid, labels, num_classes,
          source_for):
-    """One fit on the 70/30 split, or K fits whose held-out folds cover every valid image once."""
-    plans: list[FoldRows] = []
+    """One fit on the 70/30 split, or K fits whose held-out folds cover every valid image once. Returns, per fit,
+    the rows it predicts (all valid rows, or its held-out fold) and its probes."""
+    plans: list[tuple[FitRows, np.ndarray]] = []
     if cfg.cross_fit:
         folds = make_folds(len(valid), cfg.cross_fit, cfg.seed)
         for k in range(cfg.cross_fit):
             fit_rows = valid[folds != k]
             n_val = int(round(cfg.val_frac * len(fit_rows)))
             order = np.random.default_rng(cfg.seed + 100 + k).permutation(fit_rows)
-            plans.append(FoldRows(np.sort(order[n_val:]), np.sort(order[:n_val]), labels, valid[folds == k]))
+            plans.append((FitRows(np.sort(order[n_val:]), np.sort(order[:n_val]), labels), valid[folds == k]))
     else:
         in_split = lambda name: valid[split[valid] == name]  # noqa: E731
-        plans.append(FoldRows(in_split("train"), in_split("val"), labels, valid))
+        plans.append((FitRows(in_split("train"), in_split("val"), labels), valid))
     fits = []
-    for k, rows in enumerate(plans):
+    for k, (rows, predicted) in enumerate(plans):
         projections = [variant.projection(a.dim, a.index, cfg.seed) for a in anchors]
         if any(p is not None for p in projections):
             source = FeatureSource(store, key, train_view, anchors, np.concatenate([rows.train, rows.val]), device,
@@ -173,7 +169,7 @@ def _fit(cfg, store, key, anchors, train_view, variant, device, budget, split, v
             label = f"{key} {variant.label}" + (f" fold {k + 1}/{len(plans)}" if cfg.cross_fit else "")
             label += " (streaming)" if not source.in_memory else ""
         fitted = fit_probes(source, variant, rows, num_classes, cfg.seed + k, label)
-        fits.append((rows, [_unproject(f, p) for f, p in zip(fitted, projections, strict=True)]))
+        fits.append((predicted, [_unproject(f, p) for f, p in zip(fitted, projections, strict=True)]))
     return fits
 
 
