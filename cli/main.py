@@ -196,7 +196,7 @@ def parse_thresholds(text: str) -> list[float]:
 def cost(model: str, db: Path, store: Path | None, device: str, batch_sizes: str, repeats: int,
          image_size: int | None) -> None:
     """Measure the cost of exiting at each anchor: network prefix + probes, ms and FLOPs, into DuckDB."""
-    from featstore.cost import measure_model
+    from featstore.analytics.costs import measure_model
 
     sizes = parse_ks(batch_sizes)
     for c in measure_model(model, db, store, device, sizes, repeats, image_size):
@@ -293,7 +293,8 @@ def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
 @user_errors
 def circuits(**options) -> None:
     """EAP-IG edge scores of a ViT on one view (label-free) into DuckDB's edges table."""
-    from featstore.circuits import CircuitConfig, run_circuits
+    from featstore.analytics.circuits import run_circuits
+    from featstore.circuits import CircuitConfig
 
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
     click.echo(f"wrote circuit {run_circuits(CircuitConfig(**options))}")
@@ -395,7 +396,7 @@ def anchors(model: str, show_all: bool) -> None:
 def demo(out: Path, epochs: int, limit: int | None, progress: bool) -> None:
     """The whole pipeline offline: digits -> trained ResNet-18 -> store -> probes -> DuckDB -> k-sweep, report."""
     from featstore.analytics.queries import k_sweep, paper_table
-    from featstore.demo import run_demo
+    from featstore.workflows.demo import run_demo
 
     result = run_demo(out, epochs=epochs, limit=limit, progress=progress)
     click.echo("\nk-sweep of decision layers (test split):")

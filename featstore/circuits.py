@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -239,9 +240,18 @@ class CircuitConfig:
     progress: bool = True
 
 
-def run_circuits(cfg: CircuitConfig) -> str:
-    """Mean activations over the image set, then EAP-IG edge scores into DuckDB; returns the circuit run id."""
-    from featstore.analytics import db as fsdb
+@dataclass
+class CircuitResult:
+    """One circuit run as data: its `circuit_runs` row, the edges (src, dst, src_layer, dst_layer) in the
+    graph's fixed order, and their scores. `featstore.analytics.circuits` persists it."""
+
+    run: dict
+    edges: list[tuple[str, str, int, int]]
+    scores: np.ndarray
+
+
+def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
+    """Mean activations over the image set, then EAP-IG edge scores; nothing is written."""
     from featstore.datasets import ViewDataset, discover
     from featstore.loading import iterate_batches
     from featstore.models import load_model
@@ -255,35 +265,29 @@ def run_circuits(cfg: CircuitConfig) -> str:
     images = discover(cfg.data, cfg.labels, cfg.limit, cfg.seed)
     loaded = load_model(cfg.model, cfg.weights, cfg.seed, cfg.image_size)
     graph = ViTGraph(loaded.module.to(device))
-    con = fsdb.connect(cfg.db)  # fail on a locked database before the long computation
-    try:
-        dataset = ViewDataset(images, loaded.preprocessing, [view])
-        plan = [list(range(i, min(len(images), i + cfg.batch_size))) for i in range(0, len(images), cfg.batch_size)]
+    dataset = ViewDataset(images, loaded.preprocessing, [view])
+    plan = [list(range(i, min(len(images), i + cfg.batch_size))) for i in range(0, len(images), cfg.batch_size)]
 
-        def batches(label: str):
-            stream = iterate_batches(dataset, plan, device, cfg.workers)
-            if cfg.progress:
-                from tqdm import tqdm
+    def batches(label: str):
+        stream = iterate_batches(dataset, plan, device, cfg.workers)
+        if cfg.progress:
+            from tqdm import tqdm
 
-                stream = tqdm(stream, total=len(plan), desc=label, unit="batch", leave=False)
-            for rows, (x,), errors in stream:
-                bad = [images.paths[rows[i]] for i, e in enumerate(errors) if e is not None]
-                if bad:
-                    raise FeatstoreError(f"cannot decode image {images.root / bad[0]}; remove or replace it")
-                yield loaded.preprocessing.normalize(x.to(device))
+            stream = tqdm(stream, total=len(plan), desc=label, unit="batch", leave=False)
+        for rows, (x,), errors in stream:
+            bad = [images.paths[rows[i]] for i, e in enumerate(errors) if e is not None]
+            if bad:
+                raise FeatstoreError(f"cannot decode image {images.root / bad[0]}; remove or replace it")
+            yield loaded.preprocessing.normalize(x.to(device))
 
-        means, _ = node_means(graph, batches("means"))
-        scores = eap_ig_scores(graph, batches(f"EAP-IG m={cfg.ig_steps}"), means, cfg.ig_steps)
-        key = cfg.model.replace("/", "_")
-        run_id = f"{key}/{view.name}/eap-ig{cfg.ig_steps}"
-        names = [(graph.nodes[e.src].name, graph.nodes[e.dst].name + ("" if e.kind in ("mlp", "logits")
-                                                                      else f".{e.kind}"),
-                  graph.nodes[e.src].layer, graph.nodes[e.dst].layer) for e in graph.edges]
-        run = {"run_id": run_id, "model": key, "view": view.name, "layers": graph.layers, "heads": graph.heads,
-               "ig_steps": cfg.ig_steps, "n_images": len(images),
-               "params": {"weights_id": loaded.weights_id, "source": images.source, "limit": cfg.limit,
-                          "preprocessing": loaded.preprocessing.to_dict(), "seed": cfg.seed}}
-        fsdb.write_circuit(con, run, names, scores.cpu().numpy())
-        return run_id
-    finally:
-        con.close()
+    means, _ = node_means(graph, batches("means"))
+    scores = eap_ig_scores(graph, batches(f"EAP-IG m={cfg.ig_steps}"), means, cfg.ig_steps)
+    key = cfg.model.replace("/", "_")
+    names = [(graph.nodes[e.src].name, graph.nodes[e.dst].name + ("" if e.kind in ("mlp", "logits")
+                                                                  else f".{e.kind}"),
+              graph.nodes[e.src].layer, graph.nodes[e.dst].layer) for e in graph.edges]
+    run = {"run_id": f"{key}/{view.name}/eap-ig{cfg.ig_steps}", "model": key, "view": view.name,
+           "layers": graph.layers, "heads": graph.heads, "ig_steps": cfg.ig_steps, "n_images": len(images),
+           "params": {"weights_id": loaded.weights_id, "source": images.source, "limit": cfg.limit,
+                      "preprocessing": loaded.preprocessing.to_dict(), "seed": cfg.seed}}
+    return CircuitResult(run, names, scores.cpu().numpy())

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from featstore.analytics.costs import measure_model
+from featstore.analytics.report import write_report
 from featstore.build import BuildConfig, build
 from featstore.datasets import ViewDataset, discover
 from featstore.models import load_model
@@ -90,9 +92,6 @@ def run_demo(out: Path, epochs: int = 4, limit: int | None = None, progress: boo
     db = out / "featstore.duckdb"
     probe(ProbeConfig(store=store, model="resnet18", db=db, view="all", progress=progress))
     seconds["probe"] = time.perf_counter() - start
-
-    from featstore.analytics.report import write_report
-    from featstore.cost import measure_model
 
     start = time.perf_counter()
     measure_model("resnet18", db, store, device="cpu", batch_sizes=(1,), repeats=10)

@@ -1,0 +1,48 @@
+"""Measured exit costs into DuckDB: read the model's anchors from the store (or the DB), time them with
+`featstore.cost.measure_costs`, and keep them in `anchor_costs` / `model_costs`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from featstore.analytics import db as fsdb
+from featstore.cost import ModelCost, measure_costs
+from featstore.errors import FeatstoreError
+from featstore.models import load_model
+from featstore.runtime import resolve_device
+from featstore.store import FeatureStore
+
+
+def measure_model(key: str, db: str | Path, store: str | Path | None = None, device: str = "auto",
+                  batch_sizes: Sequence[int] = (1,), repeats: int = 20,
+                  image_size: int | None = None) -> list[ModelCost]:
+    """Measure a model of the store/DB and save its costs. Weights do not change timings, so the architecture
+    is rebuilt with random weights (and the head width the stored model has)."""
+    con = fsdb.connect(db)
+    try:
+        if store is not None:
+            fs = FeatureStore(store)
+            cfg = fs.model_attrs(key)["config"]
+            name, names, pool_kind = cfg["model"], [a["name"] for a in cfg["anchors"]], cfg.get("token_pool") or "cls"
+            crop = image_size or cfg["preprocessing"]["crop"]
+            head, probe_classes = cfg["num_classes"], len(fs.image_attrs().get("class_names", [])) or cfg["num_classes"]
+        else:
+            names = [n for (n,) in con.execute("SELECT name FROM anchors WHERE model = ? ORDER BY anchor",
+                                               [key]).fetchall()]
+            if not names:
+                raise FeatstoreError(f"database {db} has no anchors of {key!r}; pass --store, or probe the model first")
+            name, pool_kind, head = key, "cls", None
+            probe_classes = con.execute("SELECT max(label) + 1 FROM images").fetchone()[0] or 1000
+            crop = None
+        loaded = load_model(name, weights="none", image_size=image_size if store is None else crop, num_classes=head)
+        crop = crop or loaded.preprocessing.crop
+        dev = resolve_device(device)
+        results = []
+        for batch in batch_sizes:
+            cost = measure_costs(loaded.module, names, crop, probe_classes, dev, batch, pool_kind, repeats)
+            fsdb.replace_costs(con, key, cost)
+            results.append(cost)
+        return results
+    finally:
+        con.close()
