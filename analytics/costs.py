@@ -7,10 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from featstore.analytics import db as fsdb
+from featstore.anchors import resolve_anchors
 from featstore.cost import ModelCost, measure_costs
 from featstore.errors import FeatstoreError
 from featstore.models import load_model
-from featstore.runtime import resolve_device
+from featstore.runtime import resolve_device, tune_allocator
 from featstore.store import FeatureStore
 
 
@@ -19,12 +20,13 @@ def measure_model(key: str, db: str | Path, store: str | Path | None = None, dev
                   image_size: int | None = None) -> list[ModelCost]:
     """Measure a model of the store/DB and save its costs. Weights do not change timings, so the architecture
     is rebuilt with random weights (and the head width the stored model has)."""
+    tune_allocator()
     con = fsdb.connect(db)
     try:
         if store is not None:
             fs = FeatureStore(store)
             cfg = fs.model_attrs(key)["config"]
-            name, names, pool_kind = cfg["model"], [a["name"] for a in cfg["anchors"]], cfg.get("token_pool") or "cls"
+            name, anchors, pool_kind = cfg["model"], fs.anchors(key), cfg.get("token_pool") or "cls"
             crop = image_size or cfg["preprocessing"]["crop"]
             head, probe_classes = cfg["num_classes"], len(fs.image_attrs().get("class_names", [])) or cfg["num_classes"]
         else:
@@ -36,11 +38,13 @@ def measure_model(key: str, db: str | Path, store: str | Path | None = None, dev
             probe_classes = con.execute("SELECT max(label) + 1 FROM images").fetchone()[0] or 1000
             crop = None
         loaded = load_model(name, weights="none", image_size=image_size if store is None else crop, num_classes=head)
+        if store is None:
+            anchors = resolve_anchors(loaded.module, names)
         crop = crop or loaded.preprocessing.crop
         dev = resolve_device(device)
         results = []
         for batch in batch_sizes:
-            cost = measure_costs(loaded.module, names, crop, probe_classes, dev, batch, pool_kind, repeats)
+            cost = measure_costs(loaded.module, anchors, crop, probe_classes, dev, batch, pool_kind, repeats)
             fsdb.replace_costs(con, key, cost)
             results.append(cost)
         return results

@@ -15,7 +15,7 @@ from torch import nn
 
 from featstore.errors import FeatstoreError
 
-# SPEC §3. Names are anchor names; `.mid` suffixes are resolved by `resolve_anchor`.
+# Presets (docs/design.md, "Anchors"). Names are anchor names; `.mid` suffixes are resolved by `resolve_anchor`.
 PRESETS: dict[str, list[str]] = {
     "resnet18": ["relu", "maxpool", "layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0", "layer3.1",
                  "layer4.0.mid", "layer4.0", "layer4.1.mid", "avgpool"],
@@ -35,7 +35,8 @@ PRESET_LIBRARY = {"resnet18": "torchvision", "resnet50": "torchvision", "resnet1
 
 DEFAULT_COUNT = 12
 
-# Transformer module taps per block (SPEC §3, seed 002): tap -> (submodule of the block, which side of it).
+# Transformer module taps per block (docs/design.md, "Transformer module taps"): tap -> (submodule of the
+# block, which side of it).
 # "input" taps read what enters the module (a forward pre-hook); "" is the block itself.
 TAPS: dict[str, tuple[str, str]] = {
     "ln1": ("norm1", "output"), "attn": ("ls1", "output"), "resid_mid": ("norm2", "input"),
@@ -44,16 +45,23 @@ TAPS: dict[str, tuple[str, str]] = {
 }
 
 
+HOOK_SIDES = ("output", "input")
+POST_OPS = ("relu",)
+
+
 @dataclass(frozen=True)
 class Anchor:
-    """One tap: `name` is what users and tables see, `module` what is hooked, `post` what runs before GAP."""
+    """One tap, resolved: what users and tables see (`name`), and how the extractor records it: a forward hook
+    on `module`'s output (`side="output"`) or a pre-hook on what enters it (`side="input"`), then `post` (an
+    elementwise op, `relu` for `.mid`) before pooling. `dim` is the pooled width, known after one forward."""
 
     index: int
     name: str
     module: str
     dim: int
     depth_frac: float
-    post: str | None = None  # "relu" for BasicBlock `.mid` taps, "input" for taps read before a module
+    side: str = "output"
+    post: str | None = None
     block: int | None = None  # Transformer module taps: the block index ...
     tap: str | None = None  # ... and the tap name (ln1, attn, resid_mid, ln2, fc1, act, fc2, resid)
 
@@ -62,32 +70,67 @@ class Anchor:
 
     @classmethod
     def from_dict(cls, d: dict) -> Anchor:
-        return cls(d["index"], d["name"], d["module"], d["dim"], d["depth_frac"], d.get("post"), d.get("block"),
+        side, post = d.get("side", "output"), d.get("post")
+        if post == "input":  # stores written before `side` existed kept the hook side in `post`
+            side, post = "input", None
+        return cls(d["index"], d["name"], d["module"], d["dim"], d["depth_frac"], side, post, d.get("block"),
                    d.get("tap"))
 
 
-def resolve_anchor(model: nn.Module, name: str) -> tuple[str, str | None]:
-    """Anchor name -> (module path to hook, post-op). Unknown names fail with the closest valid ones."""
+def _taps_of(block: nn.Module, block_name: str, modules: dict[str, nn.Module]) -> list[str]:
+    """The module taps a timm ViT-style block offers (those whose submodule exists)."""
+    if not hasattr(block, "norm2"):
+        return []
+    return [tap for tap, (sub, _) in TAPS.items() if not sub or f"{block_name}.{sub}" in modules]
+
+
+def _has_mid(module: nn.Module) -> bool:
+    return isinstance(getattr(module, "bn1", None), nn.Module)
+
+
+def valid_anchor_names(model: nn.Module) -> list[str]:
+    """Every name `--anchors` accepts, in model order (the idea of torchvision's `get_graph_node_names`):
+    each module, `X.mid` inside blocks with a bn1, and `X.<tap>` for timm ViT-style blocks."""
+    modules = dict(model.named_modules())
+    names: list[str] = []
+    for name, module in modules.items():
+        if not name:
+            continue
+        names.append(name)
+        if _has_mid(module):
+            names.append(f"{name}.mid")
+        names.extend(f"{name}.{tap}" for tap in _taps_of(module, name, modules))
+    return list(dict.fromkeys(names))  # a tap may share its name with a module (`attn`): the tap wins
+
+
+def resolve_anchor(model: nn.Module, name: str) -> tuple[str, str, str | None]:
+    """Anchor name -> (module path to hook, hook side, post-op). Unknown names fail with the closest valid ones."""
     modules = dict(model.named_modules())
     block_name, _, tap = name.rpartition(".")
     if tap in TAPS and block_name in modules and hasattr(modules[block_name], "norm2"):
+        if tap not in _taps_of(modules[block_name], block_name, modules):
+            raise FeatstoreError(f"anchor {name!r}: this block has no {TAPS[tap][0]}; taps need timm ViT-style "
+                                 f"blocks")
         sub, side = TAPS[tap]
-        module = f"{block_name}.{sub}" if sub else block_name
-        if module not in modules:
-            raise FeatstoreError(f"anchor {name!r}: this block has no {sub}; taps need timm ViT-style blocks")
-        return module, "input" if side == "input" else None
+        return (f"{block_name}.{sub}" if sub else block_name), side, None
     if name.endswith(".mid"):
         block = name[: -len(".mid")]
-        if block in modules and isinstance(getattr(modules[block], "bn1", None), nn.Module):
-            return f"{block}.bn1", "relu"
+        if block in modules and _has_mid(modules[block]):
+            return f"{block}.bn1", "output", "relu"
         raise FeatstoreError(f"anchor {name!r}: {block!r} is not a block with a bn1 layer; "
                              f"`.mid` taps exist only inside ResNet blocks")
     if name in modules and name != "":
-        return name, None
-    close = difflib.get_close_matches(name, [m for m in modules if m], n=5, cutoff=0.5)
+        return name, "output", None
+    close = difflib.get_close_matches(name, valid_anchor_names(model), n=5, cutoff=0.5)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise FeatstoreError(f"anchor {name!r} is not a module of this model{hint}; "
-                         f"`featstore anchors --model <name>` lists the valid names")
+                         f"`featstore anchors --model <name> --all` lists the valid names")
+
+
+def head_name(model: nn.Module) -> str | None:
+    """The classifier: the last Linear module (torchvision's fc/heads.head, timm's head/head.fc)."""
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    return linears[-1] if linears else None
 
 
 def block_candidates(model: nn.Module, head: str | None = None) -> list[str]:
@@ -115,8 +158,7 @@ def block_candidates(model: nn.Module, head: str | None = None) -> list[str]:
 
 def default_anchor_names(model: nn.Module, count: int = DEFAULT_COUNT) -> list[str]:
     """Evenly spaced blocks over the model's depth, always including the last one."""
-    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    blocks = block_candidates(model, head=linears[-1] if linears else None)
+    blocks = block_candidates(model, head=head_name(model))
     if not blocks:
         raise FeatstoreError("this model has no numbered blocks to choose anchors from; pass --anchors a,b,c")
     if len(blocks) <= count:
@@ -152,18 +194,19 @@ def tap_anchor_names(model: nn.Module, taps: str) -> list[str]:
     return [f"blocks.{i}.{tap}" for i in range(len(blocks)) for tap in names]
 
 
-def build_anchors(model: nn.Module, names: list[str], dims: list[int]) -> list[Anchor]:
-    """Attach resolved modules, measured dims and depth fractions to anchor names (index/T; for module taps
-    block/(L-1), the seed's depth%)."""
+def resolve_anchors(model: nn.Module, names: list[str]) -> list[Anchor]:
+    """The anchor list of a model, resolved once before extraction: modules, hook sides, post-ops and depth
+    fractions (index/T; for module taps block/(L-1), the layer x module paper's depth%). `dim` stays 0 until
+    `featstore.extraction.describe_anchors` measures it."""
     last = len(names) - 1
     blocks = [_block_of(n) for n in names]
     last_block = max((b for b in blocks if b is not None), default=0) or 1
     out = []
-    for i, (name, dim, block) in enumerate(zip(names, dims, blocks, strict=True)):
-        module, post = resolve_anchor(model, name)
+    for i, (name, block) in enumerate(zip(names, blocks, strict=True)):
+        module, side, post = resolve_anchor(model, name)
         tap = name.rpartition(".")[2] if block is not None else None
         depth = block / last_block if block is not None else i / last
-        out.append(Anchor(i, name, module, int(dim), depth, post, block, tap))
+        out.append(Anchor(i, name, module, 0, depth, side, post, block, tap))
     return out
 
 
@@ -172,3 +215,4 @@ def _block_of(name: str) -> int | None:
     if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in TAPS:
         return int(parts[1])
     return None
+

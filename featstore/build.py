@@ -20,13 +20,13 @@ import numpy as np
 import torch
 
 from featstore import __version__
-from featstore.anchors import anchor_names_for, build_anchors, tap_anchor_names
+from featstore.anchors import anchor_names_for, tap_anchor_names
 from featstore.datasets import ImageSet, ViewDataset, check_labels, discover
 from featstore.errors import FeatstoreError
-from featstore.extraction import Tapper
+from featstore.extraction import Tapper, describe_anchors
 from featstore.loading import iterate_batches
 from featstore.models import LoadedModel, load_model
-from featstore.runtime import Ranks, barrier, init_distributed, ranks_from_env, resolve_device
+from featstore.runtime import Ranks, barrier, init_distributed, ranks_from_env, resolve_device, tune_allocator
 from featstore.store import ChunkData, FeatureStore, model_key
 from featstore.views import View, parse_views
 
@@ -89,6 +89,7 @@ def preferred_memory_format(model: torch.nn.Module) -> torch.memory_format:
 
 def build(cfg: BuildConfig) -> BuildResult:
     """Build (or resume) one model's views in a store; see the module docstring for the guarantees."""
+    tune_allocator()
     if cfg.chunk_rows < 1 or cfg.batch_size < 1:
         raise FeatstoreError("--chunk-rows and --batch-size must be positive")
     ranks = ranks_from_env()
@@ -103,12 +104,12 @@ def build(cfg: BuildConfig) -> BuildResult:
         raise FeatstoreError("--taps and --anchors exclude each other: taps define the anchors")
     names = tap_anchor_names(model, cfg.taps) if cfg.taps else anchor_names_for(loaded.arch, loaded.library, model,
                                                                                  cfg.anchors)
-    pool_kind = cfg.pool or ("mean" if cfg.taps else "cls")  # seed 002 pools module taps over all tokens
-    tapper = Tapper(model, names, pool_kind)
+    pool_kind = cfg.pool or ("mean" if cfg.taps else "cls")  # module taps pool over all tokens (docs/design.md §3)
     sample = loaded.preprocessing.normalize(torch.zeros(1, 3, loaded.preprocessing.crop, loaded.preprocessing.crop))
-    dims, num_classes = tapper.dims(sample.to(device).contiguous(memory_format=memory_format))
+    anchors, num_classes = describe_anchors(model, names, sample.to(device).contiguous(memory_format=memory_format),
+                                            pool_kind)
     check_labels(images, num_classes)
-    anchors = build_anchors(model, names, dims)
+    tapper = Tapper(model, anchors, pool_kind)
     key = model_key(cfg.name or cfg.model)
     config = {
         "model": cfg.model, "library": loaded.library, "weights_id": loaded.weights_id,
@@ -179,13 +180,13 @@ def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tap
                 views: list[View], done: dict, mine: list[int], result: BuildResult) -> None:
     n = len(images)
 
-    def chunk_rows(c: int) -> range:
+    def rows_of_chunk(c: int) -> range:
         return range(c * cfg.chunk_rows, min(n, (c + 1) * cfg.chunk_rows))
 
     chunk_of_batch: list[int] = []
     batches: list[list[int]] = []
     for c in mine:
-        for b in chunk_batches(chunk_rows(c), cfg.batch_size):
+        for b in chunk_batches(rows_of_chunk(c), cfg.batch_size):
             batches.append(b)
             chunk_of_batch.append(c)
     batches_in = iterate_batches(ViewDataset(images, loaded.preprocessing, views), batches, device, cfg.workers)
@@ -222,12 +223,12 @@ def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tap
                     buffers[v.name].append((feats, logits, skipped))
             if bar is not None:
                 bar.update(len(rows))
-            if rows[-1] + 1 == chunk_rows(chunk).stop:  # the chunk's last batch
+            if rows[-1] + 1 == rows_of_chunk(chunk).stop:  # the chunk's last batch
                 for v in views:
                     if not done[v.name][chunk]:
                         writer.put(v.name, _assemble(chunk, buffers[v.name]))
                 result.chunks_written += 1
-                result.images_processed += len(chunk_rows(chunk))
+                result.images_processed += len(rows_of_chunk(chunk))
     finally:
         if bar is not None:
             bar.close()

@@ -18,16 +18,12 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from featstore.anchors import resolve_anchor
-from featstore.extraction import pool
+from featstore.anchors import Anchor
+from featstore.extraction import hook_anchor, pool
 
 
 class _Stop(Exception):
     pass
-
-
-def _first(output):
-    return output[0] if isinstance(output, (tuple, list)) else output
 
 
 @dataclass
@@ -79,34 +75,25 @@ def _flops(fn: Callable[[], object]) -> int:
     return int(counter.get_total_flops())
 
 
-def measure_costs(model: nn.Module, anchor_names: Sequence[str], crop: int, num_classes: int, device: torch.device,
+def measure_costs(model: nn.Module, anchors: Sequence[Anchor], crop: int, num_classes: int, device: torch.device,
                   batch_size: int, token_pool: str = "cls", repeats: int = 20, warmup: int = 3) -> ModelCost:
     """Prefix and probe cost of every anchor, and the full model's, at one batch size."""
     model = model.to(device).eval()
     x = torch.randn(batch_size, 3, crop, crop, device=device)
-    modules = dict(model.named_modules())
     shapes: dict[str, torch.Size] = {}
-    hooks = []
-    for name in anchor_names:
-        module_name, side = resolve_anchor(model, name)
-        if side == "input":
-            hooks.append(modules[module_name].register_forward_pre_hook(
-                lambda m, i, name=name: shapes.__setitem__(name, i[0].shape)))
-        else:
-            hooks.append(modules[module_name].register_forward_hook(
-                lambda m, i, o, name=name: shapes.__setitem__(name, _first(o).shape)))
+    hooks = [hook_anchor(model, a, lambda t, name=a.name: shapes.__setitem__(name, t.shape)) for a in anchors]
     with torch.inference_mode():
         model(x)
     for h in hooks:
         h.remove()
 
-    def prefix(module: nn.Module, side: str | None) -> Callable[[], None]:
+    def prefix(anchor: Anchor) -> Callable[[], None]:
         def run() -> None:
-            def stop(*_):
+            def stop(_):
                 _sync(device)
                 raise _Stop
 
-            handle = module.register_forward_pre_hook(stop) if side == "input" else module.register_forward_hook(stop)
+            handle = hook_anchor(model, anchor, stop)
             try:
                 with torch.inference_mode():
                     model(x)
@@ -117,10 +104,9 @@ def measure_costs(model: nn.Module, anchor_names: Sequence[str], crop: int, num_
         return run
 
     costs = []
-    for index, name in enumerate(anchor_names):
-        module_name, side = resolve_anchor(model, name)
-        run = prefix(modules[module_name], side)
-        feature_map = torch.randn(shapes[name], device=device)
+    for index, anchor in enumerate(anchors):
+        run = prefix(anchor)
+        feature_map = torch.randn(shapes[anchor.name], device=device)
         dim = pool(feature_map, token_pool).shape[1]
         weight = torch.randn(num_classes, dim, device=device)
         bias = torch.randn(num_classes, device=device)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from featstore.anchors import PRESET_LIBRARY
+from featstore.anchors import PRESET_LIBRARY, head_name
 from featstore.errors import FeatstoreError
 from featstore.preprocessing import Preprocessing
 
@@ -202,14 +202,9 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in obj.items()}
 
 
-def _head_name(model: nn.Module) -> str | None:
-    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    return linears[-1] if linears else None
-
-
 def _fit_head(model: nn.Module, state: dict, rebuild, seed: int) -> nn.Module:
     """Rebuild with the checkpoint's class count when only the classifier's width differs."""
-    head = _head_name(model)
+    head = head_name(model)
     w = state.get(f"{head}.weight") if head else None
     if w is not None and w.shape[0] != _num_classes(model):
         torch.manual_seed(seed)
@@ -237,7 +232,7 @@ def _file_id(path: Path) -> str:
 
 
 def _num_classes(model: nn.Module) -> int:
-    head = _head_name(model)
+    head = head_name(model)
     if head is None:
         return 0
     return int(dict(model.named_modules())[head].out_features)

@@ -58,8 +58,10 @@ def test_info_on_a_missing_store_is_one_line(tmp_path):
 
 
 def test_anchors_command_lists_preset_and_modules():
-    out = run_cli("anchors", "--model", "resnet18", "--all").output
-    assert "layer4.0.mid  (hooks layer4.0.bn1 + relu)" in out and "  layer3.1.conv2" in out
+    out = run_cli("anchors", "--model", "resnet18").output
+    assert "layer4.0.mid  (hooks layer4.0.bn1 output + relu)" in out and "conv2" not in out
+    names = run_cli("anchors", "--model", "resnet18", "--all").output.splitlines()
+    assert {"layer3.1.conv2", "layer4.0.mid", "avgpool"} <= set(names)
 
 
 def test_default_anchors_for_a_model_without_preset(image_dir, tmp_path):

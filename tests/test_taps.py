@@ -47,7 +47,7 @@ def test_every_tap_equals_the_block_rerun_by_hand(image_dir, tmp_path, pool):
     fs = FeatureStore(store)
     anchors = fs.anchors(MODEL)
     assert len(anchors) == 12 * 8 and anchors[10].name == "blocks.1.resid_mid"
-    assert (anchors[10].block, anchors[10].tap, anchors[10].post) == (1, "resid_mid", "input")
+    assert (anchors[10].block, anchors[10].tap, anchors[10].side, anchors[10].post) == (1, "resid_mid", "input", None)
     assert {a.dim for a in anchors if a.tap in ("fc1", "act")} == {768}
     torch.manual_seed(0)
     model = timm.create_model(MODEL, pretrained=False, img_size=32).eval()
