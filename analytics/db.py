@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,16 +18,52 @@ import pyarrow as pa
 
 from featstore.errors import FeatstoreError
 
-# Views and macros, in dependency order; each file holds one and says what it returns.
-MACROS = ("in_scope", "timelines", "decision_layers", "decision_sweep", "decision_summary", "decision_mass",
-          "cumulative_curve", "probe_accuracy", "probe_accuracy_by_split", "clean_pairs", "corruption_shift",
-          "paper_table", "exit_events", "exit_simulation", "exit_shares", "exit_pareto", "tap_grid", "tap_gains",
-          "tap_decision_layers", "idm", "ddb", "css")
+_DEFINITION = re.compile(r"CREATE OR REPLACE (MACRO|VIEW) (\w+)")
 
 
 def sql_text(name: str) -> str:
     """The text of `sql/<name>.sql`."""
     return importlib.resources.files("featstore.sql").joinpath(f"{name}.sql").read_text()
+
+
+def _without_comments(text: str) -> str:
+    return re.sub(r"--[^\n]*", "", text)
+
+
+def macro_order() -> tuple[str, ...]:
+    """Every view/macro file of sql/ (one whose statement defines the name of its file), ordered so that each
+    comes after those it uses: derived from the files, so a new file needs no list to be kept."""
+    texts = {}
+    for entry in importlib.resources.files("featstore.sql").iterdir():
+        if entry.name.endswith(".sql"):
+            text = _without_comments(entry.read_text())
+            found = _DEFINITION.search(text)
+            if found and found.group(2) == entry.name.removesuffix(".sql"):
+                texts[found.group(2)] = text[found.end():]
+    uses = {name: {other for other in texts if other != name and re.search(rf"\b{other}\b", body)}
+            for name, body in texts.items()}
+    order: list[str] = []
+    while uses:
+        ready = sorted(name for name, needs in uses.items() if needs <= set(order))
+        if not ready:
+            raise RuntimeError(f"sql/: circular definitions among {', '.join(sorted(uses))}")
+        order += ready
+        uses = {name: needs for name, needs in uses.items() if name not in ready}
+    return tuple(order)
+
+
+MACROS = macro_order()
+
+
+def install_macros(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> None:
+    """Create every view and macro of this featstore version. Write connections persist them in the file (a
+    plain DuckDB client can call them); read-only ones create them as TEMP objects, which shadow whatever an
+    older featstore left in the file, so every client of one version runs the same definitions."""
+    for name in MACROS:
+        text = sql_text(name)
+        if temporary:
+            text = _DEFINITION.sub(lambda m: f"CREATE OR REPLACE TEMP {m.group(1)} {m.group(2)}", text, count=1)
+        con.execute(text)
 
 
 def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
@@ -48,8 +85,14 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
                              f"pass another --db") from e
     if not read_only:
         con.execute(sql_text("schema"))
-        for name in MACROS:  # persisted in the file: any DuckDB client can call them
-            con.execute(sql_text(name))
+    try:
+        install_macros(con, temporary=read_only)
+    except duckdb.CatalogException as e:
+        con.close()
+        if not read_only:  # the schema was just created: a macro that does not bind is featstore's own bug
+            raise
+        raise FeatstoreError(f"{path} is not a featstore database ({str(e).splitlines()[0]}); pass the --db "
+                             f"that featstore probe filled") from e
     return con
 
 

@@ -1,13 +1,9 @@
--- Fills `decisions` for one run ($run_id) from its predictions. l*(k) is the start of the first run of
--- equal consecutive predictions of length >= k+1 (SPEC §7), so one table of runs answers every k:
--- islands numbers those runs (anchor minus its rank among equal predictions is constant inside one).
+-- Fills `decisions` for one run ($run_id) from its predictions. l*(k) is the start of the first stretch of
+-- equal consecutive predictions of length >= k+1 (docs/design.md §7), so one table of stretches answers every k.
 INSERT INTO decisions
-WITH islands AS (
-    SELECT image_id, pred, anchor,
-           anchor - row_number() OVER (PARTITION BY image_id, pred ORDER BY anchor) AS island
-    FROM predictions WHERE run_id = $run_id),
-stretches AS (
-    SELECT image_id, pred, min(anchor) AS start, count(*) AS length FROM islands GROUP BY image_id, pred, island),
+WITH stretches AS (
+    SELECT image_id, pred, min(pos) AS start, count(*) AS length FROM prediction_islands($run_id)
+    GROUP BY image_id, pred, island),
 depth AS (SELECT n_anchors - 1 AS t FROM runs WHERE run_id = $run_id),
 finals AS (SELECT image_id, pred AS final_pred FROM stretches, depth WHERE start + length - 1 = depth.t),
 ks AS (SELECT range AS k FROM range(1, (SELECT t FROM depth) + 1)),

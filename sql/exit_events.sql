@@ -1,5 +1,5 @@
 -- exit_events(sim_run, ks, thresholds, combined_thresholds, scope := 'auto') -> (policy, k, theta, image_id,
--- label, exit_anchor, pred): where each early-exit policy leaves the network for each image (SPEC §7), from the
+-- label, exit_anchor, pred): where each early-exit policy leaves the network for each image (docs/design.md §7), from the
 -- stored predictions alone. exit_anchor NULL = full depth, where the prediction is the model's own head.
 -- stability k: first l >= k with equal predictions at l-k..l (= l*(k)+k); confidence θ: first l with
 -- conf >= θ (compared at the stored float32 precision); combined (k, θ): both at the same l; oracle: first anchor whose prediction is correct.
@@ -8,11 +8,9 @@ CREATE OR REPLACE MACRO exit_events(sim_run, ks := [1, 2, 3, 4],
                                     combined_thresholds := [0.5, 0.7, 0.9], scope := 'auto') AS TABLE
 WITH r AS (SELECT run_id, model, view, cross_fit FROM runs WHERE run_id = sim_run),
 imgs AS (SELECT i.image_id, i.label FROM images i, r WHERE in_scope(scope, i.split, r.cross_fit)),
-islands AS (
-    SELECT p.image_id, p.anchor, p.pred, p.conf, imgs.label,
-           p.anchor - row_number() OVER (PARTITION BY p.image_id, p.pred ORDER BY p.anchor) AS island
-    FROM predictions p JOIN imgs USING (image_id) WHERE p.run_id = sim_run),
-p AS (SELECT *, anchor - min(anchor) OVER (PARTITION BY image_id, pred, island) AS stable_for FROM islands),
+p AS (SELECT s.image_id, s.anchor, s.pred, s.conf, imgs.label,
+             s.anchor - min(s.anchor) OVER (PARTITION BY s.image_id, s.pred, s.island) AS stable_for
+      FROM prediction_islands(sim_run) s JOIN imgs USING (image_id)),
 ks_ AS (SELECT unnest(ks) AS k),
 th AS (SELECT unnest(thresholds) AS theta),
 cth AS (SELECT unnest(combined_thresholds) AS theta),

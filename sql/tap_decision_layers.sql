@@ -1,14 +1,10 @@
 -- tap_decision_layers(grid_run, tap_name, k, scope := 'auto') -> (image_id, layer, t, stable_pred, label, correct,
--- never_stable, split): l*(k) over the block sequence of one tap (layer = block index), SPEC §7 otherwise.
+-- never_stable, split): l*(k) over the block sequence of one tap (layer = block index), the decision-layer formula otherwise.
 CREATE OR REPLACE MACRO tap_decision_layers(grid_run, tap_name, k, scope := 'auto') AS TABLE
 WITH r AS (SELECT model, cross_fit FROM runs WHERE run_id = grid_run),
-seq AS (
-    SELECT p.image_id, a.block AS pos, p.pred
-    FROM predictions p JOIN anchors a ON a.model = (SELECT model FROM r) AND a.anchor = p.anchor
-    WHERE p.run_id = grid_run AND a.tap = tap_name),
+seq AS (SELECT image_id, pos, pred, island FROM prediction_islands(grid_run, tap_name := tap_name)),
 depth AS (SELECT max(pos) AS t FROM seq),
-islands AS (SELECT *, pos - row_number() OVER (PARTITION BY image_id, pred ORDER BY pos) AS island FROM seq),
-stretches AS (SELECT image_id, pred, min(pos) AS start, count(*) AS length FROM islands GROUP BY image_id, pred, island),
+stretches AS (SELECT image_id, pred, min(pos) AS start, count(*) AS length FROM seq GROUP BY image_id, pred, island),
 firsts AS (SELECT image_id, min(start) AS layer, arg_min(pred, start) AS stable_pred FROM stretches
            WHERE length >= k + 1 GROUP BY image_id),
 finals AS (SELECT image_id, pred FROM seq, depth WHERE pos = depth.t)

@@ -1,7 +1,7 @@
 -- tap_gains(grid_run, scope := 'auto') -> (strategy, block, tap, accuracy, gain_recovered): the base (resid of the
 -- last block), the oracle (best (block, tap) pair), the best tap of each block ('best@<block>'), and the fixed
 -- taps act@100 (act at block L-1) and ln2@60 (ln2 at block round(0.6(L-1))); gain recovered
--- G = (A_S - A_base) / (A_oracle - A_base) (seed 002); NULL without a resid tap (no base).
+-- G = (A_S - A_base) / (A_oracle - A_base) (docs/design.md §3); NULL without a resid tap (no base).
 CREATE OR REPLACE MACRO tap_gains(grid_run, scope := 'auto') AS TABLE
 WITH g AS (SELECT * FROM tap_grid(grid_run, scope)),
 last AS (SELECT max(block) AS l FROM g),
