@@ -7,6 +7,7 @@ name returns, so Python, `featstore sql` and any DuckDB client see the same numb
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -82,6 +83,46 @@ def cost_devices(db: Db, model: str, batch_size: int) -> list[str]:
     frame = query(db, "SELECT DISTINCT device FROM anchor_costs WHERE model = ? AND batch_size = ? ORDER BY 1",
                   [model, batch_size])
     return frame["device"].to_list() if not frame.is_empty() else []
+
+
+def exit_device(db: Db, run_id: str, batch_size: int = 1, device: str | None = None) -> str:
+    """The device whose measured costs price the exits of `run_id`: `device` if its costs exist, else the only
+    device measured at that batch size."""
+    run = query(db, "SELECT model FROM runs WHERE run_id = ?", [run_id])
+    if run.is_empty():
+        raise FeatstoreError(f"no run {run_id!r} in {db}; list them with featstore sql --db {db} "
+                             f"\"SELECT run_id FROM runs\"")
+    model = run["model"][0]
+    devices = cost_devices(db, model, batch_size)
+    if device is None:
+        if not devices:
+            raise FeatstoreError(f"no costs of {model!r} at batch size {batch_size} in {db}; run featstore cost "
+                                 f"--model {model} --db {db}")
+        if len(devices) > 1:
+            raise FeatstoreError(f"costs of {model!r} exist for several devices ({'; '.join(devices)}): pick one "
+                                 f"with --device")
+        return devices[0]
+    if device not in devices:
+        raise FeatstoreError(f"no costs of {model!r} measured on {device!r} at batch size {batch_size} "
+                             f"(have: {'; '.join(devices) or 'none'})")
+    return device
+
+
+@dataclass
+class EarlyExit:
+    device: str
+    simulation: pl.DataFrame
+    pareto: pl.DataFrame
+
+
+def early_exit(db: Db, run_id: str, device: str | None = None, batch_size: int = 1,
+               ks: Sequence[int] = (1, 2, 3, 4), thresholds: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
+               combined: Sequence[float] = (0.5, 0.7, 0.9), scope: str = "auto") -> EarlyExit:
+    """Every exit policy's accuracy and cost, and the Pareto front, priced on `device` (default: the only one)."""
+    device = exit_device(db, run_id, batch_size, device)
+    args = dict(ks=ks, thresholds=thresholds, combined=combined, scope=scope)
+    return EarlyExit(device, exit_simulation(db, run_id, device, batch_size, **args),
+                     exit_pareto(db, run_id, device, batch_size, **args))
 
 
 def _exit_args(ks: Sequence[int], thresholds: Sequence[float], combined: Sequence[float]) -> list:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
+from featstore.analytics.scopes import SCOPES
 from featstore.errors import FeatstoreError
-from featstore.runtime import tune_allocator
 
 
 def user_errors(fn):
@@ -27,11 +27,70 @@ def user_errors(fn):
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+def _list_parser(kind: str, example: str, minimum: int):
+    """A click callback turning '1,2,3' into sorted distinct ints >= minimum, with an error of its own kind."""
+
+    def parse(_ctx, param, text: str) -> list[int]:
+        try:
+            values = sorted({int(v) for v in text.split(",") if v.strip()})
+        except ValueError:
+            raise click.BadParameter(f"{text!r}: give {kind} such as {example}", param=param) from None
+        if not values or values[0] < minimum:
+            raise click.BadParameter(f"{text!r}: {kind} are whole numbers >= {minimum}", param=param)
+        return values
+
+    return parse
+
+
+def _threshold_parser(_ctx, param, text: str) -> list[float]:
+    """'0.5:0.99:0.01' (start:stop:step, stop included) or '0.5,0.9' -> confidence thresholds."""
+    try:
+        if ":" in text:
+            start, stop, step = (float(v) for v in text.split(":"))
+            count = int(round((stop - start) / step)) + 1
+            values = [round(start + i * step, 10) for i in range(count)]
+        else:
+            values = [float(v) for v in text.split(",") if v.strip()]
+    except (ValueError, ZeroDivisionError):
+        raise click.BadParameter(f"{text!r}: give start:stop:step (e.g. 0.5:0.99:0.01) or a comma list",
+                                 param=param) from None
+    if not values or not all(0 <= v <= 1 for v in values):
+        raise click.BadParameter(f"{text!r}: confidences lie in [0, 1]", param=param)
+    return values
+
+
+def db_option(help: str = "A database filled by featstore probe."):
+    return click.option("--db", required=True, type=click.Path(path_type=Path), help=help)
+
+
+format_option = click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
+                             help="Output format.")
+scope_option = click.option("--scope", type=click.Choice(SCOPES), default="auto",
+                            help="Images counted: auto = the test split, or all images of cross-fit runs.")
+ks_option = click.option("--k", "ks", default="1,2,3,4", callback=_list_parser("stability windows", "1,2,3,4", 1),
+                         help="Stability windows k (k anchors after the first).")
+
+
+class _OneLineErrors(click.Group):
+    """Usage errors (a bad choice, an unknown option) as one line and exit status 2, like every bad input."""
+
+    def main(self, *args, **kwargs):
+        kwargs.pop("standalone_mode", None)
+        try:
+            super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as e:
+            click.echo(f"featstore: error: {e.format_message()} (featstore COMMAND -h lists the options)", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(0)
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.version_option(package_name="featstore")
 def cli() -> None:
     """Map when a frozen classifier makes up its mind: build a feature store, probe it, query it."""
-    tune_allocator()
 
 
 @cli.command()
@@ -77,7 +136,7 @@ def build(**options) -> None:
 @cli.command()
 @click.option("--store", required=True, type=click.Path(path_type=Path), help="A store made by featstore build.")
 @click.option("--model", required=True, help="Model (store group) whose anchors to probe.")
-@click.option("--db", required=True, type=click.Path(path_type=Path), help="DuckDB file to create or extend.")
+@db_option("DuckDB file to create or extend.")
 @click.option("--view", default="clean", help="View(s) to predict: a name, a comma list, or all.")
 @click.option("--variant", default="linear", help="linear | paper | projected[:dim=N] (or a registered one).")
 @click.option("--train-on-view", help="Train the probes on this view [default: clean].")
@@ -104,16 +163,6 @@ def probe(**options) -> None:
         click.echo(f"wrote run {run_id}")
 
 
-def parse_ks(text: str) -> list[int]:
-    try:
-        ks = sorted({int(k) for k in text.split(",") if k.strip()})
-    except ValueError as e:
-        raise FeatstoreError(f"--k {text!r}: give stability windows such as 1,2,3,4") from e
-    if not ks or ks[0] < 1:
-        raise FeatstoreError(f"--k {text!r}: k counts anchors after the first, so k >= 1")
-    return ks
-
-
 def print_frame(frame, fmt: str = "table") -> None:
     import polars as pl
 
@@ -128,9 +177,9 @@ def print_frame(frame, fmt: str = "table") -> None:
 
 
 @cli.command()
-@click.option("--db", required=True, type=click.Path(path_type=Path), help="A database filled by featstore probe.")
+@db_option()
 @click.argument("statement")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@format_option
 @user_errors
 def sql(db: Path, statement: str, fmt: str) -> None:
     """Run STATEMENT on the database, read-only (macros: decision_summary(k), decision_layers(k), …)."""
@@ -140,66 +189,49 @@ def sql(db: Path, statement: str, fmt: str) -> None:
 
 
 @cli.command()
-@click.option("--db", required=True, type=click.Path(path_type=Path))
-@click.option("--k", "ks", default="1,2,3,4", help="Stability windows.")
-@click.option("--scope", default="auto", help="auto (test split, or all images of cross-fit runs) | all | train | "
-              "val | test.")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@db_option()
+@ks_option
+@scope_option
+@format_option
 @user_errors
-def timeline(db: Path, ks: str, scope: str, fmt: str) -> None:
+def timeline(db: Path, ks: list[int], scope: str, fmt: str) -> None:
     """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong."""
     from featstore.analytics.queries import k_sweep
 
-    frame = k_sweep(db, parse_ks(ks), scope)
+    frame = k_sweep(db, ks, scope)
     print_frame(frame.drop("model", "view", "probe"), fmt)
 
 
 @cli.command()
-@click.option("--db", required=True, type=click.Path(path_type=Path))
+@db_option()
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Folder for report.html and PNGs.")
-@click.option("--k", "ks", default="1,2,3,4", help="Stability windows.")
-@click.option("--scope", default="auto")
+@ks_option
+@scope_option
 @user_errors
-def report(db: Path, out: Path, ks: str, scope: str) -> None:
+def report(db: Path, out: Path, ks: list[int], scope: str) -> None:
     """One self-contained HTML page of plots and tables of every run in the database."""
     from featstore.analytics.report import write_report
 
-    path = write_report(db, out, parse_ks(ks), scope)
+    path = write_report(db, out, ks, scope)
     click.echo(f"wrote {path}")
-
-
-def parse_thresholds(text: str) -> list[float]:
-    """'0.5:0.99:0.01' (start:stop:step, stop included) or '0.5,0.9' -> thresholds."""
-    try:
-        if ":" in text:
-            start, stop, step = (float(v) for v in text.split(":"))
-            count = int(round((stop - start) / step)) + 1
-            values = [round(start + i * step, 10) for i in range(count)]
-        else:
-            values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError as e:
-        raise FeatstoreError(f"thresholds {text!r}: give start:stop:step (e.g. 0.5:0.99:0.01) or a comma list") from e
-    if not values or not all(0 <= v <= 1 for v in values):
-        raise FeatstoreError(f"thresholds {text!r}: confidences lie in [0, 1]")
-    return values
 
 
 @cli.command()
 @click.option("--model", required=True, help="Model (store group / DB model) to measure.")
-@click.option("--db", required=True, type=click.Path(path_type=Path))
+@db_option("DuckDB file to keep the costs in.")
 @click.option("--store", type=click.Path(path_type=Path), help="Read anchors, crop and head width from this store.")
 @click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
-@click.option("--batch-size", "batch_sizes", default="1,64", help="Batch sizes: latency (1) and throughput.")
+@click.option("--batch-size", "batch_sizes", default="1,64", callback=_list_parser("batch sizes", "1,64", 1),
+              help="Batch sizes: latency (1) and throughput.")
 @click.option("--repeats", default=20, help="Timed runs per measurement (median), after 3 warm-up runs.")
 @click.option("--image-size", type=int, help="Input crop when no --store is given [default: the model's].")
 @user_errors
-def cost(model: str, db: Path, store: Path | None, device: str, batch_sizes: str, repeats: int,
+def cost(model: str, db: Path, store: Path | None, device: str, batch_sizes: list[int], repeats: int,
          image_size: int | None) -> None:
     """Measure the cost of exiting at each anchor: network prefix + probes, ms and FLOPs, into DuckDB."""
     from featstore.analytics.costs import measure_model
 
-    sizes = parse_ks(batch_sizes)
-    for c in measure_model(model, db, store, device, sizes, repeats, image_size):
+    for c in measure_model(model, db, store, device, batch_sizes, repeats, image_size):
         click.echo(f"{model} on {c.device}, batch {c.batch_size}: full model {c.ms:.2f} ms, {c.flops / 1e9:.3f} GFLOP")
         for a in c.anchors:
             click.echo(f"  anchor {a.anchor:2d}: prefix {a.ms:8.3f} ms {a.flops / 1e9:8.3f} GFLOP  "
@@ -207,54 +239,39 @@ def cost(model: str, db: Path, store: Path | None, device: str, batch_sizes: str
 
 
 @cli.command("exit-sim")
-@click.option("--db", required=True, type=click.Path(path_type=Path))
+@db_option()
 @click.option("--run", "run_id", required=True, help="A run id (see `featstore sql \"SELECT run_id FROM runs\"`).")
-@click.option("--k", "ks", default="1,2,3,4", help="Stability windows.")
-@click.option("--thresholds", default="0.5:0.99:0.01", help="Confidence thresholds: start:stop:step or a list.")
-@click.option("--combined-thresholds", default="0.5,0.7,0.9", help="Thresholds of the stability AND confidence gate.")
+@ks_option
+@click.option("--thresholds", default="0.5:0.99:0.01", callback=_threshold_parser,
+              help="Confidence thresholds: start:stop:step or a list.")
+@click.option("--combined-thresholds", default="0.5,0.7,0.9", callback=_threshold_parser,
+              help="Thresholds of the stability AND confidence gate.")
 @click.option("--device", help="Device the costs were measured on [default: the only one in the DB].")
 @click.option("--batch-size", default=1, help="Which measured batch size prices the exits.")
-@click.option("--scope", default="auto")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@scope_option
+@format_option
 @user_errors
-def exit_sim(db: Path, run_id: str, ks: str, thresholds: str, combined_thresholds: str, device: str | None,
-             batch_size: int, scope: str, fmt: str) -> None:
+def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], combined_thresholds: list[float],
+             device: str | None, batch_size: int, scope: str, fmt: str) -> None:
     """Simulate early exit from stored predictions: stability, confidence, combined gates, oracle, Pareto front."""
-    from featstore.analytics import queries as q
+    from featstore.analytics.queries import early_exit
 
-    run = q.query(db, "SELECT model FROM runs WHERE run_id = ?", [run_id])
-    if run.is_empty():
-        raise FeatstoreError(f"no run {run_id!r} in {db}; list them with featstore sql --db {db} "
-                             f"\"SELECT run_id FROM runs\"")
-    model = run["model"][0]
-    devices = q.cost_devices(db, model, batch_size)
-    if device is None:
-        if len(devices) != 1:
-            raise FeatstoreError(
-                f"no costs of {model!r} at batch size {batch_size} in {db}; run featstore cost --model {model} "
-                f"--db {db}" if not devices else f"costs of {model!r} exist for several devices "
-                f"({'; '.join(devices)}): pick one with --device")
-        device = devices[0]
-    elif device not in devices:
-        raise FeatstoreError(f"no costs of {model!r} measured on {device!r} at batch size {batch_size} "
-                             f"(have: {'; '.join(devices) or 'none'})")
-    args = dict(ks=parse_ks(ks), thresholds=parse_thresholds(thresholds),
-                combined=parse_thresholds(combined_thresholds), scope=scope)
-    sim = q.exit_simulation(db, run_id, device, batch_size, **args)
+    result = early_exit(db, run_id, device, batch_size, ks=ks, thresholds=thresholds,
+                        combined=combined_thresholds, scope=scope)
     if fmt != "table":
-        print_frame(sim, fmt)
+        print_frame(result.simulation, fmt)
         return
-    click.echo(f"early exit for {run_id}, costs measured on {device}, batch {batch_size} (ms per image):")
-    print_frame(sim)
+    click.echo(f"early exit for {run_id}, costs measured on {result.device}, batch {batch_size} (ms per image):")
+    print_frame(result.simulation)
     click.echo("\nPareto front (accuracy vs mean latency):")
-    print_frame(q.exit_pareto(db, run_id, device, batch_size, **args))
+    print_frame(result.pareto)
 
 
 @cli.command()
-@click.option("--db", required=True, type=click.Path(path_type=Path))
+@db_option()
 @click.option("--run", "run_id", required=True, help="A run of a store built with --taps.")
-@click.option("--scope", default="auto")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@scope_option
+@format_option
 @user_errors
 def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
     """Layer x module probing: accuracy grid (block x tap), best pairs, act@100 / ln2@60 and gain recovered."""
@@ -278,7 +295,7 @@ def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
 @cli.command()
 @click.option("--model", required=True, help="A timm VisionTransformer name (any depth/heads).")
 @click.option("--data", required=True, type=click.Path(path_type=Path))
-@click.option("--db", required=True, type=click.Path(path_type=Path))
+@db_option("DuckDB file to create or extend.")
 @click.option("--view", default="clean", help="clean or a corruption view (the OOD set).")
 @click.option("--labels", type=click.Path(path_type=Path), help="CSV filename,label for a flat folder.")
 @click.option("--weights", default="default", help="default | PATH | none.")
@@ -301,10 +318,10 @@ def circuits(**options) -> None:
 
 
 @cli.command()
-@click.option("--db", required=True, type=click.Path(path_type=Path))
+@db_option("A database filled by featstore circuits.")
 @click.option("--tau", default=0.3, help="Shallow = blocks < tau L, deep = blocks >= (1 - tau) L.")
 @click.option("--variant", type=click.Choice(["global", "deep", "out"]), default="global")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@format_option
 @user_errors
 def ddb(db: Path, tau: float, variant: str, fmt: str) -> None:
     """Dependency Depth Bias of every circuit run (higher: the model leans on deep computation)."""
@@ -314,12 +331,12 @@ def ddb(db: Path, tau: float, variant: str, fmt: str) -> None:
 
 
 @cli.command()
-@click.option("--db", required=True, type=click.Path(path_type=Path))
+@db_option("A database filled by featstore circuits.")
 @click.option("--id", "id_run", required=True, help="Circuit run on in-distribution images.")
 @click.option("--ood", "ood_run", required=True, help="Circuit run of the same model on shifted images.")
 @click.option("--distance", type=click.Choice(["srcc", "cosine", "l2", "jaccard"]), default="srcc")
 @click.option("--top-n", default=200, help="Edges compared by the jaccard distance.")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@format_option
 @user_errors
 def css(db: Path, id_run: str, ood_run: str, distance: str, top_n: int, fmt: str) -> None:
     """Circuit Shift Score between an ID and an OOD circuit of one model."""
@@ -368,22 +385,14 @@ def format_info(summary: dict) -> str:
 
 @cli.command()
 @click.option("--model", required=True, help="torchvision or timm model name.")
-@click.option("--all", "show_all", is_flag=True, help="Also list every hookable module name.")
+@click.option("--all", "show_all", is_flag=True, help="List every name --anchors (and --taps) accepts instead.")
 @user_errors
 def anchors(model: str, show_all: bool) -> None:
-    """The anchors MODEL gets by default, and (with --all) every module name --anchors accepts."""
-    from featstore.anchors import anchor_names_for, resolve_anchor
-    from featstore.models import load_model
+    """The anchors MODEL gets by default, or (with --all) every name --anchors accepts, one per line."""
+    from featstore.extraction import anchor_listing
 
-    loaded = load_model(model, weights="none")
-    for i, name in enumerate(anchor_names_for(loaded.arch, loaded.library, loaded.module, None)):
-        module, post = resolve_anchor(loaded.module, name)
-        click.echo(f"{i:3d}  {name}" + (f"  (hooks {module} + {post})" if module != name else ""))
-    if show_all:
-        click.echo("\nmodules:")
-        for name, _ in loaded.module.named_modules():
-            if name:
-                click.echo(f"  {name}")
+    for line in anchor_listing(model, show_all):
+        click.echo(line)
 
 
 @cli.command()

@@ -56,7 +56,7 @@ def db(tmp_path_factory):
 
 
 def simulate(policy: str, k: int | None, theta: float | None) -> list[tuple[int | None, int]]:
-    """Plain Python, SPEC §7: (exit anchor or None for full depth, prediction) per image."""
+    """Plain Python, docs/design.md §7: (exit anchor or None for full depth, prediction) per image."""
     out = []
     for preds, confs, head in zip(PREDS, CONFS, HEAD, strict=True):
         exit_at = None
@@ -147,7 +147,8 @@ def test_cost_and_exit_sim_commands(image_dir, tmp_path):
     store, db = tmp_path / "s.zarr", tmp_path / "f.duckdb"
     run_cli("build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--data", image_dir,
             "--store", store, "--no-progress", "--workers", "0")
-    assert "no costs" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear") if db.exists() else True
+    assert "no database at" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear")
+    assert not db.exists()  # a query never creates the database it reads
     run_cli("probe", "--store", store, "--model", "resnet18", "--db", db, "--no-progress")
     assert "featstore cost" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear")
     out = run_cli("cost", "--model", "resnet18", "--db", db, "--store", store, "--batch-size", "1,4",
@@ -158,3 +159,7 @@ def test_cost_and_exit_sim_commands(image_dir, tmp_path):
     assert "no run" in fails("exit-sim", "--db", db, "--run", "nope")
     assert "confidences lie in" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear", "--thresholds",
                                          "0.5:1.5:0.5")
+    assert "give batch sizes" in fails("cost", "--model", "resnet18", "--db", db, "--batch-size", "one")
+    assert "give stability windows" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear", "--k", "x")
+    line = fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear", "--scope", "tst")
+    assert "'tst' is not one of" in line and "'test'" in line
