@@ -37,7 +37,7 @@ def synthetic_predictions(rng: np.random.Generator, n: int, t: int, classes: int
 
 
 def python_sweep(preds: np.ndarray, labels: np.ndarray, ks=(1, 2, 3, 4)) -> dict[int, dict]:
-    """What a user writes without SQL: a loop over images, SPEC §7 literally, then the statistics."""
+    """What a user writes without SQL: a loop over images, docs/design.md §7 literally, then the statistics."""
     t = preds.shape[1] - 1
     out = {}
     rows = preds.tolist()

@@ -1,7 +1,7 @@
 """Benchmark `featstore build` against the bare forward pass and a naive hook-and-copy extraction loop.
 
 All three run in this one process on the same generated JPEGs (resnet18, 224 px crop, CPU by default) and
-the script prints images/s and the ratios that the issue's targets are stated in:
+the script prints images/s and the ratios its targets are stated in:
   build / bare forward  (target >= 0.90)      build / naive loop  (target >= 1.5)
 The bare forward is the model alone (no taps) on tensors decoded beforehand, as the library builds it
 (contiguous); it is also timed in channels_last, the layout featstore runs convolutional models in, so the

@@ -4,7 +4,7 @@
 100 classes, CPU. featstore is timed end to end (`featstore probe`: read the store, train every anchor in the
 same passes, predict every row, write DuckDB); scikit-learn only for its 12 fits on in-memory arrays, on the
 train+val rows featstore learns from, evaluated on the same test rows. Two scikit-learn baselines are run: on
-the raw features (what the issue names) and on standardised features (the converged optimum; stricter).
+the raw features (what an unwary user runs) and on standardised features (the converged optimum; stricter).
 
     python bench/probes.py [--n 10000] [--classes 100] [--skip-raw]
 """

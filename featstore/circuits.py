@@ -1,4 +1,4 @@
-"""Edge-level circuits of timm Vision Transformers by EAP-IG (SPEC §8, seed 003).
+"""Edge-level circuits of timm Vision Transformers by EAP-IG (docs/design.md §8).
 
 The model is rewritten as a graph: nodes are the input embedding, every attention head (its contribution after
 the output projection and LayerScale, with the projection bias shared equally among heads), every MLP and the
@@ -153,7 +153,7 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 def kl_clean_patched(clean_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """KL(clean || patched) per image, averaged over classes (SPEC §8)."""
+    """KL(clean || patched) per image, averaged over classes (docs/design.md §8)."""
     p = torch.log_softmax(clean_logits, dim=-1)
     q = torch.log_softmax(logits, dim=-1)
     return (p.exp() * (p - q)).mean(dim=-1)
@@ -215,7 +215,8 @@ def patched_kl(graph: ViTGraph, images: torch.Tensor, means: torch.Tensor, patch
 
 
 def edge_count(layers: int, heads: int) -> int:
-    """SPEC §8's graph: per block 3H head inputs and one MLP input read every upstream node; logits read all."""
+    """The graph of docs/design.md §8: per block 3H head inputs and one MLP input read every upstream node;
+    logits read all."""
     upstream = [1 + layer * (heads + 1) for layer in range(layers)]
     return sum(3 * heads * u + u + heads for u in upstream) + 1 + layers * (heads + 1)
 
@@ -255,9 +256,10 @@ def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
     from featstore.datasets import ViewDataset, discover
     from featstore.loading import iterate_batches
     from featstore.models import load_model
-    from featstore.runtime import resolve_device
+    from featstore.runtime import resolve_device, tune_allocator
     from featstore.views import parse_view
 
+    tune_allocator()
     if cfg.ig_steps < 1:
         raise FeatstoreError("--ig-steps must be at least 1")
     device = resolve_device(cfg.device)

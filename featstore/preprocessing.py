@@ -1,7 +1,7 @@
 """The model's eval transform, split where the corruption views are applied.
 
 torchvision's ImageClassification and timm's eval transform are resize -> center crop -> [0,1] ->
-normalise. Corruptions (SPEC §2) act on the cropped image in [0,1], so featstore runs the first half in the
+normalise. Corruptions (docs/design.md §2) act on the cropped image in [0,1], so featstore runs the first half in the
 data loader (as uint8, cheap to move) and normalises on the device.
 """
 

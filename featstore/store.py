@@ -1,4 +1,4 @@
-"""The Zarr v3 feature store (SPEC §4): images, then per model and view one float16 array per anchor.
+"""The Zarr v3 feature store (docs/design.md §4): images, then per model and view one float16 array per anchor.
 
 Layout::
 

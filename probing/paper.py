@@ -2,7 +2,7 @@
 
 Raw (unstandardised) features, SGD with momentum 0.9, lr 0.1, weight decay 1e-4, batch 256, up to 100 epochs,
 early stopping with patience 10 on val accuracy, best-val weights kept. On small sets it stops far from the
-optimum (SPEC §5: 18% vs 52% for scikit-learn at the stem of 1.8k digits), which is why it is not the default.
+optimum (docs/design.md §5: 18% vs 52% for scikit-learn at the stem of 1.8k digits), which is why it is not the default.
 """
 
 from __future__ import annotations

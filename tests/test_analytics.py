@@ -1,4 +1,4 @@
-"""Every SQL macro equals a plain-Python computation of SPEC §7, image by image, on prediction tables with
+"""Every SQL macro equals a plain-Python computation of docs/design.md §7, image by image, on prediction tables with
 known structure (ties, runs, never-stable images, several T and k); `featstore sql` cannot write."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ N = 300
 
 
 def decision_layer(preds: list[int], k: int) -> tuple[int, int, bool]:
-    """SPEC §7 literally: min l in 0..T-k with equal predictions at l..l+k, else T (never stable)."""
+    """docs/design.md §7 literally: min l in 0..T-k with equal predictions at l..l+k, else T (never stable)."""
     t = len(preds) - 1
     for layer in range(0, t - k + 1):
         if len(set(preds[layer : layer + k + 1])) == 1:

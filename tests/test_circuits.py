@@ -29,7 +29,7 @@ def tiny():
 def test_edge_count_follows_the_graph_formula(tiny):
     _, graph, _, _ = tiny
     assert len(graph.edges) == edge_count(2, 2) == 46
-    assert edge_count(12, 12) == 32_491  # ViT-B/16, SPEC §8
+    assert edge_count(12, 12) == 32_491  # ViT-B/16, docs/design.md §8
     torch.manual_seed(0)
     three = ViTGraph(VisionTransformer(img_size=16, patch_size=8, embed_dim=24, depth=3, num_heads=4, num_classes=3))
     assert len(three.edges) == edge_count(3, 4)

@@ -1,0 +1,163 @@
+"""The code's real import graph matches the folders, and the anchor description is the one used everywhere."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from featstore.extraction import Tapper, describe_anchors, runnable_anchor_names
+from featstore.models import load_model
+from featstore.store import FeatureStore
+
+from conftest import fails, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# folder -> its package name, lowest layer first; a layer may import only the layers before it
+LAYERS = [("featstore", "featstore"), ("analytics", "featstore.analytics"), ("probing", "featstore.probing"),
+          ("workflows", "featstore.workflows"), ("cli", "featstore.cli")]
+
+
+def _layer_of(module: str) -> int | None:
+    for rank, (_, package) in reversed(list(enumerate(LAYERS))):
+        if module == package or module.startswith(package + "."):
+            return rank
+    return None
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every featstore import of a file, at any depth (function-level imports included)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return [(line, name) for line, name in found if name.startswith("featstore")]
+
+
+def test_imports_run_one_way():
+    wrong = []
+    for rank, (folder, _) in enumerate(LAYERS):
+        files = sorted((ROOT / folder).glob("*.py"))
+        assert files, folder
+        for path in files:
+            for line, name in _imports(path):
+                target = _layer_of(name)
+                if target is not None and target > rank:
+                    wrong.append(f"{folder}/{path.name}:{line} imports {name}")
+    assert not wrong, "imports against the layering cli -> workflows -> probing -> analytics -> featstore:\n" + \
+        "\n".join(wrong)
+
+
+def test_the_layering_test_sees_function_level_imports(tmp_path):
+    bad = tmp_path / "x.py"
+    bad.write_text("def f():\n    from featstore.analytics import db\n    return db\n")
+    assert _imports(bad) == [(2, "featstore.analytics"), (2, "featstore.analytics.db")]
+    assert _layer_of("featstore.analytics.db") == 1 and _layer_of("featstore.store") == 0
+
+
+@pytest.mark.parametrize("model", ["resnet18", "timm/vit_tiny_patch16_224"])
+def test_every_listed_name_is_accepted_verbatim_by_anchors(model, image_dir, tmp_path):
+    """`featstore anchors --all` prints exactly the names a build extracts: all of them in one build."""
+    loaded = load_model(model, weights="none", image_size=32)
+    sample = loaded.preprocessing.normalize(torch.zeros(1, 3, 32, 32))
+    names = runnable_anchor_names(loaded.module.eval(), sample)
+    listed = run_cli("anchors", "--model", model, "--all").output.split()
+    assert set(names) <= set(listed) and len(listed) == len(set(listed))
+    if "vit" in model:
+        assert {"blocks.0.resid_mid", "blocks.11.act", "blocks.3.attn.qkv"} <= set(names)
+    else:
+        assert {"layer1.0.mid", "layer4.1.bn2", "fc"} <= set(names)
+    store = tmp_path / "s.zarr"
+    run_cli("build", "--model", model, "--weights", "none", "--image-size", "32", "--data", image_dir, "--store",
+            store, "--anchors", ",".join(names), "--limit", "2", "--workers", "0", "--no-progress")
+    stored = FeatureStore(store).anchors(model.replace("/", "_"))
+    assert [a.name for a in stored] == names
+
+
+def test_unknown_anchor_names_the_closest_valid_ones(image_dir, tmp_path):
+    line = fails("build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--data", image_dir,
+                 "--store", tmp_path / "s.zarr", "--anchors", "layer1.0.md,relu")
+    assert "layer1.0.mid" in line and "--all" in line
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_the_tapper_hooks_what_the_anchor_describes():
+    """Input-side taps are read before their module runs, `.mid` gets its ReLU: checked by hand."""
+    torch.manual_seed(0)
+    model = load_model("resnet18", weights="none", image_size=32).module.eval()
+    x = torch.randn(2, 3, 32, 32)
+    anchors, classes = describe_anchors(model, ["layer1.0.mid", "layer2"], x)
+    assert [(a.module, a.side, a.post, a.dim) for a in anchors] == [("layer1.0.bn1", "output", "relu", 64),
+                                                                   ("layer2", "output", None, 128)]
+    assert classes == 1000
+    with Tapper(model, anchors) as tapper, torch.no_grad():
+        (mid, layer2), _ = tapper.forward(x)
+        stem = model.maxpool(model.relu(model.bn1(model.conv1(x))))
+        block = model.layer1[0]
+        assert torch.allclose(mid, torch.relu(block.bn1(block.conv1(stem))).mean((2, 3)), atol=1e-5)
+        assert torch.allclose(layer2, model.layer2(model.layer1(stem)).mean((2, 3)), atol=1e-5)
+
+
+def test_macro_install_order_is_derived_from_every_sql_file():
+    from featstore.analytics.db import MACROS
+
+    files = {p.stem for p in (ROOT / "sql").glob("*.sql")}
+    assert set(MACROS) == files - {"schema", "derive_decisions", "__init__"}
+    position = {name: i for i, name in enumerate(MACROS)}
+    assert position["prediction_islands"] < position["exit_events"] < position["exit_simulation"]
+    assert position["in_scope"] < position["decision_layers"] < position["decision_summary"]
+
+
+def test_islands_are_written_once():
+    users = [p.name for p in (ROOT / "sql").glob("*.sql") if "row_number() OVER (PARTITION BY image_id, pred"
+             in p.read_text()]
+    assert users == ["prediction_islands.sql"]
+    for name in ("derive_decisions", "exit_events", "tap_decision_layers"):
+        assert "prediction_islands(" in (ROOT / "sql" / f"{name}.sql").read_text()
+
+
+def test_an_old_database_gets_this_versions_macros_through_featstore_sql(tmp_path):
+    import duckdb
+
+    from featstore.analytics.db import connect
+
+    db = tmp_path / "old.duckdb"
+    connect(db).close()
+    con = duckdb.connect(str(db))  # what an older featstore might have left in the file
+    con.execute("CREATE OR REPLACE MACRO decision_summary(k, scope := 'auto') AS TABLE SELECT 42 AS stale")
+    con.close()
+    header = run_cli("sql", "--db", db, "--format", "csv", "SELECT * FROM decision_summary(2)").output.splitlines()[0]
+    assert "stale" not in header and "never_stable" in header
+    con = duckdb.connect(str(db), read_only=True)  # the file itself is untouched by a read-only client
+    assert con.execute("SELECT * FROM decision_summary(2)").fetchall() == [(42,)]
+    con.close()
+
+
+def test_a_duckdb_file_that_is_not_featstores_is_one_line(tmp_path):
+    import duckdb
+
+    db = tmp_path / "other.duckdb"
+    duckdb.connect(str(db)).close()
+    assert "is not a featstore database" in fails("sql", "--db", db, "SELECT 1")
+
+
+def test_scopes_are_one_list_in_sql_and_python(tmp_path):
+    from featstore.analytics.db import connect
+    from featstore.analytics.queries import query
+    from featstore.analytics.scopes import SCOPES
+    from featstore.errors import FeatstoreError
+
+    db = tmp_path / "f.duckdb"
+    con = connect(db)
+    con.execute("INSERT INTO images VALUES ('d', 0, 'a.png', 0, 'test')")
+    con.close()
+    for scope in SCOPES:
+        assert query(db, "SELECT in_scope(?, 'test', 0) AS x", [scope])["x"][0] == (scope in ("auto", "all", "test"))
+    with pytest.raises(FeatstoreError, match="scope 'tst': use auto, all, train, val or test"):
+        query(db, "SELECT * FROM images WHERE in_scope('tst', split, 0)")
