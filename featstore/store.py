@@ -129,7 +129,9 @@ class FeatureStore:
         if key in self.root and "config" not in self.root[key].attrs:
             del self.root[key]  # interrupted while being created: nothing in it was committed
         if key in self.root:
-            old = dict(self.root[key].attrs).get("config", {})
+            old = dict(dict(self.root[key].attrs).get("config", {}))
+            if "anchors" in old:  # stores written before anchors had a hook side compare as they are now
+                old["anchors"] = [Anchor.from_dict(a).to_dict() for a in old["anchors"]]
             if _canonical(old) != _canonical(config):
                 diff = sorted(k for k in set(old) | set(config) if _canonical(old.get(k)) != _canonical(config.get(k)))
                 raise FeatstoreError(

@@ -161,3 +161,23 @@ def test_scopes_are_one_list_in_sql_and_python(tmp_path):
         assert query(db, "SELECT in_scope(?, 'test', 0) AS x", [scope])["x"][0] == (scope in ("auto", "all", "test"))
     with pytest.raises(FeatstoreError, match="scope 'tst': use auto, all, train, val or test"):
         query(db, "SELECT * FROM images WHERE in_scope('tst', split, 0)")
+
+
+def test_a_store_written_before_anchors_had_a_side_still_resumes(image_dir, tmp_path):
+    """Older stores kept the hook side in `post` ("input"); the same build must still match them."""
+    import json
+
+    import zarr
+
+    store = tmp_path / "s.zarr"
+    args = ("build", "--model", "timm/vit_tiny_patch16_224", "--weights", "none", "--image-size", "32", "--data",
+            image_dir, "--store", store, "--taps", "resid_mid,ln2", "--limit", "2", "--workers", "0", "--no-progress")
+    run_cli(*args)
+    group = zarr.open_group(str(store), mode="a")["timm_vit_tiny_patch16_224"]
+    config = json.loads(json.dumps(dict(group.attrs)["config"]))
+    for a in config["anchors"]:
+        side = a.pop("side")
+        a["post"] = "input" if side == "input" else a["post"]
+    group.attrs["config"] = config
+    assert "0 chunk(s) written, 1 already done" in run_cli(*args).output
+    assert FeatureStore(store).anchors("timm_vit_tiny_patch16_224")[0].side == "input"
