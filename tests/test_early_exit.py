@@ -12,7 +12,7 @@ import torchvision
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
-from featstore.anchors import PRESETS
+from featstore.anchors import PRESETS, resolve_anchors
 from featstore.cost import AnchorCost, ModelCost, measure_costs
 
 from conftest import fails, run_cli
@@ -116,7 +116,8 @@ def test_pareto_front_is_the_undominated_set(db):
 def test_prefix_costs_grow_and_full_flops_match_an_independent_count():
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10)
-    cost = measure_costs(model, PRESETS["resnet18"], 64, 10, torch.device("cpu"), 2, repeats=7)
+    anchors = resolve_anchors(model, PRESETS["resnet18"])
+    cost = measure_costs(model, anchors, 64, 10, torch.device("cpu"), 2, repeats=7)
     flops = [a.flops for a in cost.anchors]
     assert flops == sorted(flops) and flops[0] > 0
 
