@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,13 +67,31 @@ def install_macros(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> N
         con.execute(text)
 
 
-def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Open a featstore database; a lock held by another process becomes a one-line error."""
+# A read-only connection must not be able to write anything anywhere: no other file (ATTACH, COPY, EXPORT,
+# read_csv), no extension download or load, and no statement that switches these settings back on.
+READ_ONLY_CONFIG = {"enable_external_access": False, "autoload_known_extensions": False,
+                    "autoinstall_known_extensions": False, "lock_configuration": True}
+
+
+def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0) -> duckdb.DuckDBPyConnection:
+    """Open a featstore database; a lock held by another process becomes a one-line error, after retrying for
+    `wait_s` seconds (readers such as `featstore sql` hold it only for one query).
+
+    Read-only connections are sealed by DuckDB itself (see READ_ONLY_CONFIG), so that no SQL text a user types
+    into `featstore sql` can change the database or the file system."""
     path = Path(path)
     if read_only and not path.exists():
         raise FeatstoreError(f"no database at {path}; fill one with `featstore probe --db {path}`")
+    deadline = time.monotonic() + wait_s
     try:
-        con = duckdb.connect(str(path), read_only=read_only)
+        while True:
+            try:
+                con = duckdb.connect(str(path), read_only=read_only, config=READ_ONLY_CONFIG if read_only else {})
+                break
+            except duckdb.IOException as e:
+                if "lock" not in str(e).lower() or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
     except duckdb.IOException as e:
         msg = str(e)
         if "lock" in msg.lower():

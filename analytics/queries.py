@@ -20,53 +20,80 @@ Db = str | Path | duckdb.DuckDBPyConnection
 
 
 def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFrame:
-    """Run one SQL statement read-only and return its result as a Polars DataFrame."""
+    """Run one SQL statement read-only and return its result as a Polars DataFrame.
+
+    Exactly one statement: text such as `SELECT 1; DETACH ...` is refused before anything runs."""
+    try:
+        count = len(duckdb.extract_statements(sql))
+    except duckdb.Error as e:
+        raise FeatstoreError(f"SQL error: {str(e).splitlines()[0]}") from e
+    if count != 1:
+        raise FeatstoreError(f"give exactly one SQL statement (got {count}); run several with one call each")
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
     try:
         relation = con.sql(sql, params=params or None)
         return pl.DataFrame() if relation is None else relation.pl()
     except duckdb.Error as e:
         first = str(e).splitlines()[0]
-        if "read-only" in first.lower():
-            raise FeatstoreError(f"queries open the database read-only and cannot change it ({first}); "
-                                 f"featstore probe is what writes") from e
+        if any(m in first.lower() for m in ("read-only", "disabled", "locked", "cannot attach")):
+            raise FeatstoreError(f"queries open the database read-only and reach no other file, extension or "
+                                 f"setting ({first}); featstore probe is what writes") from e
         raise FeatstoreError(f"SQL error: {first}") from e
     finally:
         if con is not db:
             con.close()
 
 
+SCOPES = ("auto", "all", "train", "val", "test")
+
+
+def check_scope(scope: str) -> str:
+    """A scope the macros know; any other word would silently select no image at all."""
+    if scope not in SCOPES:
+        raise FeatstoreError(f"--scope {scope!r}: use one of {', '.join(SCOPES)}")
+    return scope
+
+
+def check_ks(db: Db, ks: Sequence[int]) -> None:
+    """k counts anchors after the first, so a k at or beyond every run's anchor count selects nothing."""
+    most = query(db, "SELECT max(n_anchors) AS a FROM runs")["a"][0]
+    if most is not None and max(ks) >= most:
+        raise FeatstoreError(f"--k {max(ks)}: the runs in the database have at most {most} anchors, so k (anchors "
+                             f"after the first that must agree) must be below {most}")
+
+
 def decision_layers(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM decision_layers(?, scope := ?)", [k, scope])
+    return query(db, "SELECT * FROM decision_layers(?, scope := ?)", [k, check_scope(scope)])
 
 
 def decision_summary(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM decision_summary(?, scope := ?)", [k, scope])
+    return query(db, "SELECT * FROM decision_summary(?, scope := ?)", [k, check_scope(scope)])
 
 
 def k_sweep(db: Db, ks: Sequence[int] = (1, 2, 3, 4), scope: str = "auto") -> pl.DataFrame:
-    frame = query(db, "SELECT * FROM decision_sweep(?, scope := ?)", [max(ks), scope])
+    check_ks(db, ks)
+    frame = query(db, "SELECT * FROM decision_sweep(?, scope := ?)", [max(ks), check_scope(scope)])
     return frame.filter(pl.col("k").is_in(list(ks)))
 
 
 def decision_mass(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM decision_mass(?, scope := ?)", [k, scope])
+    return query(db, "SELECT * FROM decision_mass(?, scope := ?)", [k, check_scope(scope)])
 
 
 def cumulative_curve(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM cumulative_curve(?, scope := ?)", [k, scope])
+    return query(db, "SELECT * FROM cumulative_curve(?, scope := ?)", [k, check_scope(scope)])
 
 
 def probe_accuracy(db: Db, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM probe_accuracy(scope := ?)", [scope])
+    return query(db, "SELECT * FROM probe_accuracy(scope := ?)", [check_scope(scope)])
 
 
 def corruption_shift(db: Db, k: int = 2, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM corruption_shift(?, scope := ?)", [k, scope])
+    return query(db, "SELECT * FROM corruption_shift(?, scope := ?)", [k, check_scope(scope)])
 
 
 def paper_table(db: Db, k: int = 2, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM paper_table(?, scope := ?)", [k, scope])
+    return query(db, "SELECT * FROM paper_table(?, scope := ?)", [k, check_scope(scope)])
 
 
 def timelines(db: Db, run_id: str | None = None) -> pl.DataFrame:
@@ -133,7 +160,7 @@ def _exit_table(macro: str, db: Db, run_id: str, device: str, batch_size: int, k
                 thresholds: Sequence[float], combined: Sequence[float], scope: str) -> pl.DataFrame:
     return query(db, f"SELECT * FROM {macro}(?, ?, sim_batch := ?, ks := ?, thresholds := ?, "
                      "combined_thresholds := ?, scope := ?)",
-                 [run_id, device, batch_size, *_exit_args(ks, thresholds, combined), scope])
+                 [run_id, device, batch_size, *_exit_args(ks, thresholds, combined), check_scope(scope)])
 
 
 def exit_simulation(db: Db, run_id: str, device: str, batch_size: int = 1, ks: Sequence[int] = (1, 2, 3, 4),
@@ -154,16 +181,16 @@ def exit_shares(db: Db, run_id: str, ks: Sequence[int] = (1, 2, 3, 4),
                 thresholds: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
                 combined: Sequence[float] = (0.5, 0.7, 0.9), scope: str = "auto") -> pl.DataFrame:
     return query(db, "SELECT * FROM exit_shares(?, ks := ?, thresholds := ?, combined_thresholds := ?, scope := ?)",
-                 [run_id, *_exit_args(ks, thresholds, combined), scope])
+                 [run_id, *_exit_args(ks, thresholds, combined), check_scope(scope)])
 
 
 def tap_grid(db: Db, run_id: str, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM tap_grid(?, scope := ?)", [run_id, scope])
+    return query(db, "SELECT * FROM tap_grid(?, scope := ?)", [run_id, check_scope(scope)])
 
 
 def tap_gains(db: Db, run_id: str, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM tap_gains(?, scope := ?)", [run_id, scope])
+    return query(db, "SELECT * FROM tap_gains(?, scope := ?)", [run_id, check_scope(scope)])
 
 
 def tap_decision_layers(db: Db, run_id: str, tap: str, k: int, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM tap_decision_layers(?, ?, ?, scope := ?)", [run_id, tap, k, scope])
+    return query(db, "SELECT * FROM tap_decision_layers(?, ?, ?, scope := ?)", [run_id, tap, k, check_scope(scope)])
