@@ -125,6 +125,9 @@ def build(**options) -> None:
     from featstore.build import build as run_build
 
     result = run_build(BuildConfig(**options))
+    if result.damaged:
+        click.echo(f"re-did {len(result.damaged)} damaged chunk(s) found by the integrity check: "
+                   f"{'; '.join(result.damaged[:3])}{' …' if len(result.damaged) > 3 else ''}", err=True)
     if result.bad_images:
         click.echo(f"skipped {len(result.bad_images)} unreadable image(s), recorded in the store: "
                    f"{', '.join(result.bad_images[:3])}{' …' if len(result.bad_images) > 3 else ''}", err=True)
@@ -377,6 +380,9 @@ def format_info(summary: dict) -> str:
         lines.append("  anchors " + ", ".join(f"{i}:{name}[{dim}]" for i, name, _, dim in m["anchors"]))
         for view, v in m["views"].items():
             state = "complete" if v["chunks_done"] == v["chunks"] else "INCOMPLETE (rerun build to resume)"
+            if v.get("damaged_chunks"):
+                state = (f"DAMAGED (chunk files missing: {', '.join(map(str, v['damaged_chunks']))}; run featstore "
+                         f"verify, then rerun build to re-do them)")
             lines.append(f"  view {view}: {v['chunks_done']}/{v['chunks']} chunks, {v['skipped']} skipped, {state}")
         if m.get("probes"):
             lines.append("  probes " + ", ".join(m["probes"]))
@@ -415,6 +421,26 @@ def demo(out: Path, epochs: int, limit: int | None, progress: bool) -> None:
     timing = ", ".join(f"{k} {v:.0f}s" for k, v in result.seconds.items())
     click.echo(f"\nreport: {result.report}\ndatabase: {result.db} (try: featstore sql --db {result.db} "
                f"\"SELECT * FROM decision_summary(2)\")\ntime: {timing}")
+
+
+@cli.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--model", help="Check only this model (store group) [default: every model].")
+@click.option("--quick", is_flag=True, help="Only look for missing chunk files (no chunk is read).")
+@user_errors
+def verify(store: Path, model: str | None, quick: bool) -> None:
+    """Check that every chunk marked done can be trusted: its files present and decodable, no NaN in rows that
+    are not marked skipped. Lists each bad (array, chunk); exit status 1 if any (rerun build to re-do them)."""
+    from featstore.store import FeatureStore
+
+    problems = FeatureStore(store).verify(model, deep=not quick)
+    for problem in problems:
+        click.echo(str(problem))
+    if problems:
+        click.echo(f"{len(problems)} damaged chunk array(s); rerun the same `featstore build` to re-do exactly "
+                   f"those chunks", err=True)
+        sys.exit(1)
+    click.echo(f"{store}: every done chunk is intact")
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import platform
 import queue
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,9 +25,10 @@ from featstore.datasets import ImageSet, ViewDataset, check_labels, discover
 from featstore.errors import FeatstoreError
 from featstore.extraction import Tapper, describe_anchors
 from featstore.loading import iterate_batches
+from featstore.locks import locked
 from featstore.models import LoadedModel, load_model
 from featstore.runtime import Ranks, barrier, init_distributed, ranks_from_env, resolve_device, tune_allocator
-from featstore.store import ChunkData, FeatureStore, model_key
+from featstore.store import ChunkData, FeatureStore, check_store_path, model_key
 from featstore.views import View, parse_views
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
@@ -68,6 +69,7 @@ class BuildResult:
     bad_images: list[str] = field(default_factory=list)
     seconds: float = 0.0
     images_processed: int = 0
+    damaged: list[str] = field(default_factory=list)  # done chunks found untrustworthy and made again
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -92,6 +94,9 @@ def build(cfg: BuildConfig) -> BuildResult:
     tune_allocator()
     if cfg.chunk_rows < 1 or cfg.batch_size < 1:
         raise FeatstoreError("--chunk-rows and --batch-size must be positive")
+    if cfg.workers is not None and cfg.workers < 0:
+        raise FeatstoreError(f"--workers {cfg.workers}: give 0 (decode serially) or a positive number of decoders")
+    check_store_path(Path(cfg.store))
     ranks = ranks_from_env()
     device = resolve_device(cfg.device, ranks.local_rank)
     precision = resolve_precision(cfg.precision, device)
@@ -119,15 +124,21 @@ def build(cfg: BuildConfig) -> BuildResult:
         "anchors": [a.to_dict() for a in anchors], "images_fingerprint": images.fingerprint(),
     }
     init_distributed(ranks, device)
-    store = _prepare_store(cfg, ranks, images, key, config, views, anchors, num_classes)
+    with ExitStack() as held:
+        store, damaged = _prepare_store(cfg, ranks, images, key, config, views, anchors, num_classes, held)
+        return _build_chunks(cfg, ranks, store, key, images, loaded, tapper, device, memory_format, precision,
+                             views, damaged)
 
+
+def _build_chunks(cfg, ranks, store, key, images, loaded, tapper, device, memory_format, precision, views,
+                  damaged) -> BuildResult:
     done = {v.name: store.done(key, v.name) for v in views}
     barrier(ranks)  # every rank has read the same bitmap before any rank commits a chunk
     todo_views = [v for v in views if not done[v.name].all()]
     n_chunks = math.ceil(len(images) / cfg.chunk_rows)
     todo = [c for c in range(n_chunks) if any(not done[v.name][c] for v in todo_views)]
     mine = todo[ranks.rank :: ranks.world]
-    result = BuildResult(key, len(images), chunks_skipped=n_chunks - len(todo))
+    result = BuildResult(key, len(images), chunks_skipped=n_chunks - len(todo), damaged=damaged)
     start = time.perf_counter()
     if mine:
         _run_chunks(cfg, ranks, store, key, images, loaded, tapper, device, memory_format, precision, todo_views,
@@ -139,23 +150,36 @@ def build(cfg: BuildConfig) -> BuildResult:
 
 
 def _prepare_store(cfg: BuildConfig, ranks: Ranks, images: ImageSet, key: str, config: dict,
-                   views: list[View], anchors, num_classes: int) -> FeatureStore:
-    """Rank 0 creates or checks the store's groups; the other ranks wait, then check."""
+                   views: list[View], anchors, num_classes: int, held: ExitStack) -> tuple[FeatureStore, list[str]]:
+    """Rank 0 creates or checks the store's groups; the other ranks wait, then check.
+
+    Against other processes: groups are created only under the store's lock (held briefly), and the model's
+    lock, taken under it and held by `held` until the build ends, makes a second build of the same model
+    refuse with one line instead of writing the same chunks. Done chunks that fail `check_view` are marked
+    not done here, so that this build makes exactly those again."""
+    damaged: list[str] = []
     if ranks.is_main:
-        store = FeatureStore(cfg.store, mode="a")
-        if store.has_images():
-            store.check_images(images)
-        else:
-            store.write_images(images)
-        store.prepare_model(key, config, _versions(config["library"]))
-        for v in views:
-            store.prepare_view(key, v.to_dict(), anchors, num_classes, cfg.chunk_rows)
+        if not Path(cfg.store).exists():
+            Path(cfg.store).mkdir(parents=True)
+        with locked(Path(cfg.store), wait=True, what=f"store {cfg.store}"):
+            store = FeatureStore(cfg.store, mode="a")
+            if store.has_images():
+                store.check_images(images)
+            else:
+                store.write_images(images)
+            store.prepare_model(key, config, _versions(config["library"]))
+            held.enter_context(locked(store.path / key, wait=False, what=f"model {key!r} of store {cfg.store}"))
+            for v in views:
+                store.prepare_view(key, v.to_dict(), anchors, num_classes, cfg.chunk_rows)
+                problems = store.check_view(key, v.name)
+                store.undo_chunks(key, v.name, sorted({p.chunk for p in problems}))
+                damaged += [str(p) for p in problems]
     barrier(ranks)
     if not ranks.is_main:
         store = FeatureStore(cfg.store, mode="a")
         store.check_images(images)
         store.prepare_model(key, config, _versions(config["library"]))
-    return store
+    return store, damaged
 
 
 def _versions(library: str) -> dict:

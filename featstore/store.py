@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,28 @@ def model_key(name: str) -> str:
     return key
 
 
+def check_store_path(path: Path) -> None:
+    """A store path is new, an empty folder, or a store: never a folder of other files (such as the images)."""
+    if path.exists() and not (path / "zarr.json").is_file() and (not path.is_dir() or any(path.iterdir())):
+        kind = "a folder with other files" if path.is_dir() else "a file"
+        raise FeatstoreError(f"{path} is {kind}, not a featstore store (no zarr.json); point --store at a new path "
+                             f"or an existing store")
+
+
+@dataclass(frozen=True)
+class ChunkProblem:
+    """Why one done chunk of one array cannot be trusted."""
+
+    model: str
+    view: str
+    array: str
+    chunk: int
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.model}/{self.view}/{self.array} chunk {self.chunk}: {self.what}"
+
+
 @dataclass
 class ChunkData:
     """Everything one view of one chunk writes: rows [start, stop) of each array."""
@@ -58,6 +81,7 @@ class FeatureStore:
         self.path = Path(path)
         if mode == "r" and not (self.path / "zarr.json").is_file():
             raise FeatstoreError(f"no featstore store at {self.path}; build one with `featstore build`")
+        check_store_path(self.path)
         try:
             self.root = zarr.open_group(str(self.path), mode=mode)
         except Exception as e:
@@ -175,7 +199,60 @@ class FeatureStore:
         return int(self.model_attrs(key)["config"]["chunk_rows"])
 
     def done(self, key: str, view: str) -> np.ndarray:
-        return np.asarray(self.view_group(key, view)["done"][:], dtype=bool)
+        """The commit bitmap; an entry whose file cannot be decoded counts as not done (it is made again)."""
+        bitmap = self.view_group(key, view)["done"]
+        try:
+            return np.asarray(bitmap[:], dtype=bool)
+        except Exception:  # a damaged entry: read them one by one
+            return np.array([_decodes(bitmap, c) for c in range(bitmap.shape[0])], dtype=bool)
+
+    def check_view(self, key: str, view: str, deep: bool = True) -> list[ChunkProblem]:
+        """Done chunks that cannot be trusted: a file missing, undecodable, or NaN in rows not marked skipped.
+
+        `deep=False` only looks for missing files (a stat per chunk and array); `deep=True` also reads every
+        done chunk once. Chunks not marked done are not looked at: a build writes them anyway."""
+        g = self.view_group(key, view)
+        rows, n = self.chunk_rows(key), self.num_images
+        arrays = [(f"anchors/{a.name}", g["anchors"][a.name]) for a in self.anchors(key)] + [("logits", g["logits"])]
+        problems: list[ChunkProblem] = []
+        for chunk in np.flatnonzero(self.done(key, view)).tolist():
+            start, stop = chunk * rows, min(n, (chunk + 1) * rows)
+            try:
+                skipped = np.asarray(g["skipped"][start:stop], dtype=bool)
+            except Exception as e:
+                problems.append(ChunkProblem(key, view, "skipped", chunk, f"cannot be decoded ({_brief(e)})"))
+                continue
+            for name, arr in arrays:
+                if not (self.path / arr.path / arr.metadata.encode_chunk_key((chunk, 0))).is_file():
+                    if not skipped.all():  # an all-skipped chunk equals the NaN fill value: zarr writes no file
+                        problems.append(ChunkProblem(key, view, name, chunk, "file missing"))
+                    continue
+                if not deep:
+                    continue
+                try:
+                    block = np.asarray(arr[start:stop])
+                except Exception as e:
+                    problems.append(ChunkProblem(key, view, name, chunk, f"cannot be decoded ({_brief(e)})"))
+                    continue
+                nan_rows = np.flatnonzero(np.isnan(block).any(axis=1) & ~skipped)
+                if len(nan_rows):
+                    problems.append(ChunkProblem(key, view, name, chunk, f"NaN in {len(nan_rows)} row(s) not "
+                                                 f"marked skipped (first: row {start + int(nan_rows[0])})"))
+        return problems
+
+    def verify(self, key: str | None = None, deep: bool = True) -> list[ChunkProblem]:
+        """`check_view` over every view of one model (or of all models)."""
+        if key is not None:
+            self.model_attrs(key)  # an unknown model is a one-line error
+        keys = [key] if key is not None else self.models()
+        views = [(k, v) for k in keys for v in self.views(k) if "done" in self.root[k][v]]
+        return [p for k, v in views for p in self.check_view(k, v, deep)]
+
+    def undo_chunks(self, key: str, view: str, chunks: Sequence[int]) -> None:
+        """Mark chunks not done, so that the next build writes them again."""
+        bitmap = self.view_group(key, view)["done"]
+        for c in chunks:
+            bitmap[c] = False
 
     def commit_chunk(self, key: str, view: str, data: ChunkData) -> None:
         """Write one chunk of every array of a view, then mark it done: the store's only commit point."""
@@ -208,6 +285,15 @@ class FeatureStore:
         g.create_array("bias", shape=bias.shape, chunks=bias.shape, dtype="float32", overwrite=True)[:] = bias
         g.attrs.put(attrs)
 
+    def check_writable(self, key: str) -> None:
+        """Fail now, not after training, when probes cannot be saved under <model>/ (a read-only store)."""
+        try:
+            with tempfile.NamedTemporaryFile(dir=self.path / key, prefix=".featstore-write-test-"):
+                pass
+        except OSError as e:
+            raise FeatstoreError(f"store {self.path} is read-only here ({e.strerror}: {self.path / key}); probes "
+                                 f"are saved into the store: make it writable or copy it") from e
+
     def read_probe(self, key: str, name: str, anchor: str) -> tuple[np.ndarray, np.ndarray, dict]:
         try:
             g = self.root[key]["probes"][name][anchor]
@@ -234,7 +320,8 @@ class FeatureStore:
                     continue
                 done = self.done(key, v)
                 views[v] = {"chunks_done": int(done.sum()), "chunks": int(done.size),
-                            "skipped": int(self.read_skipped(key, v).sum())}
+                            "skipped": int(self.read_skipped(key, v).sum()),
+                            "damaged_chunks": sorted({p.chunk for p in self.check_view(key, v, deep=False)})}
             probes = sorted(k for k, _ in self.root[key]["probes"].groups()) if "probes" in self.root[key] else []
             out["models"][key] = {
                 "model": cfg["model"], "weights": cfg["weights_id"], "preprocessing": cfg["preprocessing"],
@@ -244,6 +331,17 @@ class FeatureStore:
                 "views": views, "probes": probes, "versions": attrs.get("versions", {}),
             }
         return out
+
+
+def _decodes(array: zarr.Array, index: int) -> bool:
+    try:
+        return bool(array[index])
+    except Exception:
+        return False
+
+
+def _brief(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:160]
 
 
 def _canonical(value) -> str:

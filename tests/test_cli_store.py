@@ -33,7 +33,8 @@ def test_info_reports_anchors_views_and_completeness(image_dir, tmp_path):
     assert [a[1] for a in m["anchors"]][:3] == ["relu", "maxpool", "layer1.0"]
     assert [a[3] for a in m["anchors"]] == [64, 64, 64, 64, 128, 128, 256, 256, 512, 512, 512, 512]
     assert m["anchors"][8][2] == "layer4.0.bn1"
-    assert m["views"] == {v: {"chunks_done": 2, "chunks": 2, "skipped": 0} for v in ["brightness-1", "clean"]}
+    assert m["views"] == {v: {"chunks_done": 2, "chunks": 2, "skipped": 0, "damaged_chunks": []}
+                          for v in ["brightness-1", "clean"]}
     assert {"torch", "torchvision", "zarr", "featstore"} <= set(m["versions"])
     text = run_cli("info", store).output
     assert "view brightness-1: 2/2 chunks, 0 skipped, complete" in text

@@ -1,0 +1,45 @@
+"""Advisory locks between processes writing one store: flock(2) on a directory of the store itself.
+
+A lock on a directory needs no lock file (so Zarr sees nothing foreign in the store) and the kernel drops it
+when its holder exits, however it exits (kill -9 included): a crashed build never leaves a stale lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from featstore.errors import FeatstoreError
+
+
+def lock_holder(path: Path) -> str:
+    """'pid N on host H' of the process holding a lock on `path`, from /proc/locks when it can say."""
+    try:
+        st = path.stat()
+        inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if inode in fields and "FLOCK" in fields:
+                return f"pid {fields[fields.index(inode) - 1]} on host {socket.gethostname()}"
+    except (OSError, ValueError, IndexError):
+        pass
+    return "another process"
+
+
+@contextmanager
+def locked(path: Path, wait: bool, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on directory `path`: wait for it, or refuse at once naming its holder."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError as e:
+            raise FeatstoreError(f"{what} is being written by {lock_holder(path)}; wait for that featstore "
+                                 f"command to finish (a rerun then resumes), or use another --store") from e
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
