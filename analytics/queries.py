@@ -14,9 +14,11 @@ import duckdb
 import polars as pl
 
 from featstore.analytics.db import connect
+from featstore.analytics.scopes import SCOPES
 from featstore.errors import FeatstoreError
 
 Db = str | Path | duckdb.DuckDBPyConnection
+READ_WAIT_S = 30.0  # a probe holds the write lock only for its final transaction: wait that out
 
 
 def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFrame:
@@ -29,7 +31,7 @@ def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFra
         raise FeatstoreError(f"SQL error: {str(e).splitlines()[0]}") from e
     if count != 1:
         raise FeatstoreError(f"give exactly one SQL statement (got {count}); run several with one call each")
-    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True)
+    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True, wait_s=READ_WAIT_S)
     try:
         relation = con.sql(sql, params=params or None)
         return pl.DataFrame() if relation is None else relation.pl()
@@ -44,7 +46,7 @@ def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFra
             con.close()
 
 
-SCOPES = ("auto", "all", "train", "val", "test")
+DEFAULT_KS = (1, 2, 3, 4)
 
 
 def check_scope(scope: str) -> str:
@@ -54,12 +56,16 @@ def check_scope(scope: str) -> str:
     return scope
 
 
-def check_ks(db: Db, ks: Sequence[int]) -> None:
-    """k counts anchors after the first, so a k at or beyond every run's anchor count selects nothing."""
+def stability_windows(db: Db, ks: Sequence[int] | None = None) -> list[int]:
+    """The k values to show: as asked, or by default 1..4 as far as the runs have anchors. k counts anchors
+    after the first, so a k at or beyond every run's anchor count selects nothing and is refused."""
     most = query(db, "SELECT max(n_anchors) AS a FROM runs")["a"][0]
+    if ks is None or list(ks) == list(DEFAULT_KS):  # the default: trimmed to what the runs have
+        return [k for k in DEFAULT_KS if most is None or k < most] or [1]
     if most is not None and max(ks) >= most:
         raise FeatstoreError(f"--k {max(ks)}: the runs in the database have at most {most} anchors, so k (anchors "
                              f"after the first that must agree) must be below {most}")
+    return sorted(ks)
 
 
 def decision_layers(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
@@ -70,9 +76,10 @@ def decision_summary(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
     return query(db, "SELECT * FROM decision_summary(?, scope := ?)", [k, check_scope(scope)])
 
 
-def k_sweep(db: Db, ks: Sequence[int] = (1, 2, 3, 4), scope: str = "auto") -> pl.DataFrame:
-    check_ks(db, ks)
-    frame = query(db, "SELECT * FROM decision_sweep(?, scope := ?)", [max(ks), check_scope(scope)])
+def k_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = "auto") -> pl.DataFrame:
+    check_scope(scope)
+    ks = stability_windows(db, ks)
+    frame = query(db, "SELECT * FROM decision_sweep(?, scope := ?)", [max(ks), scope])
     return frame.filter(pl.col("k").is_in(list(ks)))
 
 

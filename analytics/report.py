@@ -57,13 +57,13 @@ class _Figures:
                 f"<figcaption>{html.escape(caption)} ({path.name})</figcaption></figure>")
 
 
-def write_report(db: str | Path, out: str | Path, ks: Sequence[int] = (1, 2, 3, 4), scope: str = "auto") -> Path:
+def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = None, scope: str = "auto") -> Path:
     """Write `out/report.html` (and one PNG per figure) for every run in `db`."""
     out = Path(out)
     con = connect(db, read_only=True)
     try:
         q.check_scope(scope)
-        q.check_ks(con, ks)
+        ks = q.stability_windows(con, ks)
         out.mkdir(parents=True, exist_ok=True)
         runs = q.runs(con)
         circuit_runs = q.query(con, "SELECT * FROM circuit_runs ORDER BY run_id")

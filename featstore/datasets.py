@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
+import posixpath
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +87,9 @@ def _from_tree(root: Path) -> tuple[list[str], list[int], list[str]]:
     paths: list[str] = []
     ys: list[int] = []
     for index, name in enumerate(classes):
-        files = sorted(p for p in (root / name).rglob("*") if _is_image(p))
+        entries = sorted((root / name).rglob("*"))
+        _check_symlinks(entries)
+        files = [p for p in entries if _is_image(p)]
         if not files:
             raise FeatstoreError(f"class folder {root / name} has no images ({'/'.join(IMAGE_EXTENSIONS)}); "
                                  f"add images or remove the folder (class indices follow sorted folder order)")
@@ -93,39 +98,98 @@ def _from_tree(root: Path) -> tuple[list[str], list[int], list[str]]:
     return paths, ys, classes
 
 
+def _check_symlinks(entries: Sequence[Path]) -> None:
+    """A symlink that loops or points nowhere would silently drop images: name it instead."""
+    for p in entries:
+        if not p.is_symlink():
+            continue
+        try:
+            target = p.resolve(strict=True)
+        except (OSError, RuntimeError) as e:  # RuntimeError: a loop, before Python 3.13
+            if p.suffix.lower() in IMAGE_EXTENSIONS or "loop" in str(e).lower():
+                raise FeatstoreError(f"{p} is a symlink that loops or points nowhere; remove it or point it at "
+                                     f"an image") from e
+            continue
+        if target.is_dir() and (target == p.parent or target in p.parents):
+            raise FeatstoreError(f"{p} is a symlink loop (it points at {target}, a folder above it); remove it")
+
+
+_INDEX = re.compile(r"[+-]?[0-9]+", re.ASCII)
+MAX_CLASSES = 100_000  # above any image classifier's head (ImageNet-21k: 21,843): a typo, not a class
+
+
+def _read_labels_text(labels: Path) -> str:
+    """UTF-8, with or without the byte-order mark that Excel writes; any other encoding is refused."""
+    data = labels.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise FeatstoreError(f"labels file {labels} is not UTF-8 (byte 0x{data[e.start]:02x} on line {line}); "
+                             f"save it as UTF-8 (CSV UTF-8 in Excel)") from e
+
+
+def _normalised(labels: Path, line: int, name: str) -> str:
+    """'./a.png', 'sub//a.png' -> the same relative posix path as the tree walk gives; outside paths refused."""
+    norm = posixpath.normpath(name.replace("\\", "/"))
+    if norm.startswith("/") or norm == ".." or norm.startswith("../"):
+        raise FeatstoreError(f"labels file {labels} line {line}: {name!r} is outside the --data folder; give "
+                             f"paths relative to it")
+    return norm
+
+
+def _label_kind(labels: Path, body: list, raw: list[str]) -> bool:
+    """True when the label column holds class indices, False for class names; a mix is refused."""
+    is_index = [bool(_INDEX.fullmatch(v)) for v in raw]
+    for (line, row), label, index in zip(body, raw, is_index, strict=True):
+        if not label:
+            raise FeatstoreError(f"labels file {labels} line {line}: no label for {row[0].strip()!r}; "
+                                 f"write filename,label (an index or a class name such as a WNID)")
+        if index != is_index[0]:
+            first = body[0][0]
+            raise FeatstoreError(
+                f"labels file {labels} line {line} has label {label!r} but line {first} has {raw[0]!r}: the label "
+                f"column must be all class indices (0, 1, ...) or all class names, not a mix")
+    return is_index[0]
+
+
 def _from_csv(root: Path, labels: Path) -> tuple[list[str], list[int], list[str]]:
     if not labels.is_file():
         raise FeatstoreError(f"labels file {labels} does not exist; pass a CSV with header filename,label")
-    with labels.open(newline="") as f:
-        rows = list(csv.reader(f))
+    try:
+        rows = list(csv.reader(io.StringIO(_read_labels_text(labels), newline="")))
+    except csv.Error as e:
+        raise FeatstoreError(f"labels file {labels} is not a readable CSV ({e}); write lines filename,label") from e
     if not rows or [c.strip().lower() for c in rows[0][:2]] != ["filename", "label"]:
         raise FeatstoreError(f"labels file {labels} must start with the header line filename,label")
     body = [(n, r) for n, r in enumerate(rows[1:], start=2) if r]
     if not body:
         raise FeatstoreError(f"labels file {labels} lists no images; add lines filename,label")
     raw = [r[1].strip() if len(r) > 1 else "" for _, r in body]
-    as_index = all(v.isdigit() for v in raw)
-    classes = sorted(set(raw), key=int) if as_index else sorted(set(raw))
-    if as_index:
-        classes = [str(i) for i in range(int(classes[-1]) + 1)]
-    lookup = {name: i for i, name in enumerate(classes)}
+    if _label_kind(labels, body, raw):
+        values = [int(v) for v in raw]
+        for (line, _), value in zip(body, values, strict=True):
+            if not 0 <= value < MAX_CLASSES:
+                raise FeatstoreError(f"labels file {labels} line {line}: label {value} is not a class index "
+                                     f"(0 <= index < {MAX_CLASSES:,}); fix the line")
+        classes = [str(i) for i in range(max(values) + 1)]
+    else:
+        classes = sorted(set(raw))
+        lookup = {name: i for i, name in enumerate(classes)}
+        values = [lookup[v] for v in raw]
     paths: list[str] = []
-    ys: list[int] = []
-    seen: set[str] = set()
-    for (line, row), label in zip(body, raw, strict=True):
-        name = row[0].strip()
-        if not label:
-            raise FeatstoreError(f"labels file {labels} line {line}: no label for {name!r}; "
-                                 f"write filename,label (an index or a class name such as a WNID)")
+    seen: dict[str, int] = {}
+    for (line, row), _ in zip(body, raw, strict=True):
+        name = _normalised(labels, line, row[0].strip())
         if not (root / name).is_file():
-            raise FeatstoreError(f"labels file {labels} line {line} names {name!r}, which is not in {root}; "
-                                 f"fix the line or add the file")
+            raise FeatstoreError(f"labels file {labels} line {line} names {row[0].strip()!r}, which is not in "
+                                 f"{root}; fix the line or add the file")
         if name in seen:
-            raise FeatstoreError(f"labels file {labels} line {line} lists {name!r} a second time; keep one line")
-        seen.add(name)
-        paths.append(Path(name).as_posix())
-        ys.append(lookup[label])
-    return paths, ys, classes
+            raise FeatstoreError(f"labels file {labels} line {line} lists {name!r} a second time (first on line "
+                                 f"{seen[name]}); keep one line")
+        seen[name] = line
+        paths.append(name)
+    return paths, values, classes
 
 
 def check_labels(images: ImageSet, num_classes: int) -> None:
@@ -135,6 +199,24 @@ def check_labels(images: ImageSet, num_classes: int) -> None:
         raise FeatstoreError(
             f"{images.paths[bad]} has label {int(images.labels[bad])} but the model has {num_classes} classes "
             f"({images.source}); fix the labels or use a model with that many classes")
+
+
+def to_rgb(im: Image.Image) -> Image.Image:
+    """8-bit RGB from the image's real range: PIL's own convert("RGB") clips 16-bit values at 255 (a 16-bit
+    grey PNG turns white) and truncates floats in [0, 1] to 0 (black). Ranges that cannot be known are refused."""
+    if im.mode.startswith("I;16") or im.mode == "I":
+        pixels = np.asarray(im).astype(np.int64)
+        if pixels.size and (pixels.min() < 0 or pixels.max() > 65535):
+            raise ValueError(f"{im.mode} image with values {pixels.min()}..{pixels.max()} outside 16 bits; "
+                             f"convert it to 8- or 16-bit")
+        return Image.fromarray(np.round(pixels / 257.0).astype(np.uint8)).convert("RGB")
+    if im.mode == "F":
+        pixels = np.asarray(im, dtype=np.float64)
+        if pixels.size and not (np.isfinite(pixels).all() and pixels.min() >= 0 and pixels.max() <= 1):
+            raise ValueError(f"float image with values {np.nanmin(pixels):.4g}..{np.nanmax(pixels):.4g} outside "
+                             f"[0, 1]; its range is unknown: convert it to 8-bit")
+        return Image.fromarray(np.round(pixels * 255.0).astype(np.uint8)).convert("RGB")
+    return im.convert("RGB")
 
 
 class ViewDataset(torch.utils.data.Dataset):
@@ -150,7 +232,7 @@ class ViewDataset(torch.utils.data.Dataset):
         path = self.images.root / self.images.paths[row]
         try:
             with Image.open(path) as im:
-                cropped = self.prep.crop_uint8(im.convert("RGB"))
+                cropped = self.prep.crop_uint8(to_rgb(im))
         except Exception as e:  # PIL raises many types for bad files
             return row, None, f"{type(e).__name__}: {e}"
         image_id = int(self.images.image_ids[row])

@@ -42,6 +42,9 @@ class ProbeConfig:
     progress: bool = True
 
 
+WRITE_WAIT_S = 120.0  # how long the final writes wait for readers (`featstore sql`) to let go of the database
+
+
 def parse_bytes(text: str | int) -> int:
     """'4GB', '512MB', '0' -> bytes."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
@@ -67,7 +70,11 @@ def probe_name_for(label: str, train_view: str, cross_fit: int, seed: int) -> st
 
 
 def probe(cfg: ProbeConfig) -> list[str]:
-    """Train (once) and predict every requested view; returns the run ids written."""
+    """Train (once) and predict every requested view; returns the run ids written.
+
+    The database is opened twice: briefly before training (is it free, and of this image set?) and for the
+    writes at the end, so that `featstore sql` can read it while the probes train."""
+    FeatureStore(cfg.store)  # a missing store is an error, not a new empty one
     store = FeatureStore(cfg.store, mode="a")
     key = model_key(cfg.model)
     attrs = store.model_attrs(key)
@@ -81,6 +88,7 @@ def probe(cfg: ProbeConfig) -> list[str]:
     variant = get_variant(cfg.variant)
     device = resolve_device(cfg.device)
     budget = parse_bytes(cfg.memory_budget)
+    store.check_writable(key)
 
     table = store.image_table()
     image_attrs = store.image_attrs()
@@ -90,55 +98,67 @@ def probe(cfg: ProbeConfig) -> list[str]:
     for v in dict.fromkeys([train_view, *views]):
         skipped |= store.read_skipped(key, v)
     valid = np.flatnonzero(~skipped)
+    if cfg.cross_fit > len(valid) // 2:
+        raise FeatstoreError(f"--cross-fit {cfg.cross_fit}: the store has {len(valid)} usable images, so at most "
+                             f"{len(valid) // 2} folds (each fold must hold out at least 2 images)")
     split = make_split(table["image_id"], cfg.seed, val_frac=cfg.val_frac)
     info = fsdb.DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store), cfg.seed,
                             cfg.val_frac)
     con = fsdb.connect(cfg.db)
     try:
-        has_images = fsdb.check_dataset(con, cfg.db, info)
-        sources: dict[str, FeatureSource] = {}
+        fsdb.check_dataset(con, cfg.db, info)
+    finally:
+        con.close()
+    sources: dict[str, FeatureSource] = {}
 
-        def source_for(view: str) -> FeatureSource:
-            """One read of a view's valid rows, shared by training and prediction."""
-            if view not in sources:
-                sources[view] = FeatureSource(store, key, view, anchors, valid, device, budget)
-            return sources[view]
+    def source_for(view: str) -> FeatureSource:
+        """One read of a view's valid rows, shared by training and prediction."""
+        if view not in sources:
+            sources[view] = FeatureSource(store, key, view, anchors, valid, device, budget)
+        return sources[view]
 
-        fits = _fit(cfg, store, key, anchors, train_view, variant, device, budget, split, valid, labels,
-                    num_classes, source_for)
-        probe_name = probe_name_for(variant.label, train_view, cfg.cross_fit, cfg.seed)
-        _save_probes(store, key, probe_name, anchors, fits, variant, cfg)
-        if not has_images:
+    fits = _fit(cfg, store, key, anchors, train_view, variant, device, budget, split, valid, labels, num_classes,
+                source_for)
+    probe_name = probe_name_for(variant.label, train_view, cfg.cross_fit, cfg.seed)
+    outputs = []
+    for view in views:
+        source = source_for(view)
+        pred = np.empty((len(valid), len(anchors)), dtype=np.int32)
+        conf = np.empty((len(valid), len(anchors)), dtype=np.float32)
+        for predicted, fitted in fits:
+            where = np.searchsorted(valid, predicted)
+            pred[where], conf[where] = predict(source, fitted, predicted)
+        if not np.isfinite(conf).all():  # the stored features were checked; this guards the arithmetic
+            raise FeatstoreError(f"probes of {key!r} predict NaN on view {view!r}; nothing was written (check the "
+                                 f"store with `featstore verify {cfg.store}`)")
+        fold = None
+        if cfg.cross_fit:
+            fold = np.empty(len(valid), dtype=np.int16)
+            for k, (predicted, _) in enumerate(fits):
+                fold[np.searchsorted(valid, predicted)] = k
+        run_id = run_id_for(key, view, variant.label, train_view, cfg.cross_fit, cfg.seed)
+        run = {"run_id": run_id, "model": key, "view": view, "train_view": train_view, "probe": variant.name,
+               "params": {**variant.params, "probe_name": probe_name, "val_frac": cfg.val_frac,
+                          "featstore": __version__, "weights_id": attrs["config"]["weights_id"]},
+               "cross_fit": cfg.cross_fit, "seed": cfg.seed, "store": str(cfg.store)}
+        fit_rows = [(k, a, f.info.get("val_accuracy", float("nan")), f.info)
+                    for k, (_, fitted) in enumerate(fits) for a, f in enumerate(fitted)]
+        outputs.append((fsdb.RunRows(run, table["image_id"][valid], pred, conf, fold, fit_rows),
+                        _model_outputs(store, key, view, valid)))
+        sources.pop(view, None)  # one view's features in memory at a time
+    _save_probes(store, key, probe_name, anchors, fits, variant, cfg)
+    con = fsdb.connect(cfg.db, wait_s=WRITE_WAIT_S)
+    try:
+        if not fsdb.check_dataset(con, cfg.db, info):
             fsdb.register_images(con, info, table["image_id"], table["path"], labels,
                                  np.where(skipped, "skipped", split))
         fsdb.register_anchors(con, key, anchors)
-        run_ids = []
-        for view in views:
-            source = source_for(view)
-            pred = np.empty((len(valid), len(anchors)), dtype=np.int32)
-            conf = np.empty((len(valid), len(anchors)), dtype=np.float32)
-            for predicted, fitted in fits:
-                where = np.searchsorted(valid, predicted)
-                pred[where], conf[where] = predict(source, fitted, predicted)
-            fold = None
-            if cfg.cross_fit:
-                fold = np.empty(len(valid), dtype=np.int16)
-                for k, (predicted, _) in enumerate(fits):
-                    fold[np.searchsorted(valid, predicted)] = k
-            run_id = run_id_for(key, view, variant.label, train_view, cfg.cross_fit, cfg.seed)
-            run = {"run_id": run_id, "model": key, "view": view, "train_view": train_view, "probe": variant.name,
-                   "params": {**variant.params, "probe_name": probe_name, "val_frac": cfg.val_frac,
-                              "featstore": __version__, "weights_id": attrs["config"]["weights_id"]},
-                   "cross_fit": cfg.cross_fit, "seed": cfg.seed, "store": str(cfg.store)}
-            fit_rows = [(k, a, f.info.get("val_accuracy", float("nan")), f.info)
-                        for k, (_, fitted) in enumerate(fits) for a, f in enumerate(fitted)]
-            fsdb.write_run(con, fsdb.RunRows(run, table["image_id"][valid], pred, conf, fold, fit_rows))
-            _model_outputs(con, store, key, view, table["image_id"], valid)
-            run_ids.append(run_id)
-            sources.pop(view, None)  # one view's features in memory at a time
-        return run_ids
+        for rows, (pred, conf) in outputs:
+            fsdb.write_run(con, rows)
+            fsdb.replace_model_outputs(con, key, rows.run["view"], table["image_id"][valid], pred, conf)
     finally:
         con.close()
+    return [rows.run["run_id"] for rows, _ in outputs]
 
 
 def _fit(cfg, store, key, anchors, train_view, variant, device, budget, split, valid, labels, num_classes,
@@ -191,16 +211,24 @@ def _save_probes(store, key, name, anchors, fits, variant, cfg) -> None:
                            "cross_fit": cfg.cross_fit, "folds": [f[a].info for _, f in fits]})
 
 
-def _model_outputs(con, store, key, view, image_id, valid) -> None:
+def _model_outputs(store, key, view, valid) -> tuple[np.ndarray, np.ndarray]:
+    """The model's own head on the valid rows: argmax and max softmax of the stored logits."""
     logits = torch.from_numpy(store.read_logits(key, view)[valid].astype(np.float32))
     conf, pred = torch.softmax(logits, dim=-1).max(dim=-1)
-    fsdb.replace_model_outputs(con, key, view, image_id[valid], pred.numpy(), conf.numpy())
+    return pred.numpy(), conf.numpy()
 
 
 def _check_complete(store: FeatureStore, key: str, view: str, cfg: ProbeConfig) -> None:
+    """Every chunk done and intact (files present, decodable, no NaN outside skipped rows), before training."""
     done = store.done(key, view)
     if not done.all():
         missing = np.flatnonzero(~done)
         raise FeatstoreError(
             f"store {cfg.store}: view {view!r} of {key!r} is incomplete ({int(done.sum())}/{done.size} chunks, "
             f"first missing chunk {int(missing[0])}); resume it by rerunning the same `featstore build` command")
+    problems = store.check_view(key, view)
+    if problems:
+        raise FeatstoreError(
+            f"store {cfg.store} is damaged: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1
+                                                              else "")
+            + "; rerun the same `featstore build` to re-do those chunks (`featstore verify` lists them)")

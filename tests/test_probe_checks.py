@@ -1,0 +1,123 @@
+"""Every probe check runs before training (and creates nothing); the database is free while probes train;
+the analyses refuse k and scope values that would silently select nothing."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import duckdb
+import numpy as np
+import pytest
+
+from featstore.analytics import db as fsdb
+from featstore.synthetic import class_clusters, write_feature_store
+
+from conftest import fails, run_cli
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """60 images, 3 anchors, 3 classes; and a database holding one run over them (written directly)."""
+    feats, labels = class_clusters(60, 3, [4, 8, 8], seed=1)
+    root = tmp_path_factory.mktemp("checks")
+    store = write_feature_store(root / "s.zarr", feats, labels, 3, chunk_rows=16)
+    db = root / "f.duckdb"
+    con = fsdb.connect(db)
+    info = fsdb.DatasetInfo("x", "synthetic", str(store), 0)
+    ids = np.arange(60)
+    fsdb.register_images(con, info, ids, np.array([f"{i}.png" for i in ids]), labels, np.array(["test"] * 60))
+    run = {"run_id": "r", "model": "synthetic", "view": "clean", "train_view": "clean", "probe": "linear",
+           "params": {}, "cross_fit": 0, "seed": 0, "store": str(store)}
+    pred = np.stack([np.roll(labels, 1), labels, labels], axis=1)
+    fsdb.write_run(con, fsdb.RunRows(run, ids, pred, np.full(pred.shape, 0.5), None, []))
+    con.close()
+    return store, db
+
+
+def test_missing_store_is_not_created(tmp_path):
+    line = fails("probe", "--store", tmp_path / "nope.zarr", "--model", "synthetic", "--db", tmp_path / "f.duckdb")
+    assert "no featstore store" in line
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_cross_fit_with_more_folds_than_images(small, tmp_path):
+    store, _ = small
+    line = fails("probe", "--store", store, "--model", "synthetic", "--db", tmp_path / "f.duckdb", "--cross-fit", "61")
+    assert "--cross-fit 61" in line and "60 usable images" in line
+    assert not (tmp_path / "f.duckdb").exists()
+
+
+def test_a_read_only_store_fails_before_training(small, tmp_path):
+    store = shutil.copytree(small[0], tmp_path / "ro.zarr")
+    model = store / "synthetic"
+    locked = subprocess.run(["chattr", "+i", str(model)], capture_output=True).returncode == 0
+    if not locked:  # not root, or no chattr: plain permissions then bind
+        model.chmod(0o555)
+    try:
+        line = fails("probe", "--store", store, "--model", "synthetic", "--db", tmp_path / "f.duckdb")
+        assert "is read-only here" in line and str(model) in line
+        assert not (tmp_path / "f.duckdb").exists()
+    finally:
+        if locked:
+            subprocess.run(["chattr", "-i", str(model)], check=True)
+        model.chmod(0o755)
+
+
+def test_nan_features_of_rows_not_skipped(small, tmp_path):
+    import zarr
+
+    store = shutil.copytree(small[0], tmp_path / "nan.zarr")
+    zarr.open_group(str(store), mode="a")["synthetic"]["clean"]["anchors"]["anchor01"][20] = np.nan
+    line = fails("probe", "--store", store, "--model", "synthetic", "--db", tmp_path / "f.duckdb")
+    assert "synthetic/clean/anchors/anchor01 chunk 1: NaN in 1 row(s) not marked skipped (first: row 20)" in line
+    assert not (tmp_path / "f.duckdb").exists()
+
+
+@pytest.mark.parametrize("args, message", [(["--k", "3"], "at most 3 anchors"), (["--k", "12"], "below 3"),
+                                           (["--scope", "bogus"], "--scope 'bogus': use one of auto")])
+def test_timeline_and_report_refuse_what_selects_nothing(small, tmp_path, args, message):
+    _, db = small
+    assert message in fails("timeline", "--db", db, *args)
+    assert message in fails("report", "--db", db, "--out", tmp_path / "rep", *args)
+    assert not (tmp_path / "rep").exists()
+    out = run_cli("timeline", "--db", db, "--k", "2", "--scope", "all", "--format", "csv").output.splitlines()
+    with duckdb.connect(str(db), read_only=True) as con:
+        labels = con.execute("SELECT label FROM images ORDER BY image_id").fetchnumpy()["label"]
+    agree = float(np.mean(np.roll(labels, 1) == labels))  # stable from anchor 0, else never
+    row = dict(zip(out[0].split(","), out[1].split(","), strict=True))
+    assert len(out) == 2 and (row["k"], row["n"]) == ("2", "60")
+    assert np.isclose(float(row["mean"]), 2 * (1 - agree)) and np.isclose(float(row["never_stable"]), 1 - agree)
+    out = run_cli("timeline", "--db", db, "--format", "csv").output.splitlines()  # default k: 1,2 of 1..4
+    assert [row.split(",")[:3] for row in out[1:]] == [["r", "1", "60"], ["r", "2", "60"]]
+
+
+def test_sql_reads_while_a_probe_trains(tmp_path):
+    feats, labels = class_clusters(800, 10, [32, 32], seed=2)
+    store = write_feature_store(tmp_path / "s.zarr", feats, labels, 10, chunk_rows=200)
+    db = tmp_path / "f.duckdb"
+    probe = subprocess.Popen([sys.executable, "-m", "featstore.cli.main", "probe", "--store", str(store), "--model",
+                              "synthetic", "--db", str(db), "--no-progress"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reads_while_training, failures = 0, []
+    try:
+        while probe.poll() is None:
+            if db.exists():
+                out = run_cli("sql", "--db", db, "SELECT count(*) AS n FROM runs", "--format", "csv", ok=False)
+                if probe.poll() is None:
+                    if out.exit_code == 0 and out.output.splitlines() == ["n", "0"]:
+                        reads_while_training += 1
+                    elif out.exit_code != 0:
+                        failures.append(out.output)
+            time.sleep(0.2)
+        _, err = probe.communicate()
+    finally:
+        probe.kill()
+    assert probe.returncode == 0, err
+    assert not [f for f in failures if "in use" in f], failures
+    assert reads_while_training >= 1
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM predictions").fetchall() == [(800 * 2,)]
+    con.close()
