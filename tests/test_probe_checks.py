@@ -77,7 +77,7 @@ def test_nan_features_of_rows_not_skipped(small, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [(["--k", "3"], "at most 3 anchors"), (["--k", "12"], "below 3"),
-                                           (["--scope", "bogus"], "--scope 'bogus': use one of auto")])
+                                           (["--scope", "bogus"], "'bogus' is not one of 'auto'")])
 def test_timeline_and_report_refuse_what_selects_nothing(small, tmp_path, args, message):
     _, db = small
     assert message in fails("timeline", "--db", db, *args)
