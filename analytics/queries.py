@@ -80,11 +80,8 @@ def runs(db: Db) -> pl.DataFrame:
 
 
 def unconverged_probes(db: Db) -> pl.DataFrame:
-    """Probes stopped by their epoch cap before converging (empty for databases written before it was recorded)."""
-    try:
-        return query(db, "SELECT * FROM unconverged_probes")
-    except FeatstoreError:
-        return pl.DataFrame()
+    """Probes stopped by their epoch cap before converging (none for databases written before this was recorded)."""
+    return query(db, "SELECT * FROM unconverged_probes")
 
 
 def cost_devices(db: Db, model: str, batch_size: int) -> list[str]:
