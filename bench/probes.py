@@ -11,7 +11,7 @@ user runs; the target) and LogisticRegression on the raw features (which stops a
 `--contention` adds featstore runs with a competing 2-thread process, at the thread policy's choice, at every
 core and at one thread, next to the same runs on the machine as it is.
 
-    python bench/probes.py [--imagenet] [--skip-raw] [--contention] [--variant linear:tol=0.001]
+    python bench/probes.py [--imagenet] [--dims 64,512,512] [--skip-raw] [--contention] [--variant linear:tol=0.001]
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ def main() -> None:
     parser.add_argument("--imagenet", action="store_true", help="1,000 classes x 36 rows, resnet18 widths")
     parser.add_argument("--n", type=int, default=10_000, help="rows of the 100-class set")
     parser.add_argument("--classes", type=int, default=100, help="classes of the default set")
+    parser.add_argument("--dims", help="comma list of anchor widths instead of the preset's (a shorter run)")
     parser.add_argument("--variant", default="linear")
     parser.add_argument("--skip-raw", action="store_true", help="skip the slow raw-feature scikit-learn fits")
     parser.add_argument("--contention", action="store_true", help="also time featstore with a competing process")
@@ -104,11 +105,13 @@ def main() -> None:
     tune_allocator()
     tmp = Path(tempfile.mkdtemp())
     if args.imagenet:
-        dims, name = RESNET18_DIMS, "resnet18 widths, ImageNet-shaped (1,000 classes x 36 rows)"
+        dims = [int(d) for d in args.dims.split(",")] if args.dims else RESNET18_DIMS
+        name = f"widths {','.join(map(str, dims))}, ImageNet-shaped (1,000 classes x 36 rows)"
         feats, labels = pooled_activations(1000, 36, dims)
         n_classes = 1000
     else:
-        dims, name = RESNET50_DIMS, f"resnet50 widths, {args.classes} classes"
+        dims = [int(d) for d in args.dims.split(",")] if args.dims else RESNET50_DIMS
+        name = f"widths {','.join(map(str, dims))}, {args.classes} classes"
         feats, labels = class_clusters(args.n, args.classes, dims)
         n_classes = args.classes
     write_feature_store(tmp / "bench.zarr", feats, labels, n_classes)
