@@ -227,7 +227,7 @@ class RunRows:
     pred: np.ndarray  # [n, A] int
     conf: np.ndarray  # [n, A] float
     fold: np.ndarray | None  # [n] for cross-fit runs
-    fits: list[tuple[int, int, float, dict]]  # (fold, anchor, val_accuracy, info)
+    fits: list[tuple[int, int, dict]]  # (fold, anchor, fit record: epochs, converged, losses, ... as JSON)
 
 
 def write_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
@@ -256,8 +256,10 @@ def write_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
                                             "fold": rows.fold.astype(np.int16)}))
         con.execute(sql_text("derive_decisions"), {"run_id": run_id})
         if rows.fits:
-            con.executemany("INSERT INTO probe_fits VALUES (?, ?, ?, ?, ?)",
-                            [(run_id, f, anchor, acc, json.dumps(info)) for f, anchor, acc, info in rows.fits])
+            con.executemany("INSERT INTO probe_fits (run_id, fold, anchor, val_accuracy, epochs, converged, "
+                            "train_loss, val_loss, info) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            [(run_id, f, anchor, r.get("val_accuracy"), r.get("epochs"), r.get("converged"),
+                              r.get("train_loss"), r.get("val_loss"), json.dumps(r)) for f, anchor, r in rows.fits])
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

@@ -113,6 +113,11 @@ def runs(db: Db) -> pl.DataFrame:
     return query(db, "SELECT * FROM runs ORDER BY run_id")
 
 
+def unconverged_probes(db: Db) -> pl.DataFrame:
+    """Probes stopped by their epoch cap before converging (none for databases written before this was recorded)."""
+    return query(db, "SELECT * FROM unconverged_probes")
+
+
 def cost_devices(db: Db, model: str, batch_size: int) -> list[str]:
     frame = query(db, "SELECT DISTINCT device FROM anchor_costs WHERE model = ? AND batch_size = ? ORDER BY 1",
                   [model, batch_size])

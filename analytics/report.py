@@ -79,7 +79,7 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
         sweep = q.k_sweep(con, ks, scope)
         accuracy = q.probe_accuracy(con, scope)
         k_mid = 2 if 2 in ks else ks[0]
-        sections = [
+        sections = _unconverged(q.unconverged_probes(con)) + [
             "<h2>k-sweep (decision-layer statistics per run)</h2>",
             _table(sweep.drop("model", "probe")),
             f"<h2>Cross-model table (k = {k_mid}, shaped like the paper's Table 1)</h2>",
@@ -110,6 +110,16 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
     path = out / "report.html"
     path.write_text(page)
     return path
+
+
+def _unconverged(fits: pl.DataFrame) -> list[str]:
+    """A warning first thing on the page when some probe stopped at its epoch cap unconverged."""
+    if fits.is_empty():
+        return []
+    return ["<h2>Warning: unconverged probes</h2>",
+            f"<p class='warn'>{len(fits)} probe(s) hit their epoch cap before their stopping criterion was met; "
+            "every statistic computed from their predictions may be off. Rerun with a higher cap, e.g. "
+            "<code>--variant linear:max_epochs=300</code>.</p>", _table(fits)]
 
 
 def _histograms(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str) -> str:

@@ -63,6 +63,26 @@ def class_clusters(n: int, n_classes: int, dims: list[int], seed: int = 0,
     return feats, labels
 
 
+def pooled_activations(n_classes: int, per_class: int, dims: list[int], seed: int = 0, dominant: int = 4,
+                       separation: tuple[float, float] = (0.6, 3.0)) -> tuple[list[np.ndarray], np.ndarray]:
+    """ImageNet-shaped anchor features: `per_class` rows of every class (balanced, shuffled), class clusters as
+    in `class_clusters`, plus `dominant` shared directions of large variance before the ReLU, so that the
+    covariance spectrum has a few eigenvalues far above the bulk (as globally pooled activations have)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.repeat(np.arange(n_classes), per_class))
+    n, last = len(labels), max(1, len(dims) - 1)
+    feats = []
+    for a, d in enumerate(dims):
+        sep = (separation[0] + (separation[1] - separation[0]) * a / last) * 2.5 / np.sqrt(d)
+        means = rng.normal(0, 1, (n_classes, d)).astype(np.float32) * sep
+        shared = rng.normal(0, 1, (n, dominant)).astype(np.float32) @ rng.normal(0, 1, (dominant, d)).astype(
+            np.float32)
+        x = means[labels] + rng.normal(0, 1, (n, d)).astype(np.float32) + shared + 1.0
+        scale = np.exp(rng.normal(0, 1, d)).astype(np.float32)
+        feats.append((np.maximum(x, 0) * scale).astype(np.float16))
+    return feats, labels
+
+
 def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np.ndarray, n_classes: int,
                         model: str = "synthetic", views: dict[str, list[np.ndarray]] | None = None,
                         chunk_rows: int = 1024) -> Path:

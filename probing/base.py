@@ -10,12 +10,15 @@ To add a variant, write one file in `probing/` with a subclass of `ProbeVariant`
 
 Its `AnchorProbe` sees raw float32 features (standardise them yourself from `ctx.stats` if you want to),
 learns from mini-batches, and finally returns weights in the raw feature space, so that a prediction is
-always argmax(W x + b) on the stored features and every variant lands in the same tables.
+always argmax(W x + b) on the stored features and every variant lands in the same tables. A variant whose
+probes can share kernels overrides `make_group` instead (see `linear`): it then gets all anchors of one width
+at once, as stacked features [G, n, D]. Probes stop by their own criterion; the plan only caps the epochs.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -49,39 +52,99 @@ class AnchorContext:
 
 @dataclass
 class Plan:
-    """The trainer's schedule: epochs over the training rows and the mini-batch size."""
+    """The trainer's schedule: at most `max_epochs` epochs over the training rows, in mini-batches. Probes stop
+    earlier by their own criterion (`ProbeGroup.end_epoch`)."""
 
-    epochs: int
+    max_epochs: int
     batch_size: int
     train_on_val: bool = False  # True: batches also carry val rows, flagged, for heads refit on train+val
-    eval_every_epoch: bool = False  # True: `end_epoch` receives the val rows each epoch
 
 
 @dataclass
 class FittedProbe:
-    """A trained probe in the raw feature space: logits = x @ weight.T + bias."""
+    """A trained probe in the raw feature space: logits = x @ weight.T + bias, and how its training ended."""
 
     weight: torch.Tensor  # [C, D]
     bias: torch.Tensor  # [C]
-    info: dict = field(default_factory=dict)  # chosen hyper-parameters, val accuracy, history
+    info: dict = field(default_factory=dict)  # chosen hyper-parameters, history
+    epochs: int = 0  # epochs this probe trained
+    converged: bool = True  # False: it hit the epoch cap before its stopping criterion was met
+    train_loss: float = float("nan")  # final objective on the rows it learnt from (NaN: not tracked)
+    val_loss: float = float("nan")  # cross-entropy on the val rows
+    val_accuracy: float = float("nan")
+
+    def record(self) -> dict:
+        """What the store and the `probe_fits` table keep about this fit (JSON-ready)."""
+        ended = {"epochs": self.epochs, "converged": self.converged, "train_loss": self.train_loss,
+                 "val_loss": self.val_loss, "val_accuracy": self.val_accuracy}
+        return {**self.info, **{k: None if v != v else v for k, v in ended.items()}}  # NaN -> null
+
+
+class UnconvergedProbe(UserWarning):
+    """Some probe hit its epoch cap before its stopping criterion was met: its predictions may be off-optimum."""
 
 
 class AnchorProbe(ABC):
     """The probe of one anchor while it trains."""
 
     @abstractmethod
-    def step(self, x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, progress: float,
+    def step(self, x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor,
              report: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """One update on a mini-batch (raw features); `progress` runs from 0 to 1 over the plan. With `report`,
-        return the batch's mean training loss and accuracy as 0-d tensors (for the progress bar)."""
+        """One update on a mini-batch (raw features). With `report`, return the batch's mean training loss and
+        accuracy as 0-d tensors (for the progress bar)."""
 
-    def end_epoch(self, epoch: int, val_x: torch.Tensor | None, val_y: torch.Tensor | None) -> bool:
+    def end_epoch(self, epoch: int, val_x: torch.Tensor, val_y: torch.Tensor) -> bool:
         """Called after each epoch; return True when this probe needs no more epochs."""
         return False
 
     @abstractmethod
     def fitted(self, val_x: torch.Tensor, val_y: torch.Tensor) -> FittedProbe:
         """The final probe, in the raw feature space (val rows given for model selection)."""
+
+
+class ProbeGroup(ABC):
+    """The probes of several anchors of equal width, trained together on stacked features [G, n, D] so that one
+    batched matmul serves them all. `anchors` lists the anchors still training, in the order of the stack."""
+
+    anchors: list[int]
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """Stacked raw features [G, n, D] -> what `step` learns from (e.g. standardised). The trainer may prepare
+        all training rows once and keep them, so this must not depend on the training state."""
+        return x
+
+    @abstractmethod
+    def step(self, x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor,
+             report: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """One update of every anchor in `anchors` on its slice x[i] (prepared) of the same mini-batch."""
+
+    @abstractmethod
+    def end_epoch(self, epoch: int, val_x: Sequence[torch.Tensor], val_y: torch.Tensor) -> None:
+        """After each epoch (`val_x[a]`: val features of anchor a): drop anchors that need no more epochs."""
+
+    @abstractmethod
+    def fitted(self, val_x: Sequence[torch.Tensor], val_y: torch.Tensor) -> dict[int, FittedProbe]:
+        """Every anchor's final probe, in the raw feature space."""
+
+
+class EachAnchor(ProbeGroup):
+    """A group of independent `AnchorProbe`s (variants that do not batch their anchors)."""
+
+    def __init__(self, probes: dict[int, AnchorProbe]):
+        self.probes = probes
+        self.anchors = list(probes)
+
+    def step(self, x, y, is_val, report=False):
+        shown = None
+        for i, a in enumerate(self.anchors):
+            shown = self.probes[a].step(x[i], y, is_val, report=report and i == len(self.anchors) - 1) or shown
+        return shown
+
+    def end_epoch(self, epoch, val_x, val_y) -> None:
+        self.anchors = [a for a in self.anchors if not self.probes[a].end_epoch(epoch, val_x[a], val_y)]
+
+    def fitted(self, val_x, val_y) -> dict[int, FittedProbe]:
+        return {a: p.fitted(val_x[a], val_y) for a, p in self.probes.items()}
 
 
 class ProbeVariant(ABC):
@@ -99,8 +162,16 @@ class ProbeVariant(ABC):
     @abstractmethod
     def plan(self, n_fit: int) -> Plan: ...
 
-    @abstractmethod
-    def make(self, ctx: AnchorContext) -> AnchorProbe: ...
+    def make(self, ctx: AnchorContext) -> AnchorProbe:
+        raise NotImplementedError(f"{type(self).__name__} implements make() or make_group()")
+
+    def make_group(self, ctxs: Sequence[AnchorContext]) -> ProbeGroup:
+        """The probes of anchors of equal width (default: one `make` per anchor, trained one by one)."""
+        return EachAnchor({ctx.anchor: self.make(ctx) for ctx in ctxs})
+
+    def batches_anchors(self) -> bool:
+        """True: `make_group` gets every anchor of a width at once; False: one anchor per group."""
+        return False
 
     def projection(self, dim: int, anchor: int, seed: int) -> torch.Tensor | None:
         """A fixed [D, D'] matrix applied to the features before anything else (capacity control), or None."""

@@ -1,28 +1,33 @@
 """`linear` (default): a converged, well-regularised multinomial logistic regression per anchor.
 
-Streaming SGD with momentum and a cosine schedule on standardised features. Step sizes are set per anchor
-from the top eigenvalue of the standardised train covariance (power iteration on a sample), so one small
-grid of dimensionless learning rates fits every anchor width. Pooled activations are often strongly
-correlated (top eigenvalue tens of times the mean): SGD then crawls along every other direction (measured:
-85% vs scikit-learn's 96% on digits at a ResNet stem). Such anchors are preconditioned by shrinking the top
-of the spectrum towards the bulk, z = x P with P = (C/mean + I)^(-1/2) from the sample covariance C; anchors
-with a flat spectrum are left alone, where an estimated P would only add sampling noise.
+The objective is scikit-learn's LogisticRegression(C=1) on standardised features, fitted on the train + val
+rows: mean cross-entropy plus 1/(2N) |w|^2 (bias not penalised); on preconditioned anchors (below) the
+penalty applies to the weights of the preconditioned features, which regularises the dominant directions more.
+It is minimised by mini-batch SGD with momentum, all anchors of one width at once (weights stacked as
+[G, D, C], one batched matmul per step serves all of them).
 
-Weight decay is 1/N, the per-sample strength of scikit-learn's default C=1. Several heads train in the same
-pass (DINOv2-style): "main" heads on the train rows pick the learning rate on the val rows, and each has a
-"twin" with the same settings that also learns from the val rows; the chosen main head's twin is the probe,
-so no training row is lost to selection (measured: selecting first and adding the val rows only later cost
-up to 3 pp on 7k rows). The step budget has a floor (`min_steps`) so that small sets still converge.
+- Step sizes: dimensionless learning rates divided by the top eigenvalue of the standardised train covariance
+  (power iteration on a sample), so one grid fits every anchor width. Pooled activations are often strongly
+  correlated (top eigenvalue tens of times the mean) and SGD then crawls along every other direction, so such
+  anchors are preconditioned: SGD runs on z = x P with P = (C/mean + I)^(-1/2) from the sample covariance C
+  (the top of the spectrum shrunk towards the bulk); anchors with a flat spectrum are left alone.
+- Learning-rate selection in the first epoch only: one head per candidate rate learns from the train rows, the
+  val loss picks one, and only that head trains on, from then on from the val rows too. The objective is
+  convex, so the rows it did not see in epoch one change where it starts, not where it converges.
+- Convergence by criterion: after each epoch the objective (mean loss over the epoch's batches plus the
+  penalty) is compared with the previous epoch's. A relative decrease below `tol` is a plateau and a rise
+  means the step is too large: either divides the step size by `decay`. A plateau after `decays` such cuts
+  means converged, and the anchor leaves the batch. `max_epochs` is the cap; a probe stopped by it is
+  reported unconverged.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from featstore.probing.base import AnchorContext, AnchorProbe, FittedProbe, Plan, ProbeVariant, register
+from featstore.probing.base import AnchorContext, FittedProbe, Plan, ProbeGroup, ProbeVariant, register
 
 PRECONDITION_ABOVE = 8.0  # top eigenvalue / mean eigenvalue beyond which an anchor is preconditioned
+MIN_STEPS = 24  # mini-batches per epoch at least (smaller batches on small sets)
 
 
 def spectrum_preconditioner(xs: torch.Tensor) -> torch.Tensor:
@@ -45,89 +50,185 @@ def top_eigenvalue(x: torch.Tensor, iterations: int = 20, seed: int = 0) -> floa
     return max(float((x @ v).pow(2).mean()), 1e-6)
 
 
+def candidate_rates(low: float, high: float, ratio: float = 4.0) -> tuple[float, ...]:
+    """Dimensionless learning rates low, low*ratio, ... up to high (inclusive)."""
+    rates = [low]
+    while rates[-1] * ratio <= high * (1 + 1e-9):
+        rates.append(rates[-1] * ratio)
+    return tuple(rates)
+
+
 @register
 class Linear(ProbeVariant):
     name = "linear"
 
-    def __init__(self, epochs: int = 8, batch_size: int = 256, min_steps: int = 250, lr_low: float = 0.15,
-                 lr_high: float = 0.5, momentum: float = 0.9):
-        super().__init__(epochs=epochs, batch_size=batch_size, min_steps=min_steps, lr_low=lr_low,
-                         lr_high=lr_high, momentum=momentum)
-        self.lrs = (lr_low, lr_high)
+    def __init__(self, max_epochs: int = 200, batch_size: int = 1024, lr_low: float = 0.5, lr_high: float = 32.0,
+                 momentum: float = 0.9, tol: float = 0.002, decay: float = 4.0, decays: int = 3):
+        super().__init__(max_epochs=max_epochs, batch_size=batch_size, lr_low=lr_low, lr_high=lr_high,
+                         momentum=momentum, tol=tol, decay=decay, decays=decays)
 
     def plan(self, n_fit: int) -> Plan:
-        b = self.params["batch_size"]
-        steps_per_epoch = max(1, math.ceil(n_fit / b))
-        epochs = max(self.params["epochs"], math.ceil(self.params["min_steps"] / steps_per_epoch))
-        return Plan(epochs=epochs, batch_size=b, train_on_val=True)
+        """Batches small enough for `MIN_STEPS` steps per epoch: small sets still get many updates between the
+        convergence checks."""
+        batch = min(self.params["batch_size"], max(16, -(-n_fit // MIN_STEPS)))
+        return Plan(max_epochs=self.params["max_epochs"], batch_size=batch, train_on_val=True)
 
-    def make(self, ctx: AnchorContext) -> AnchorProbe:
-        return MultiHeadProbe(ctx, self.lrs, self.params["momentum"])
+    def batches_anchors(self) -> bool:
+        return True
+
+    def make_group(self, ctxs) -> ProbeGroup:
+        p = self.params
+        return LinearGroup(ctxs, candidate_rates(p["lr_low"], p["lr_high"]), p["momentum"], p["tol"], p["decay"],
+                           p["decays"])
 
 
-class MultiHeadProbe(AnchorProbe):
-    """2H heads as one [D, 2H*C] matrix: columns [0, H*C) learn from train rows only, [H*C, 2H*C) are their
-    twins, which also learn from the val rows."""
+class LinearGroup(ProbeGroup):
+    """G anchors of width D, each with K heads of C classes, as [G, D, K*C] weights. In the first epoch there is a
+    head per candidate learning rate, learning from the train rows only; from the second, K = 1: the chosen head,
+    which then learns from the val rows too."""
 
-    def __init__(self, ctx: AnchorContext, lrs: tuple[float, ...], momentum: float):
-        self.ctx, self.momentum, self.h = ctx, momentum, len(lrs)
-        dev, c = ctx.device, ctx.num_classes
-        self.mean, self.std = ctx.stats.mean.to(dev), ctx.stats.std.to(dev)
-        self.inv_std = 1.0 / self.std
-        self.shift = -self.mean * self.inv_std
-        sample = (ctx.stats.sample.to(dev) - self.mean) / self.std
-        lam = top_eigenvalue(sample, seed=ctx.seed)
-        self.precondition: torch.Tensor | None = None
-        if lam > PRECONDITION_ABOVE and len(sample) > 1:
-            self.precondition = spectrum_preconditioner(sample)
-            lam = top_eigenvalue(sample @ self.precondition, seed=ctx.seed)
-        self.lrs = lrs
-        self.lr = torch.tensor([r / lam for r in lrs] * 2, device=dev).repeat_interleave(c)
-        wd = torch.tensor([1.0 / ctx.n_train] * self.h + [1.0 / ctx.n_fit] * self.h, device=dev)
-        self.wd = wd.repeat_interleave(c)
-        self.w = torch.zeros(ctx.dim, 2 * self.h * c, device=dev)
-        self.b = torch.zeros(2 * self.h * c, device=dev)
+    def __init__(self, ctxs, lrs: tuple[float, ...], momentum: float, tol: float, decay: float, decays: int):
+        ctx0: AnchorContext = ctxs[0]
+        self.c, dev = ctx0.num_classes, ctx0.device
+        self.anchors = [ctx.anchor for ctx in ctxs]
+        self.lrs, self.momentum, self.tol, self.decay, self.decays = lrs, momentum, tol, decay, decays
+        self.wd = 1.0 / ctx0.n_fit  # scikit-learn's C=1 on the rows the final probe learns from
+        transforms, offsets, lams, self.preconditioned = [], [], [], {}
+        for ctx in ctxs:
+            mean, std = ctx.stats.mean.to(dev), ctx.stats.std.to(dev)
+            sample = (ctx.stats.sample.to(dev) - mean) / std
+            lam = top_eigenvalue(sample, seed=ctx.seed)
+            p = torch.eye(ctx.dim, device=dev)
+            self.preconditioned[ctx.anchor] = lam > PRECONDITION_ABOVE and len(sample) > 1
+            if self.preconditioned[ctx.anchor]:
+                p = spectrum_preconditioner(sample)
+                lam = top_eigenvalue(sample @ p, seed=ctx.seed)
+            transforms.append(p / std[:, None])
+            offsets.append(-(mean / std) @ p)
+            lams.append(lam)
+        # z = x @ transform + offset: standardisation (and preconditioning) in one batched matmul
+        self.transform = torch.stack(transforms)  # [G, D, D]
+        self.offset = torch.stack(offsets)[:, None, :]  # [G, 1, D]
+        lam = torch.tensor(lams, device=dev)
+        g, d, k = len(ctxs), ctx0.dim, len(lrs)
+        self.lr = (torch.tensor(lrs, device=dev)[None, :] / lam[:, None]).repeat_interleave(self.c, dim=1)[:, None]
+        self.w = torch.zeros(g, d, k * self.c, device=dev)
+        self.b = torch.zeros(g, 1, k * self.c, device=dev)
         self.vw, self.vb = torch.zeros_like(self.w), torch.zeros_like(self.b)
+        self.loss_sum = torch.zeros(g, k, device=dev, dtype=torch.float64)
+        self.rows_seen = torch.zeros((), device=dev, dtype=torch.float64)
+        self.chosen: list[int] | None = None  # per anchor, the index of the chosen learning rate
+        self.history: dict[int, list[float]] = {a: [] for a in self.anchors}
+        self.cuts = dict.fromkeys(self.anchors, 0)
+        self.epochs = dict.fromkeys(self.anchors, 0)
+        self.selection: dict[int, dict] = {}
+        self.done: dict[int, tuple] = {}
 
-    def _features(self, x: torch.Tensor) -> torch.Tensor:
-        xs = torch.addcmul(self.shift, x, self.inv_std)  # (x - mean) / std in one pass
-        return xs if self.precondition is None else xs @ self.precondition
+    @property
+    def heads(self) -> int:
+        return self.w.shape[2] // self.c
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return (self._features(x) @ self.w + self.b).view(len(x), 2 * self.h, self.ctx.num_classes)
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """z = x @ transform + offset: standardisation (and preconditioning) in one batched matmul."""
+        return torch.baddbmm(self.offset, x, self.transform)
 
-    def step(self, x, y, is_val, progress, report=False):
-        xs = self._features(x)
-        n, heads = len(x), 2 * self.h
-        p = torch.softmax(torch.addmm(self.b, xs, self.w).view(n, heads, -1), dim=-1)
-        target = y.view(n, 1, 1).expand(n, heads, 1)
+    def step(self, x, y, is_val, report=False):
+        z = x
+        g, n, k = z.shape[0], z.shape[1], self.heads
+        p = torch.softmax(torch.baddbmm(self.b, z, self.w).view(g, n, k, self.c), dim=-1)
+        target = y.view(1, n, 1, 1).expand(g, n, k, 1)
+        nll = -torch.log(p.gather(3, target).squeeze(3).clamp_min(1e-30))  # [G, n, K]
+        learns = torch.ones(n, device=z.device, dtype=z.dtype) if self.chosen else (~is_val).to(z.dtype)
+        self.loss_sum += (nll * learns[None, :, None]).sum(dim=1).double()
+        self.rows_seen += learns.sum().double()
         stats = None
         if report:
-            stats = (-torch.log(p[:, :1].gather(2, target[:, :1]).clamp_min(1e-12)).mean(),
-                     (p[:, 0].argmax(dim=-1) == y).float().mean())
-        p.scatter_add_(2, target, torch.full((n, heads, 1), -1.0, device=p.device))  # softmax - onehot
-        p[:, : self.h].mul_(((~is_val).to(p.dtype) / n)[:, None, None])  # main heads never learn from val rows
-        p[:, self.h :].div_(n)
-        grad = p.view(n, -1)
-        scale = 0.5 * (1.0 + math.cos(math.pi * progress))
-        self.vw.addmm_(xs.T, grad, beta=self.momentum).addcmul_(self.w, self.wd)  # momentum in the matmul
-        self.vb.mul_(self.momentum).add_(grad.sum(dim=0))
-        self.w.addcmul_(self.vw, self.lr, value=-scale)
-        self.b.addcmul_(self.vb, self.lr, value=-scale)
+            stats = (nll[-1, :, -1].mean(), (p[-1, :, -1].argmax(dim=-1) == y).float().mean())
+        p.scatter_add_(3, target, torch.full((g, n, k, 1), -1.0, device=p.device))  # softmax - onehot
+        p.mul_((learns / n)[None, :, None, None])
+        grad = p.view(g, n, k * self.c)
+        self.vw.baddbmm_(z.transpose(1, 2), grad, beta=self.momentum).add_(self.w, alpha=self.wd)
+        self.vb.mul_(self.momentum).add_(grad.sum(dim=1, keepdim=True))
+        self.w.addcmul_(self.vw, self.lr, value=-1.0)
+        self.b.addcmul_(self.vb, self.lr, value=-1.0)
         return stats
 
-    def fitted(self, val_x, val_y) -> FittedProbe:
-        c = self.ctx.num_classes
-        logits = self._logits(val_x)[:, : self.h]
-        correct = (logits.argmax(dim=-1) == val_y[:, None]).float().mean(dim=0)
-        losses = torch.nn.functional.cross_entropy(logits.permute(0, 2, 1), val_y[:, None].expand(-1, self.h),
-                                                   reduction="none").mean(dim=0)
-        best = min(range(self.h), key=lambda i: (-float(correct[i]), float(losses[i])))
-        cols = slice((self.h + best) * c, (self.h + best + 1) * c)
-        w = self.w[:, cols] if self.precondition is None else self.precondition @ self.w[:, cols]
-        w = w / self.std[:, None]
-        b = self.b[cols] - self.mean @ w
-        info = {"lr": self.lrs[best], "preconditioned": self.precondition is not None,
-                "val_accuracy": float(correct[best]), "val_loss": float(losses[best]),
-                "val_accuracy_per_lr": dict(zip(map(str, self.lrs), map(float, correct), strict=True))}
-        return FittedProbe(w.T.contiguous(), b.contiguous(), info)
+    def _objective(self) -> torch.Tensor:
+        """[G, K]: mean loss over this epoch's batches plus each head's penalty."""
+        g, k = self.w.shape[0], self.heads
+        penalty = 0.5 * self.wd * self.w.pow(2).view(g, -1, k, self.c).sum(dim=(1, 3))
+        return (self.loss_sum / self.rows_seen.clamp_min(1)).float() + penalty
+
+    def end_epoch(self, epoch, val_x, val_y) -> None:
+        objective = self._objective()
+        self.loss_sum.zero_()
+        self.rows_seen.zero_()
+        for a in self.anchors:
+            self.epochs[a] += 1
+        if self.chosen is None:
+            self._select(val_x, val_y)
+            return
+        stop = []
+        for i, a in enumerate(self.anchors):
+            value, previous = float(objective[i, 0]), self.history[a][-1] if self.history[a] else float("inf")
+            self.history[a].append(value)
+            gain = (previous - value) / max(abs(value), 1e-12)
+            if gain >= self.tol:
+                continue  # still descending
+            if gain >= 0 and self.cuts[a] >= self.decays:
+                stop.append(i)  # a plateau at the smallest step size: converged
+            else:  # a plateau, or a rise (the step is too large): smaller steps
+                self.cuts[a] += 1
+                self.lr[i] /= self.decay
+        for i in sorted(stop, reverse=True):
+            self._retire(i, converged=True)
+
+    def _select(self, val_x, val_y) -> None:
+        """Pick each anchor's learning rate by its head's val loss; keep only that head."""
+        xv = torch.stack([val_x[a] for a in self.anchors])
+        g, n, k = xv.shape[0], xv.shape[1], self.heads
+        logits = torch.baddbmm(self.b, self.prepare(xv), self.w).view(g, n, k, self.c)
+        target = val_y.view(1, n, 1).expand(g, n, k)
+        loss = torch.nn.functional.cross_entropy(logits.permute(0, 3, 1, 2), target, reduction="none").mean(dim=1)
+        acc = (logits.argmax(dim=-1) == target).float().mean(dim=1)
+        loss = torch.nan_to_num(loss, nan=float("inf"))  # a diverged head is never chosen
+        self.chosen = [int(i) for i in loss.argmin(dim=1)]
+        for i, a in enumerate(self.anchors):
+            self.selection[a] = {"val_loss_per_lr": dict(zip(map(str, self.lrs), map(float, loss[i]), strict=True)),
+                                 "val_accuracy_per_lr": dict(zip(map(str, self.lrs), map(float, acc[i]),
+                                                                 strict=True))}
+        cols = torch.stack([torch.arange(self.c, device=self.w.device) + i * self.c for i in self.chosen])[:, None]
+        for name in ("w", "vw"):
+            tensor = getattr(self, name)
+            setattr(self, name, tensor.gather(2, cols.expand(-1, tensor.shape[1], -1)).contiguous())
+        for name in ("b", "vb", "lr"):
+            setattr(self, name, getattr(self, name).gather(2, cols).contiguous())
+        self.loss_sum = self.loss_sum[:, :1].clone()
+
+    def _retire(self, i: int, converged: bool) -> None:
+        """Move anchor i out of the stack (it trains no more)."""
+        a = self.anchors.pop(i)
+        self.done[a] = (self.w[i].clone(), self.b[i, 0].clone(), self.transform[i], self.offset[i, 0], converged,
+                        self.history[a][-1] if self.history[a] else float("nan"), self.chosen[i])
+        keep = [j for j in range(len(self.anchors) + 1) if j != i]
+        for name in ("w", "b", "vw", "vb", "lr", "transform", "offset", "loss_sum"):
+            setattr(self, name, getattr(self, name)[keep].contiguous())
+        self.chosen.pop(i)
+
+    def fitted(self, val_x, val_y) -> dict[int, FittedProbe]:
+        if self.chosen is None:  # capped before the first epoch ended: select now
+            self._select(val_x, val_y)
+        while self.anchors:
+            self._retire(0, converged=False)
+        out = {}
+        for a, (w, b, transform, offset, converged, train_loss, chosen) in self.done.items():
+            weight = transform @ w  # raw space: z W + b = x (T W) + (offset W + b)
+            bias = b + offset @ w
+            logits = val_x[a] @ weight + bias
+            info = {"lr": self.lrs[chosen], "preconditioned": self.preconditioned[a], "lr_cuts": self.cuts[a],
+                    "objective_history": self.history[a], **self.selection.get(a, {})}
+            out[a] = FittedProbe(weight.T.contiguous(), bias.contiguous(), info, epochs=self.epochs[a],
+                                 converged=converged, train_loss=train_loss,
+                                 val_loss=float(torch.nn.functional.cross_entropy(logits, val_y)),
+                                 val_accuracy=float((logits.argmax(dim=-1) == val_y).float().mean()))
+        return out

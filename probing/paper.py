@@ -22,7 +22,7 @@ class Paper(ProbeVariant):
                          momentum=momentum, patience=patience)
 
     def plan(self, n_fit: int) -> Plan:
-        return Plan(epochs=self.params["epochs"], batch_size=self.params["batch_size"], eval_every_epoch=True)
+        return Plan(max_epochs=self.params["epochs"], batch_size=self.params["batch_size"])
 
     def make(self, ctx: AnchorContext) -> AnchorProbe:
         return SgdProbe(ctx, **{k: self.params[k] for k in ("lr", "weight_decay", "momentum", "patience")})
@@ -41,8 +41,9 @@ class SgdProbe(AnchorProbe):
         self.vw, self.vb = torch.zeros_like(self.w), torch.zeros_like(self.b)
         self.best = (-1.0, self.w.clone(), self.b.clone(), -1)
         self.history: list[float] = []
+        self.stopped = False  # by patience (its criterion), not by the epoch cap
 
-    def step(self, x, y, is_val, progress, report=False):
+    def step(self, x, y, is_val, report=False):
         n = len(x)
         p = torch.softmax(x @ self.w + self.b, dim=-1)
         rows = torch.arange(n, device=x.device)
@@ -62,10 +63,11 @@ class SgdProbe(AnchorProbe):
         self.history.append(acc)
         if acc > self.best[0]:
             self.best = (acc, self.w.clone(), self.b.clone(), epoch)
-        return epoch - self.best[3] >= self.patience
+        self.stopped = epoch - self.best[3] >= self.patience
+        return self.stopped
 
     def fitted(self, val_x, val_y) -> FittedProbe:
         acc, w, b, epoch = self.best
-        return FittedProbe(w.T.contiguous(), b.clone(), {"val_accuracy": acc, "best_epoch": epoch,
-                                                        "epochs_run": len(self.history),
-                                                        "val_accuracy_history": self.history})
+        val_loss = float(torch.nn.functional.cross_entropy(val_x @ w + b, val_y))
+        return FittedProbe(w.T.contiguous(), b.clone(), {"best_epoch": epoch, "val_accuracy_history": self.history},
+                           epochs=len(self.history), converged=self.stopped, val_loss=val_loss, val_accuracy=acc)

@@ -7,7 +7,7 @@ trained or written; each run's rows are then replaced in one transaction.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +39,8 @@ class ProbeConfig:
     val_frac: float = 0.1
     memory_budget: str = "4GB"
     device: str = "auto"
-    progress: bool = True
+    progress: bool = True  # one progress bar per probe fit
+    threads: int | None = None  # CPU threads for fitting; None: the cores idle at the start (probing/threads.py)
 
 
 WRITE_WAIT_S = 120.0  # how long the final writes wait for readers (`featstore sql`) to let go of the database
@@ -141,8 +142,7 @@ def probe(cfg: ProbeConfig) -> list[str]:
                "params": {**variant.params, "probe_name": probe_name, "val_frac": cfg.val_frac,
                           "featstore": __version__, "weights_id": attrs["config"]["weights_id"]},
                "cross_fit": cfg.cross_fit, "seed": cfg.seed, "store": str(cfg.store)}
-        fit_rows = [(k, a, f.info.get("val_accuracy", float("nan")), f.info)
-                    for k, (_, fitted) in enumerate(fits) for a, f in enumerate(fitted)]
+        fit_rows = [(k, a, f.record()) for k, (_, fitted) in enumerate(fits) for a, f in enumerate(fitted)]
         outputs.append((fsdb.RunRows(run, table["image_id"][valid], pred, conf, fold, fit_rows),
                         _model_outputs(store, key, view, valid)))
         sources.pop(view, None)  # one view's features in memory at a time
@@ -184,11 +184,9 @@ def _fit(cfg, store, key, anchors, train_view, variant, device, budget, split, v
                                    budget, projections)
         else:
             source = source_for(train_view)
-        label = None
-        if cfg.progress:
-            label = f"{key} {variant.label}" + (f" fold {k + 1}/{len(plans)}" if cfg.cross_fit else "")
-            label += " (streaming)" if not source.in_memory else ""
-        fitted = fit_probes(source, variant, rows, num_classes, cfg.seed + k, label)
+        label = f"{key} {variant.label}" + (f" fold {k + 1}/{len(plans)}" if cfg.cross_fit else "")
+        label += " (streaming)" if not source.in_memory else ""
+        fitted = fit_probes(source, variant, rows, num_classes, cfg.seed + k, cfg.progress, label, cfg.threads)
         fits.append((predicted, [_unproject(f, p) for f, p in zip(fitted, projections, strict=True)]))
     return fits
 
@@ -198,8 +196,8 @@ def _unproject(fitted: FittedProbe, projection: torch.Tensor | None) -> FittedPr
     if projection is None:
         return fitted
     weight = fitted.weight @ projection.T.to(fitted.weight.device)
-    return FittedProbe(weight, fitted.bias, {**fitted.info, "projected_from": int(projection.shape[0]),
-                                             "projected_to": int(projection.shape[1])})
+    return replace(fitted, weight=weight, info={**fitted.info, "projected_from": int(projection.shape[0]),
+                                                "projected_to": int(projection.shape[1])})
 
 
 def _save_probes(store, key, name, anchors, fits, variant, cfg) -> None:
@@ -208,7 +206,7 @@ def _save_probes(store, key, name, anchors, fits, variant, cfg) -> None:
         bias = np.stack([f[a].bias.cpu().numpy() for _, f in fits])
         store.write_probe(key, name, anchor.name, weight, bias,
                           {"variant": variant.name, "params": variant.params, "seed": cfg.seed,
-                           "cross_fit": cfg.cross_fit, "folds": [f[a].info for _, f in fits]})
+                           "cross_fit": cfg.cross_fit, "folds": [f[a].record() for _, f in fits]})
 
 
 def _model_outputs(store, key, view, valid) -> tuple[np.ndarray, np.ndarray]:

@@ -31,6 +31,7 @@ class FeatureSource:
         self.projections = [None if p is None else p.to(device) for p in (projections or [None] * len(anchors))]
         self.rows = np.sort(rows)
         self.nbytes = len(self.rows) * sum(a.dim for a in anchors) * 4  # held as float32
+        self.memory_budget = memory_budget
         self.in_memory = self.nbytes <= memory_budget
         self._cache: list[torch.Tensor] | None = None
         self._where: np.ndarray | None = None

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from featstore.probing.base import AnchorContext, FittedProbe, ProbeVariant
+from featstore.probing.base import AnchorContext, FittedProbe, ProbeGroup, ProbeVariant, UnconvergedProbe
 from featstore.probing.source import FeatureSource
+from featstore.probing.threads import fit_threads
 
 
 @dataclass
@@ -22,49 +24,121 @@ class FitRows:
 
 
 def fit_probes(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classes: int, seed: int,
-               progress: str | None = None) -> list[FittedProbe]:
-    """Fit one probe per anchor of `source`, all in the same passes over the data."""
+               progress: bool = False, label: str = "probe", threads: int | None = None) -> list[FittedProbe]:
+    """Fit one probe per anchor of `source`, all in the same passes over the data; anchors of equal width train
+    as one group (stacked features) when the variant batches them. With `progress`, one bar for the whole fit.
+    `threads`: CPU threads (None: the cores idle now, see `probing.threads`)."""
+    with fit_threads(threads, source.device):
+        return _fit(source, variant, rows, num_classes, seed, progress, label)
+
+
+def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classes: int, seed: int, progress: bool,
+         label: str) -> list[FittedProbe]:
     device = source.device
     trains_on_val = variant.plan(len(rows.train)).train_on_val
     fit = np.concatenate([rows.train, rows.val]) if trains_on_val else rows.train
     plan = variant.plan(len(fit))
     stats = source.stats(rows.train, seed=seed)
-    probes = [variant.make(AnchorContext(anchor=a, dim=d, num_classes=num_classes, n_train=len(rows.train),
-                                         n_fit=len(fit), stats=stats[a], device=device, seed=seed))
-              for a, d in enumerate(source.dims)]
+    contexts = [AnchorContext(anchor=a, dim=d, num_classes=num_classes, n_train=len(rows.train), n_fit=len(fit),
+                              stats=stats[a], device=device, seed=seed) for a, d in enumerate(source.dims)]
+    groups = [variant.make_group([contexts[a] for a in anchors])
+              for anchors in anchor_groups(source.dims, variant.batches_anchors())]
     val_x = source.gather(rows.val)
     val_y = torch.from_numpy(rows.labels[rows.val]).to(device)
     labels = torch.from_numpy(rows.labels).to(device)
     is_val_row = torch.zeros(len(rows.labels), dtype=torch.bool, device=device)
     is_val_row[torch.from_numpy(rows.val).to(device)] = True
-    active = list(range(len(probes)))
-    total_steps = plan.epochs * max(1, source.steps_per_epoch(fit, plan.batch_size))
-    step = 0
-    shown = None
     rng = np.random.default_rng(seed)
-    for epoch in range(plan.epochs):
-        bar = _bar(progress, epoch, plan.epochs, len(fit))
-        for positions, feats in source.blocks(fit, rng):
-            pos = torch.from_numpy(positions).to(device)
-            y_block, val_block = labels[pos], is_val_row[pos]
-            for i in range(0, len(positions), plan.batch_size):
-                sl = slice(i, i + plan.batch_size)
-                progress_frac = min(step / total_steps, 1.0)
-                for a in active:
-                    shown = probes[a].step(feats[a][sl], y_block[sl], val_block[sl], progress_frac,
-                                           report=bar is not None and a == active[-1]) or shown
-                step += 1
-                if bar is not None:
-                    bar.update(len(y_block[sl]))
-            if bar is not None and shown is not None:
-                bar.set_postfix(loss=f"{float(shown[0]):.3f}", acc=f"{float(shown[1]):.3f}", anchor=active[-1])
-        if bar is not None:
-            bar.close()
-        if plan.eval_every_epoch:
-            active = [a for a in active if not probes[a].end_epoch(epoch, val_x[a], val_y)]
-            if not active:
-                break
-    return [p.fitted(val_x[a], val_y) for a, p in enumerate(probes)]
+    resident = source.in_memory and source.nbytes + len(fit) * sum(source.dims) * 4 <= source.memory_budget
+    batches = ResidentBatches(source, groups, fit, labels, is_val_row, seed) if resident else None
+    bar = _bar(label, plan.max_epochs * len(fit)) if progress else None
+    shown = None
+    for epoch in range(plan.max_epochs):
+        active = [g for g in groups if g.anchors]
+        if not active:
+            break
+        epoch_batches = (batches.epoch(active, plan.batch_size) if batches is not None else
+                         streamed_batches(source, active, fit, labels, is_val_row, rng, plan.batch_size))
+        for xs, y, is_val in epoch_batches:
+            for g, x in zip(active, xs, strict=True):
+                shown = g.step(x, y, is_val, report=bar is not None and g is active[-1]) or shown
+            if bar is not None:
+                bar.update(len(y))
+        for g in active:
+            g.end_epoch(epoch, val_x, val_y)
+        if bar is not None and shown is not None:
+            bar.set_postfix(epoch=epoch + 1, training=sum(len(g.anchors) for g in groups),
+                            loss=f"{float(shown[0]):.3f}", acc=f"{float(shown[1]):.3f}")
+    if bar is not None:
+        bar.total = bar.n
+        bar.close()
+    fitted: dict[int, FittedProbe] = {}
+    for g in groups:
+        fitted.update(g.fitted(val_x, val_y))
+    probes = [fitted[a] for a in range(len(source.dims))]
+    unconverged = [a for a, p in enumerate(probes) if not p.converged]
+    if unconverged:
+        warnings.warn(f"{label}: the probes of anchor(s) {', '.join(map(str, unconverged))} stopped at the cap of "
+                      f"{plan.max_epochs} epochs before converging; raise it with --variant "
+                      f"{variant.name}:max_epochs=N", UnconvergedProbe, stacklevel=2)
+    return probes
+
+
+Batch = tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]  # per active group [G, n, D]; labels; is-val flags
+
+
+def streamed_batches(source: FeatureSource, groups: Sequence[ProbeGroup], fit: np.ndarray, labels: torch.Tensor,
+                     is_val_row: torch.Tensor, rng: np.random.Generator, batch_size: int) -> Iterator[Batch]:
+    """One epoch read block by block from the source (streamed chunks, or rows when memory is short)."""
+    for positions, feats in source.blocks(fit, rng):
+        pos = torch.from_numpy(positions).to(source.device)
+        y_block, val_block = labels[pos], is_val_row[pos]
+        prepared = [g.prepare(stack_anchors(feats, g.anchors)) for g in groups]
+        for i in range(0, len(positions), batch_size):
+            sl = slice(i, i + batch_size)
+            yield [x[:, sl] for x in prepared], y_block[sl], val_block[sl]
+
+
+class ResidentBatches:
+    """The fit rows prepared once (standardised, preconditioned: whatever `ProbeGroup.prepare` does) and kept
+    in memory, so an epoch is a permutation and gathers, with no per-step transform."""
+
+    def __init__(self, source: FeatureSource, groups: Sequence[ProbeGroup], fit: np.ndarray, labels: torch.Tensor,
+                 is_val_row: torch.Tensor, seed: int):
+        device = source.device
+        feats = source.gather(fit)
+        self.x = {id(g): (list(g.anchors), g.prepare(stack_anchors(feats, g.anchors))) for g in groups}
+        del feats
+        pos = torch.from_numpy(fit).to(device)
+        self.y, self.is_val = labels[pos], is_val_row[pos]
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+
+    def epoch(self, groups: Sequence[ProbeGroup], batch_size: int) -> Iterator[Batch]:
+        for g in groups:  # anchors that stopped leave the resident stack too
+            anchors, x = self.x[id(g)]
+            if anchors != g.anchors:
+                keep = torch.tensor([anchors.index(a) for a in g.anchors], device=x.device)
+                self.x[id(g)] = (list(g.anchors), x.index_select(0, keep))
+        stacks = [self.x[id(g)][1] for g in groups]
+        order = torch.randperm(len(self.y), generator=self.gen, device=self.y.device)
+        for i in range(0, len(order), batch_size):
+            idx = order[i : i + batch_size]
+            yield [x.index_select(1, idx) for x in stacks], self.y[idx], self.is_val[idx]
+
+
+def anchor_groups(dims: Sequence[int], batched: bool) -> list[list[int]]:
+    """Anchors that train together: all anchors of one width when batched, else one anchor per group."""
+    if not batched:
+        return [[a] for a in range(len(dims))]
+    by_width: dict[int, list[int]] = {}
+    for a, d in enumerate(dims):
+        by_width.setdefault(d, []).append(a)
+    return list(by_width.values())
+
+
+def stack_anchors(feats: Sequence[torch.Tensor], anchors: Sequence[int]) -> torch.Tensor:
+    """[G, n, D] features of `anchors` (a view, no copy, for a single anchor)."""
+    return feats[anchors[0]][None] if len(anchors) == 1 else torch.stack([feats[a] for a in anchors])
 
 
 def predict(source: FeatureSource, probes: Sequence[FittedProbe], rows: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -82,10 +156,7 @@ def predict(source: FeatureSource, probes: Sequence[FittedProbe], rows: np.ndarr
     return preds, confs
 
 
-def _bar(progress: str | None, epoch: int, epochs: int, total: int):
-    if progress is None:
-        return None
+def _bar(label: str, total: int):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=f"{progress} epoch {epoch + 1}/{epochs}", unit="row", leave=False,
-                dynamic_ncols=True)
+    return tqdm(total=total, desc=label, unit="row", unit_scale=True, leave=False, dynamic_ncols=True)

@@ -23,9 +23,14 @@ CREATE TABLE IF NOT EXISTS predictions (
 -- cross-fit runs: the fold whose probes predicted each image (out of sample)
 CREATE TABLE IF NOT EXISTS folds (run_id VARCHAR, image_id BIGINT, fold SMALLINT);
 
--- per run, fold and anchor: what training chose and reached on its val rows
+-- per run, fold and anchor: how training ended (epochs, whether its stopping criterion was met before the epoch
+-- cap, final objective on the rows it learnt from, loss and accuracy on the val rows) and what it chose (info)
 CREATE TABLE IF NOT EXISTS probe_fits (
     run_id VARCHAR, fold SMALLINT, anchor SMALLINT, val_accuracy DOUBLE, info JSON);
+ALTER TABLE probe_fits ADD COLUMN IF NOT EXISTS epochs INTEGER;
+ALTER TABLE probe_fits ADD COLUMN IF NOT EXISTS converged BOOLEAN;
+ALTER TABLE probe_fits ADD COLUMN IF NOT EXISTS train_loss DOUBLE;
+ALTER TABLE probe_fits ADD COLUMN IF NOT EXISTS val_loss DOUBLE;
 
 -- the model's own head on each view (full-depth baseline, from the stored logits)
 CREATE TABLE IF NOT EXISTS model_outputs (

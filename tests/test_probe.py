@@ -184,7 +184,7 @@ def test_paper_variant_stops_with_patience_and_projected_folds_back(clusters, tm
     run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "paper", "--no-progress")
     _, _, attrs = FeatureStore(store).read_probe("synthetic", "paper@clean", "anchor03")
     info = attrs["folds"][0]
-    assert info["epochs_run"] <= 100 and info["epochs_run"] - 1 - info["best_epoch"] <= 10
+    assert info["epochs"] <= 100 and info["epochs"] - 1 - info["best_epoch"] <= 10 and info["converged"]
     assert info["val_accuracy"] == max(info["val_accuracy_history"])
     run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "projected:dim=16",
             "--no-progress")
@@ -278,6 +278,6 @@ def test_runs_record_their_parameters(clusters, tmp_path):
     run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--seed", "0", "--no-progress")
     con = duckdb.connect(str(db), read_only=True)
     params = json.loads(con.execute("SELECT params FROM runs").fetchone()[0])
-    assert params["probe_name"] == "linear@clean" and params["epochs"] == 8
+    assert params["probe_name"] == "linear@clean" and params["max_epochs"] == 200
     splits = dict(con.execute("SELECT split, count(*) FROM images GROUP BY split").fetchall())
     assert splits == {"train": 1512, "val": 168, "test": 720}

@@ -1,0 +1,94 @@
+"""The `linear` probe at ImageNet's class count: converged by its criterion, recorded per anchor, as accurate
+as scikit-learn's standardised LogisticRegression; an unconverged probe says so (warning, table, report);
+anchors of equal width train as one batched group; the thread policy; one progress bar per fit."""
+
+from __future__ import annotations
+
+import warnings
+
+import duckdb
+import numpy as np
+import pytest
+import torch
+from test_probe import probe_accuracy, sklearn_accuracy
+
+from featstore.probing import trainer
+from featstore.probing.base import UnconvergedProbe
+from featstore.probing.run import ProbeConfig, probe
+from featstore.probing.split import make_split
+from featstore.probing.threads import cores, fit_threads, idle_cores
+from featstore.synthetic import pooled_activations, write_feature_store
+
+DIMS = [32, 32, 48]  # two anchors of one width: one batched group, and one alone
+
+
+@pytest.fixture(scope="module")
+def imagenet_shaped(tmp_path_factory):
+    """1,000 classes x 10 rows (7 fit rows per class), features with dominant directions."""
+    feats, labels = pooled_activations(1000, 10, DIMS, seed=5, separation=(2.0, 3.5))
+    path = tmp_path_factory.mktemp("in1k") / "s.zarr"
+    write_feature_store(path, feats, labels, 1000, chunk_rows=2048)
+    return path, feats, labels
+
+
+def fits_table(db) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("SELECT anchor, epochs, converged, train_loss, val_loss, val_accuracy FROM probe_fits "
+                       "ORDER BY anchor").fetchall()
+    con.close()
+    return rows
+
+
+def test_1000_classes_match_standardised_sklearn_and_converge(imagenet_shaped, tmp_path):
+    store, feats, labels = imagenet_shaped
+    db = tmp_path / "f.duckdb"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnconvergedProbe)
+        probe(ProbeConfig(store=store, model="synthetic", db=db, progress=False))
+    split = make_split(np.arange(len(labels)))
+    ours = probe_accuracy(db, "synthetic/clean/linear")
+    theirs = [sklearn_accuracy(x, labels, split, standardise=True) for x in feats]
+    diffs = [o - t for o, t in zip(ours, theirs, strict=True)]
+    assert min(diffs) >= -0.01 and np.mean(diffs) >= -0.005, (ours, theirs)
+    assert min(ours) > 0.05  # far above chance (0.001): the comparison means something
+    for anchor, epochs, converged, train_loss, val_loss, val_accuracy in fits_table(db):
+        assert converged and 2 <= epochs < 100, anchor
+        assert 0 < train_loss < np.log(1000) and val_loss > 0 and 0 < val_accuracy <= 1
+
+
+def test_a_capped_probe_is_reported_unconverged(imagenet_shaped, tmp_path):
+    from featstore.analytics.report import write_report
+
+    store, _, _ = imagenet_shaped
+    db = tmp_path / "f.duckdb"
+    with pytest.warns(UnconvergedProbe, match="max_epochs"):
+        probe(ProbeConfig(store=store, model="synthetic", db=db, variant="linear:max_epochs=2", progress=False))
+    assert [(epochs, converged) for _, epochs, converged, *_ in fits_table(db)] == [(2, False)] * len(DIMS)
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM unconverged_probes").fetchone() == (len(DIMS),)
+    con.close()
+    page = write_report(db, tmp_path / "report").read_text()
+    assert "unconverged probes" in page and "max_epochs" in page
+
+
+def test_anchors_of_one_width_train_as_one_group(imagenet_shaped, tmp_path, monkeypatch):
+    """One group per width, and one progress bar for the whole fit (not one per epoch)."""
+    store, _, _ = imagenet_shaped
+    made, bars = [], []
+    from featstore.probing.linear import Linear
+
+    real_make, real_bar = Linear.make_group, trainer._bar
+    monkeypatch.setattr(Linear, "make_group", lambda self, ctxs: made.append([c.anchor for c in ctxs])
+                        or real_make(self, ctxs))
+    monkeypatch.setattr(trainer, "_bar", lambda label, total: bars.append(total) or real_bar(label, total))
+    probe(ProbeConfig(store=store, model="synthetic", db=tmp_path / "f.duckdb", progress=True))
+    assert made == [[0, 1], [2]]
+    assert len(bars) == 1
+
+
+def test_thread_policy_takes_idle_cores_and_restores():
+    assert 1 <= idle_cores() <= cores()
+    before = torch.get_num_threads()
+    with fit_threads(1, torch.device("cpu")) as n:
+        assert n == 1 and torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
