@@ -197,3 +197,15 @@ def test_decoder_is_recorded_and_a_resume_with_another_is_refused(image_dir, tmp
     run_cli("build", "--data", image_dir, "--store", other, "--decode", "gpu", *SMALL)
     assert FeatureStore(other).model_attrs("resnet18")["config"]["decoder"] == "torchvision-cpu"
     assert "different decoder" in fails("build", "--data", image_dir, "--store", other, "--decode", "cpu", *SMALL)
+
+
+def test_a_store_written_before_the_decoder_was_recorded_resumes_on_pil(image_dir, tmp_path):
+    store = tmp_path / "s.zarr"
+    run_cli("build", "--data", image_dir, "--store", store, *SMALL)
+    group = zarr.open_group(str(store), mode="a")["resnet18"]
+    config = dict(dict(group.attrs)["config"])
+    del config["decoder"]
+    group.attrs["config"] = config
+    assert "0 chunk(s) written, 2 already done" in run_cli("build", "--data", image_dir, "--store", store,
+                                                           *SMALL).output
+    assert "different decoder" in fails("build", "--data", image_dir, "--store", store, "--decode", "gpu", *SMALL)
