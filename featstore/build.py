@@ -251,8 +251,10 @@ def _forward(tapper: Tapper, loaded: LoadedModel, x: torch.Tensor, device: torch
              memory_format: torch.memory_format):
     x = loaded.preprocessing.normalize(x.to(device, non_blocking=True)).contiguous(memory_format=memory_format)
     feats, logits = tapper.forward(x)
-    # one device->host copy per batch: concatenated float16 features
-    flat = torch.cat([f.half() for f in feats] + [logits.half()], dim=1).cpu().numpy()
+    # one device->host copy per batch: concatenated float16 features (outside autocast: CPU autocast refuses
+    # float16 inputs to cat, which broke --precision bf16 on CPU)
+    with torch.autocast(device.type, enabled=False):
+        flat = torch.cat([f.half() for f in feats] + [logits.half()], dim=1).cpu().numpy()
     splits = np.cumsum([f.shape[1] for f in feats])
     parts = np.split(flat, splits, axis=1)
     return parts[:-1], parts[-1]
