@@ -386,7 +386,7 @@ def _write(out: Path, report: dict) -> None:
 
 
 def markdown(report: dict) -> str:
-    """The table to paste on the issue: one line per measurement, with the target beside it."""
+    """The Markdown table: one line per measurement, with its target beside it."""
     env, sec = report["environment"], report["sections"]
     lines = [f"device check on {env.get('gpu', env['device'])}, torch {env['torch']}, torchvision "
              f"{env['torchvision']}, {env['cpu_cores']} CPU cores{' (SMOKE sizes)' if report['smoke'] else ''}", "",

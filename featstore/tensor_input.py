@@ -97,17 +97,26 @@ def pil_crop(data: bytes, prep: Preprocessing) -> torch.Tensor:
 
 @dataclass
 class EncodedBatch:
-    """What a worker hands over for one batch: per image either JPEG bytes (for the device), a PIL crop
-    (fallback) or an error string; plus the batch's stacked noise draws for each gaussian_noise view."""
+    """What a worker hands over for one batch, in a handful of tensors (one shared-memory file each, however
+    many images): the device-decodable files' bytes end to end with each image's span, the crops of the files
+    PIL decoded with their batch positions, per-image error strings, and the stacked noise draws of each
+    gaussian_noise view."""
 
     rows: list[int]
-    encoded: list[torch.Tensor | None]
-    crops: list[torch.Tensor | None]
+    blob: torch.Tensor
+    spans: list[tuple[int, int] | None]
+    crops: torch.Tensor
+    crop_index: list[int]
     errors: list[str | None]
     noise: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    def encoded(self, i: int) -> torch.Tensor:
+        start, end = self.spans[i]
+        return self.blob[start:end]
+
     def pin_memory(self) -> EncodedBatch:
-        """Called by the DataLoader's pin-memory thread: noise (the only bulky part) goes to pinned memory."""
+        """Called by the DataLoader's pin-memory thread: what is copied to the device goes to pinned memory."""
+        self.crops = self.crops.pin_memory()
         self.noise = {k: v.pin_memory() for k, v in self.noise.items()}
         return self
 
@@ -122,12 +131,12 @@ class EncodedDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, row: int) -> tuple[int, torch.Tensor | None, torch.Tensor | None, str | None]:
+    def __getitem__(self, row: int) -> tuple[int, bytes | None, torch.Tensor | None, str | None]:
         path = self.images.root / self.images.paths[row]
         try:
             data = path.read_bytes()
             if device_decodable(data):
-                return row, torch.frombuffer(bytearray(data), dtype=torch.uint8), None, None
+                return row, data, None, None
             return row, None, pil_crop(data, self.prep), None
         except Exception as e:  # PIL raises many types for bad files
             return row, None, None, f"{type(e).__name__}: {e}"
@@ -137,8 +146,17 @@ class EncodedDataset(torch.utils.data.Dataset):
         shape = (3, self.prep.crop, self.prep.crop)
         noise = {v.name: torch.stack([v.noise(int(self.images.image_ids[r]), shape) for r in rows])
                  for v in self.noise_views}
-        return EncodedBatch(rows, [b for _, b, _, _ in items], [c for _, _, c, _ in items],
-                            [e for _, _, _, e in items], noise)
+        spans: list[tuple[int, int] | None] = []
+        offset = 0
+        for _, data, _, _ in items:
+            spans.append(None if data is None else (offset, offset + len(data)))
+            offset += 0 if data is None else len(data)
+        blob = torch.frombuffer(bytearray(b"".join(d for _, d, _, _ in items if d is not None)) or bytearray(1),
+                                dtype=torch.uint8)
+        crop_index = [k for k, (_, _, crop, _) in enumerate(items) if crop is not None]
+        crops = (torch.stack([items[k][2] for k in crop_index]) if crop_index
+                 else torch.zeros(0, *shape, dtype=torch.uint8))
+        return EncodedBatch(rows, blob, spans, crops, crop_index, [e for _, _, _, e in items], noise)
 
 
 class TensorBatches:
@@ -186,30 +204,30 @@ class TensorBatches:
         n, c = len(batch.rows), self.prep.crop
         crops = torch.zeros(n, 3, c, c, dtype=torch.uint8, device=self.device)
         errors = list(batch.errors)
-        jpeg = [i for i, b in enumerate(batch.encoded) if b is not None]
-        decoded = self._decode([batch.encoded[i] for i in jpeg])
+        if batch.crop_index:
+            crops[batch.crop_index] = batch.crops.to(self.device, non_blocking=True)
+        jpeg = [i for i, span in enumerate(batch.spans) if span is not None]
+        decoded = self._decode([batch.encoded(i) for i in jpeg])
         by_shape: dict[tuple[int, ...], list[int]] = {}
+        refused = []
         for i, image in zip(jpeg, decoded, strict=True):
-            if image is None:
-                try:  # the device decoder refused it: the PIL path's decode, on the same bytes
-                    batch.crops[i] = pil_crop(batch.encoded[i].numpy().tobytes(), self.prep)
-                except Exception as e:
-                    errors[i] = f"{type(e).__name__}: {e}"
-            else:
+            if image is not None:
                 by_shape.setdefault(tuple(image.shape), []).append(i)
+                continue
+            try:  # the device decoder refused it: the PIL path's decode, on the same bytes
+                crops[i] = pil_crop(batch.encoded(i).numpy().tobytes(), self.prep).to(self.device)
+                refused.append(i)
+            except Exception as e:
+                errors[i] = f"{type(e).__name__}: {e}"
         index = {i: k for k, i in enumerate(jpeg)}
         interpolation = InterpolationMode(self.prep.interpolation)
         for members in by_shape.values():  # one resize per distinct image size
             group = torch.stack([decoded[index[i]] for i in members])
             group = F.resize(group, [self.prep.resize], interpolation=interpolation, antialias=True)
             crops[members] = F.center_crop(group, [c])
-        pil = [i for i, x in enumerate(batch.crops) if x is not None]
-        if pil:
-            crops[pil] = torch.stack([batch.crops[i] for i in pil]).to(self.device, non_blocking=True)
-        bad = sum(e is not None for e in errors)
         self.counts["device"] += sum(len(m) for m in by_shape.values())
-        self.counts["pil"] += len(pil)
-        self.counts["bad"] += bad
+        self.counts["pil"] += len(batch.crop_index) + len(refused)
+        self.counts["bad"] += sum(e is not None for e in errors)
         return crops, errors
 
     def _decode(self, encoded: list[torch.Tensor]) -> list[torch.Tensor | None]:
@@ -218,12 +236,12 @@ class TensorBatches:
             return []
         try:
             return list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device))
-        except RuntimeError:
+        except Exception:
             out: list[torch.Tensor | None] = []
             for data in encoded:
                 try:
                     out.append(decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device))
-                except RuntimeError:
+                except Exception:
                     out.append(None)
             return out
 
