@@ -114,6 +114,8 @@ def cli() -> None:
               "up to 8 DataLoader processes overlapping it on CUDA]; 0 decodes serially.")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",
               help="auto = fp16 autocast on CUDA, fp32 on CPU.")
+@click.option("--decode", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", help="auto = gpu on CUDA: "
+              "decode, crop and views on the device; cpu = PIL in the loader (the reference).")
 @click.option("--skip-bad", is_flag=True, help="Record corrupt images as skipped instead of stopping.")
 @click.option("--seed", default=0, help="Seed for random init, --limit and noise views.")
 @click.option("--name", help="Store group for this model config [default: the model name].")

@@ -21,14 +21,22 @@ import torch
 
 from featstore import __version__
 from featstore.anchors import anchor_names_for, tap_anchor_names
-from featstore.datasets import ImageSet, ViewDataset, check_labels, discover
+from featstore.datasets import ImageSet, check_labels, discover
 from featstore.errors import FeatstoreError
 from featstore.extraction import Tapper, describe_anchors
-from featstore.loading import iterate_batches
 from featstore.locks import locked
 from featstore.models import LoadedModel, load_model
-from featstore.runtime import Ranks, barrier, init_distributed, ranks_from_env, resolve_device, tune_allocator
+from featstore.runtime import (
+    Ranks,
+    barrier,
+    init_distributed,
+    make_cuda_deterministic,
+    ranks_from_env,
+    resolve_device,
+    tune_allocator,
+)
 from featstore.store import ChunkData, FeatureStore, check_store_path, model_key
+from featstore.tensor_input import decoder_name, input_batches, resolve_decode
 from featstore.views import View, parse_views
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
@@ -54,6 +62,7 @@ class BuildConfig:
     device: str = "auto"
     workers: int | None = None
     precision: str = "auto"
+    decode: str = "auto"
     skip_bad: bool = False
     seed: int = 0
     name: str | None = None
@@ -100,6 +109,9 @@ def build(cfg: BuildConfig) -> BuildResult:
     ranks = ranks_from_env()
     device = resolve_device(cfg.device, ranks.local_rank)
     precision = resolve_precision(cfg.precision, device)
+    decode = resolve_decode(cfg.decode, device)
+    if device.type == "cuda":
+        make_cuda_deterministic(precision)
     views = parse_views(cfg.views)
     images = discover(cfg.data, cfg.labels, cfg.limit, cfg.seed)
     loaded = load_model(cfg.model, cfg.weights, cfg.seed, cfg.image_size)
@@ -120,7 +132,7 @@ def build(cfg: BuildConfig) -> BuildResult:
         "model": cfg.model, "library": loaded.library, "weights_id": loaded.weights_id,
         "preprocessing": loaded.preprocessing.to_dict(), "token_pool": pool_kind, "num_classes": num_classes,
         "chunk_rows": cfg.chunk_rows, "batch_size": cfg.batch_size, "precision": precision,
-        "memory_format": str(memory_format).removeprefix("torch."),
+        "memory_format": str(memory_format).removeprefix("torch."), "decoder": decoder_name(decode, device),
         "anchors": [a.to_dict() for a in anchors], "images_fingerprint": images.fingerprint(),
     }
     init_distributed(ranks, device)
@@ -141,8 +153,8 @@ def _build_chunks(cfg, ranks, store, key, images, loaded, tapper, device, memory
     result = BuildResult(key, len(images), chunks_skipped=n_chunks - len(todo), damaged=damaged)
     start = time.perf_counter()
     if mine:
-        _run_chunks(cfg, ranks, store, key, images, loaded, tapper, device, memory_format, precision, todo_views,
-                    done, mine, result)
+        _run_chunks(cfg, ranks, store, key, images, loaded, tapper, device, memory_format, precision, decode,
+                    todo_views, done, mine, result)
     tapper.close()
     result.seconds = time.perf_counter() - start
     barrier(ranks)
@@ -201,7 +213,7 @@ def chunk_batches(rows: range, batch_size: int) -> list[list[int]]:
 
 
 def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tapper, device, memory_format, precision,
-                views: list[View], done: dict, mine: list[int], result: BuildResult) -> None:
+                decode: str, views: list[View], done: dict, mine: list[int], result: BuildResult) -> None:
     n = len(images)
 
     def rows_of_chunk(c: int) -> range:
@@ -213,7 +225,7 @@ def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tap
         for b in chunk_batches(rows_of_chunk(c), cfg.batch_size):
             batches.append(b)
             chunk_of_batch.append(c)
-    batches_in = iterate_batches(ViewDataset(images, loaded.preprocessing, views), batches, device, cfg.workers)
+    batches_in = input_batches(decode, images, loaded.preprocessing, views, batches, device, cfg.workers)
     writer = _ChunkWriter(store, key)
     autocast = (torch.autocast(device.type, dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
                 if precision in ("fp16", "bf16") else nullcontext())
@@ -263,8 +275,10 @@ def _forward(tapper: Tapper, loaded: LoadedModel, x: torch.Tensor, device: torch
              memory_format: torch.memory_format):
     x = loaded.preprocessing.normalize(x.to(device, non_blocking=True)).contiguous(memory_format=memory_format)
     feats, logits = tapper.forward(x)
-    # one device->host copy per batch: concatenated float16 features
-    flat = torch.cat([f.half() for f in feats] + [logits.half()], dim=1).cpu().numpy()
+    # one device->host copy per batch: concatenated float16 features (outside autocast: CPU autocast refuses
+    # float16 inputs to cat, which broke --precision bf16 on CPU)
+    with torch.autocast(device.type, enabled=False):
+        flat = torch.cat([f.half() for f in feats] + [logits.half()], dim=1).cpu().numpy()
     splits = np.cumsum([f.shape[1] for f in feats])
     parts = np.split(flat, splits, axis=1)
     return parts[:-1], parts[-1]

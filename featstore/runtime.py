@@ -87,3 +87,19 @@ def barrier(ranks: Ranks) -> None:
 def shutdown_distributed() -> None:
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def make_cuda_deterministic(precision: str) -> None:
+    """Settings under which a killed and resumed CUDA build is bit-identical to an uninterrupted one.
+
+    cuDNN autotuning (`benchmark`) may pick another convolution algorithm in each process, so it is off, and
+    cuDNN is limited to deterministic algorithms; cuBLAS gets a fixed workspace layout (read when cuBLAS first
+    starts, so this runs before the model moves to the GPU). Each chunk runs in fixed batches, so the same
+    kernels see the same inputs. `fp32` also turns TF32 off, so fp32 stores hold fp32 arithmetic.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    if precision == "fp32":
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False

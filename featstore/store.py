@@ -156,6 +156,7 @@ class FeatureStore:
             old = dict(dict(self.root[key].attrs).get("config", {}))
             if "anchors" in old:  # stores written before anchors had a hook side compare as they are now
                 old["anchors"] = [Anchor.from_dict(a).to_dict() for a in old["anchors"]]
+            old.setdefault("decoder", "pil")  # stores written before the decoder was recorded: all PIL
             if _canonical(old) != _canonical(config):
                 diff = sorted(k for k in set(old) | set(config) if _canonical(old.get(k)) != _canonical(config.get(k)))
                 raise FeatstoreError(
