@@ -400,8 +400,8 @@ def anchors(model: str, show_all: bool) -> None:
               help="Folder for the images, the cached network, the store, the database and the report "
                    "(one subfolder per --dataset).")
 @click.option("--dataset", default="layouts", show_default=True,
-              help="layouts: generated dot layouts, class colour in half the images (decisions early and late); "
-                   "digits: scikit-learn's 8x8 digits (nearly all decided at the stem).")
+              help="layouts: generated dot layouts, class colour in half the images (decided at the stem or "
+                   "later); digits: scikit-learn's 8x8 digits (nearly all decided at the stem).")
 @click.option("--epochs", type=int, help="Training epochs of the ResNet-18 (cached per value; default per dataset).")
 @click.option("--limit", type=int, help="Use only about N images (a quick run, e.g. in CI).")
 @click.option("--progress/--no-progress", default=True)
