@@ -164,6 +164,17 @@ def register_images(con: duckdb.DuckDBPyConnection, info: DatasetInfo, image_id:
     con.execute("COMMIT")
 
 
+def record_image_source(db: str | Path, root: str | Path, class_names: list[str]) -> None:
+    """Note where the image files live and what the labels are called, so a report can show thumbnails
+    and class names from the database alone."""
+    con = connect(db)
+    try:
+        con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                        [("image_root", str(Path(root).resolve())), ("class_names", json.dumps(list(class_names)))])
+    finally:
+        con.close()
+
+
 def register_anchors(con: duckdb.DuckDBPyConnection, model: str, anchors: list) -> None:
     rows = [(model, a.index, a.name, a.module, a.dim, a.depth_frac, getattr(a, "block", None), getattr(a, "tap", None))
             for a in anchors]

@@ -103,6 +103,19 @@ def paper_table(db: Db, k: int = 2, scope: str = "auto") -> pl.DataFrame:
     return query(db, "SELECT * FROM paper_table(?, scope := ?)", [k, check_scope(scope)])
 
 
+def decision_examples(db: Db, k: int = 2, per_side: int = 4, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM decision_examples(?, per_side := ?, scope := ?)", [k, per_side, scope])
+
+
+def anchor_names(db: Db, model: str) -> list[str]:
+    """Anchor names of a model in depth order (index = anchor)."""
+    return query(db, "SELECT name FROM anchors WHERE model = ? ORDER BY anchor", [model])["name"].to_list()
+
+
+def meta(db: Db) -> dict[str, str]:
+    return dict(query(db, "SELECT key, value FROM meta").rows())
+
+
 def timelines(db: Db, run_id: str | None = None) -> pl.DataFrame:
     if run_id is None:
         return query(db, "SELECT * FROM timelines ORDER BY run_id, image_id")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,9 +47,10 @@ class _Figures:
 
         self.plt, self.out, self.saved = plt, out, []
 
-    def save(self, fig, name: str, caption: str) -> str:
+    def save(self, fig, name: str, caption: str, tight: bool = True) -> str:
         path = self.out / f"{_slug(name)}.png"
-        fig.tight_layout()
+        if tight:
+            fig.tight_layout()
         fig.savefig(path, dpi=110)
         self.plt.close(fig)
         self.saved.append(path)
@@ -87,11 +89,15 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
         ]
         clean = runs.filter(pl.col("view") == "clean")
         for run in clean.iter_rows(named=True):
+            names = q.anchor_names(con, run["model"])
+            run_sweep = sweep.filter(pl.col("run_id") == run["run_id"])
             sections.append(f"<h2>{html.escape(run['run_id'])}</h2>")
-            sections.append(_histograms(figs, con, run["run_id"], ks, scope))
-            sections.append(_cumulative(figs, con, run["run_id"], ks, scope))
-            sections.append(_accuracy_and_mass(figs, con, run, accuracy, k_mid, scope))
-            sections.append(_k_sensitivity(figs, sweep.filter(pl.col("run_id") == run["run_id"]), run["run_id"]))
+            sections.append(_headline(run_sweep, k_mid, len(names) - 1))
+            sections.append(_histograms(figs, con, run["run_id"], ks, scope, names, run_sweep))
+            sections.append(_gallery(figs, con, run, k_mid, scope, names))
+            sections.append(_cumulative(figs, con, run["run_id"], ks, scope, names))
+            sections.append(_accuracy_and_mass(figs, con, run, accuracy, k_mid, scope, names))
+            sections.append(_k_sensitivity(figs, run_sweep, run["run_id"]))
             sections.append(_early_exit(figs, con, run, scope))
             sections.append(_tap_heatmap(figs, con, run["run_id"], scope))
         shift = pl.concat([q.corruption_shift(con, k, scope).with_columns(pl.lit(k).alias("k")) for k in ks])
@@ -122,37 +128,73 @@ def _unconverged(fits: pl.DataFrame) -> list[str]:
             "<code>--variant linear:max_epochs=300</code>.</p>", _table(fits)]
 
 
-def _histograms(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str) -> str:
-    fig, axes = figs.plt.subplots(1, len(ks), figsize=(3.2 * len(ks), 2.8), squeeze=False, sharey=True)
+def _anchor_axis(ax, names: Sequence[str], label: str = "anchor") -> None:
+    """Integer anchor ticks, each with the anchor's name, so a bar reads as a place in the network."""
+    ax.set_xticks(range(len(names)), [f"{i} {n}" for i, n in enumerate(names)], rotation=90, fontsize=6)
+    ax.set_xlim(-0.6, len(names) - 0.4)
+    ax.set_xlabel(label)
+
+
+def _shade_thirds(ax, t: int) -> None:
+    """The early (l* < 0.3T) and late (l* >= 0.7T) bands that f_early and f_late count."""
+    early_end = max(i for i in range(t + 1) if i < 0.3 * t) + 0.5
+    late_start = min(i for i in range(t + 1) if i >= 0.7 * t) - 0.5
+    ax.axvspan(-0.6, early_end, color="#4c9a5f", alpha=0.08, lw=0)
+    ax.axvspan(late_start, t + 0.4, color="#b5533c", alpha=0.08, lw=0)
+
+
+def _headline(sweep: pl.DataFrame, k: int, t: int) -> str:
+    """One sentence with the shares deciding early and late, so the finding is readable without a figure."""
+    row = sweep.filter(pl.col("k") == k)
+    if row.is_empty():
+        return ""
+    r = row.row(0, named=True)
+    return (f"<p class='headline'>At k = {k}, {r['f_early']:.0%} of the {r['n']} images settle in the first "
+            f"30% of the {t + 1} anchors (l* &lt; {0.3 * t:.1f}) and {r['f_late']:.0%} only in the last 30% "
+            f"(l* &ge; {0.7 * t:.1f}, never-stable ones included: {r['never_stable']:.0%}); mean l* = "
+            f"{r['mean']:.2f}.</p>")
+
+
+def _histograms(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str, names: Sequence[str],
+                sweep: pl.DataFrame) -> str:
+    fig, axes = figs.plt.subplots(1, len(ks), figsize=(3.1 * len(ks), 3.4), squeeze=False, sharey=True)
+    t = len(names) - 1
     for ax, k in zip(axes[0], ks, strict=True):
         mass = q.decision_mass(con, k, scope).filter(pl.col("run_id") == run_id)
         layers, share = mass["layer"].to_list(), mass["share"].to_list()
         total = max(1, int(mass["n"].sum()))
         never = [n / total for n in mass["never_stable"].to_list()]
         stable = [s - v for s, v in zip(share, never, strict=True)]
+        _shade_thirds(ax, t)
         ax.bar(layers, stable, color="#3b6ea8", label="decided")
         ax.bar(layers, never, bottom=stable, color="#d98c3a", label="never stable (at T)")
-        ax.set_title(f"k = {k}")
-        ax.set_xlabel("decision layer l*")
+        row = sweep.filter(pl.col("k") == k)
+        if not row.is_empty():
+            r = row.row(0, named=True)
+            ax.set_title(f"k = {k}: early {r['f_early']:.0%}, late {r['f_late']:.0%}", fontsize=9)
+        _anchor_axis(ax, names, "decision layer l*")
     axes[0][0].set_ylabel("share of images")
     axes[0][-1].legend(fontsize=7)
-    return figs.save(fig, f"{run_id}_histograms", f"Decision-layer histograms of {run_id}")
+    return figs.save(fig, f"{run_id}_histograms", f"Decision-layer histograms of {run_id} (green band: early, "
+                                                  f"l* < 0.3T; red band: late, l* >= 0.7T)")
 
 
-def _cumulative(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str) -> str:
-    fig, ax = figs.plt.subplots(figsize=(5, 3.2))
+def _cumulative(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str, names: Sequence[str]) -> str:
+    fig, ax = figs.plt.subplots(figsize=(6, 3.8))
+    _shade_thirds(ax, len(names) - 1)
     for k in ks:
         curve = q.cumulative_curve(con, k, scope).filter(pl.col("run_id") == run_id)
-        ax.step(curve["layer"].to_list(), curve["f"].to_list(), where="post", label=f"k = {k}")
-    ax.set_xlabel("anchor l")
+        ax.step(curve["layer"].to_list(), curve["f"].to_list(), where="post", marker="o", ms=3, label=f"k = {k}")
+    _anchor_axis(ax, names)
     ax.set_ylabel("F_k(l) = share with l* <= l")
     ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=8)
-    return figs.save(fig, f"{run_id}_cumulative", f"Cumulative decision curves of {run_id}")
+    ax.legend(fontsize=8, loc="lower right")
+    return figs.save(fig, f"{run_id}_cumulative", f"Cumulative decision curves F_k(l) of {run_id}")
 
 
-def _accuracy_and_mass(figs: _Figures, con, run: dict, accuracy: pl.DataFrame, k: int, scope: str) -> str:
-    fig, ax = figs.plt.subplots(figsize=(6, 3.4))
+def _accuracy_and_mass(figs: _Figures, con, run: dict, accuracy: pl.DataFrame, k: int, scope: str,
+                       names: Sequence[str]) -> str:
+    fig, ax = figs.plt.subplots(figsize=(6.5, 4))
     mass = q.decision_mass(con, k, scope).filter(pl.col("run_id") == run["run_id"])
     twin = ax.twinx()
     twin.bar(mass["layer"].to_list(), mass["share"].to_list(), color="#cccccc", label=f"decision mass (k={k})")
@@ -165,10 +207,10 @@ def _accuracy_and_mass(figs: _Figures, con, run: dict, accuracy: pl.DataFrame, k
         view = part["view"][0]
         ax.plot(part["anchor"].to_list(), part["accuracy"].to_list(), marker="o", ms=3, label=view,
                 lw=2.2 if view == "clean" else 1.0)
-    ax.set_xlabel("anchor")
+    _anchor_axis(ax, names)
     ax.set_ylabel("probe accuracy")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="center right")
     return figs.save(fig, f"{run['run_id']}_accuracy", f"Probe accuracy per anchor of {run['model']} (lines, "
                                                        f"one per view) with the decision mass (bars)")
 
@@ -190,7 +232,8 @@ def _k_sensitivity(figs: _Figures, sweep: pl.DataFrame, run_id: str) -> str:
 
 
 def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
-    """Accuracy vs mean latency of every exit policy, with the Pareto front, if costs were measured."""
+    """Accuracy vs mean latency of every realisable exit policy with their Pareto front; the oracle (which
+    needs the label) is drawn apart as an upper bound, if costs were measured."""
     sizes = q.query(con, "SELECT DISTINCT batch_size, device FROM anchor_costs WHERE model = ? ORDER BY 1, 2",
                     [run["model"]])
     if sizes.is_empty():
@@ -199,19 +242,97 @@ def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
     batch, device = sizes.row(0)
     sim = q.exit_simulation(con, run["run_id"], device, batch, scope=scope)
     front = q.exit_pareto(con, run["run_id"], device, batch, scope=scope)
-    fig, ax = figs.plt.subplots(figsize=(6, 3.6))
-    for policy in sim["policy"].unique().sort().to_list():
+    oracle = sim.filter(pl.col("policy") == "oracle")
+    fig, ax = figs.plt.subplots(figsize=(6.5, 4))
+    colours = {"stability": "#3b6ea8", "confidence": "#4c9a5f", "combined": "#8e5ea2", "full depth": "black"}
+    for policy, colour in colours.items():
         part = sim.filter(pl.col("policy") == policy)
-        marker = {"full depth": "*", "oracle": "D"}.get(policy, "o")
-        ax.scatter(part["mean_ms"].to_list(), part["accuracy"].to_list(), label=policy, marker=marker,
-                   s=60 if marker != "o" else 18)
-    ax.plot(front["mean_ms"].to_list(), front["accuracy"].to_list(), color="black", lw=0.8, label="Pareto front")
+        if not part.is_empty():
+            ax.scatter(part["mean_ms"].to_list(), part["accuracy"].to_list(), label=policy, color=colour,
+                       marker="*" if policy == "full depth" else "o", s=90 if policy == "full depth" else 18,
+                       zorder=3)
+    ax.step(front["mean_ms"].to_list(), front["accuracy"].to_list(), where="post", color="black", lw=0.9,
+            label="Pareto front (realisable policies)", zorder=2)
+    if not oracle.is_empty():
+        o = oracle.row(0, named=True)
+        ax.axhline(o["accuracy"], color="#b5533c", ls=":", lw=1)
+        ax.scatter([o["mean_ms"]], [o["accuracy"]], marker="D", color="#b5533c", s=40, zorder=3,
+                   label="oracle (needs the label: an upper bound)")
     ax.set_xlabel(f"mean latency per image (ms, batch {batch})")
     ax.set_ylabel("accuracy")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower right")
     caption = f"Early exit for {run['run_id']}: costs measured on {device}, batch {batch}"
-    return (figs.save(fig, f"{run['run_id']}_early_exit", caption) + "<h3>Pareto front</h3>"
-            + _table(front))
+    bound = "" if oracle.is_empty() else ("<p>Oracle (exits at the first correct anchor; not a policy): "
+                                          + _table(oracle) + "</p>")
+    return (figs.save(fig, f"{run['run_id']}_early_exit", caption)
+            + "<h3>Pareto front of the realisable policies</h3>" + _table(front) + bound)
+
+
+def _image_root(meta: dict[str, str]) -> Path | None:
+    """Where the database's image paths are relative to: recorded by the demo, else an ImageFolder source."""
+    if "image_root" in meta:
+        return Path(meta["image_root"])
+    source = meta.get("source", "")
+    return Path(source.removeprefix("ImageFolder ")) if source.startswith("ImageFolder ") else None
+
+
+def _thumbnail(root: Path | None, path: str):
+    from PIL import Image
+
+    file = root / path if root is not None else Path(path)
+    try:
+        with Image.open(file) as img:
+            return img.convert("RGB").copy()
+    except OSError:
+        return None
+
+
+def _gallery(figs: _Figures, con, run: dict, k: int, scope: str, names: Sequence[str], per_side: int = 4) -> str:
+    """Thumbnails of correctly decided images that settle early and late, each with its prediction timeline
+    (one cell per anchor: the probe's class, green where right); the image files are read from the paths
+    recorded in the database."""
+    try:
+        examples = q.decision_examples(con, k, per_side, scope).filter(pl.col("run_id") == run["run_id"])
+    except FeatstoreError:  # a database written before the macro existed
+        return ""
+    if examples.is_empty():
+        return ""
+    meta = q.meta(con)
+    root = _image_root(meta)
+    classes = json.loads(meta.get("class_names", "[]"))
+    sides = [side for side in ("early", "late") if side in examples["side"].to_list()]
+    rows = max(examples.filter(pl.col("side") == side).height for side in sides)
+    height = 0.8 * rows + 1.3
+    fig = figs.plt.figure(figsize=(6.0 * len(sides), height))
+    grid = fig.add_gridspec(rows, 2 * len(sides), width_ratios=[1, 7] * len(sides), hspace=0.8, wspace=0.06,
+                            left=0.02, right=0.98, top=1 - 0.3 / height, bottom=1.0 / height)
+    from matplotlib.colors import ListedColormap
+
+    cells = ListedColormap(["#f0b4a8", "#a8dca8"])
+    for s, side in enumerate(sides):
+        part = examples.filter(pl.col("side") == side)
+        for r, ex in enumerate(part.iter_rows(named=True)):
+            thumb = fig.add_subplot(grid[r, 2 * s])
+            thumb.axis("off")
+            image = _thumbnail(root, ex["path"])
+            if image is not None:
+                thumb.imshow(image, interpolation="nearest")
+            strip = fig.add_subplot(grid[r, 2 * s + 1])
+            strip.imshow([[p == ex["label"] for p in ex["preds"]]], cmap=cells, vmin=0, vmax=1, aspect="auto")
+            for a, pred in enumerate(ex["preds"]):
+                name = classes[pred] if pred < len(classes) else str(pred)
+                strip.text(a, 0, name[:7], ha="center", va="center", fontsize=5.5)
+            strip.add_patch(figs.plt.Rectangle((ex["layer"] - 0.5, -0.5), 1, 1, fill=False, lw=2, color="black"))
+            label = classes[ex["label"]] if ex["label"] < len(classes) else str(ex["label"])
+            never = ", never stable" if ex["never_stable"] else ""
+            strip.set_title(f"{side}: {label}, l*({k}) = {ex['layer']}{never}", fontsize=7, loc="left", pad=2)
+            strip.set_yticks([])
+            last = r == part.height - 1
+            strip.set_xticks(range(len(names)), [f"{i} {n}" for i, n in enumerate(names)] if last else [],
+                             rotation=90, fontsize=5.5)
+    caption = (f"Images of {run['run_id']} that decide early (left) and late (right), with the probe's class at "
+               f"every anchor (green: right, red: wrong; box: l*({k}))")
+    return figs.save(fig, f"{run['run_id']}_gallery", caption, tight=False)
 
 
 def _tap_heatmap(figs: _Figures, con, run_id: str, scope: str) -> str:
@@ -293,7 +414,7 @@ def _page(db, scope: str, sections: list[str]) -> str:
     style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
              "table{border-collapse:collapse;font-size:12px;margin:1em 0}td,th{border:1px solid #ccc;"
              "padding:2px 6px;text-align:right}th{background:#f0f0f0}figure{margin:1em 0}img{max-width:100%}"
-             "figcaption{font-size:12px;color:#555}")
+             "figcaption{font-size:12px;color:#555}.headline{font-size:16px;background:#f6f6ee;padding:.5em}")
     intro = (f"<p>Database <code>{html.escape(str(db))}</code>; images counted: <code>{html.escape(scope)}</code> "
              "(auto = the test split, or every image of a cross-fit run). l*(k) is the first anchor from which "
              "the probe prediction stays the same for k more anchors; images that never settle are put at the "

@@ -405,24 +405,29 @@ def anchors(model: str, show_all: bool) -> None:
 
 @cli.command()
 @click.option("--out", type=click.Path(path_type=Path), default=Path("featstore-demo"),
-              help="Folder for the images, the cached network, the store, the database and the report.")
-@click.option("--epochs", default=4, help="Training epochs of the digits ResNet-18 (cached per value).")
-@click.option("--limit", type=int, help="Use only the first N digits (a quick run, e.g. in CI).")
+              help="Folder for the images, the cached network, the store, the database and the report "
+                   "(one subfolder per --dataset).")
+@click.option("--dataset", default="layouts", show_default=True,
+              help="layouts: generated dot layouts, class colour in half the images (decided at the stem or "
+                   "later); digits: scikit-learn's 8x8 digits (nearly all decided at the stem).")
+@click.option("--epochs", type=int, help="Training epochs of the ResNet-18 (cached per value; default per dataset).")
+@click.option("--limit", type=int, help="Use only about N images (a quick run, e.g. in CI).")
 @click.option("--progress/--no-progress", default=True)
 @user_errors
-def demo(out: Path, epochs: int, limit: int | None, progress: bool) -> None:
-    """The whole pipeline offline: digits -> trained ResNet-18 -> store -> probes -> DuckDB -> k-sweep, report."""
-    from featstore.analytics.queries import k_sweep, paper_table
+def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, progress: bool) -> None:
+    """The whole pipeline offline: images -> trained ResNet-18 -> store -> probes -> DuckDB -> k-sweep, report."""
     from featstore.workflows.demo import run_demo
 
-    result = run_demo(out, epochs=epochs, limit=limit, progress=progress)
-    click.echo("\nk-sweep of decision layers (test split):")
-    print_frame(k_sweep(result.db).drop("model", "probe"))
-    click.echo("\nTable 1 shape (k = 2):")
-    print_frame(paper_table(result.db).drop("probe"))
+    result = run_demo(out, dataset=dataset, epochs=epochs, limit=limit, progress=progress)
+    click.echo(f"\nWhere the clean test images decide (l*(k), {result.sweep['n'][0]} images, anchors 0..11):")
+    print_frame(result.sweep.select("k", "mean", "median", "f_early", "f_mid", "f_late", "never_stable",
+                                    "stable_but_wrong"))
+    shifts = ", ".join(f"{v} {d:+.2f}" for v, d in result.shift.select("view", "delta").rows())
+    click.echo(f"corruption shift of mean l* (k = 2): {shifts}")
     timing = ", ".join(f"{k} {v:.0f}s" for k, v in result.seconds.items())
-    click.echo(f"\nreport: {result.report}\ndatabase: {result.db} (try: featstore sql --db {result.db} "
-               f"\"SELECT * FROM decision_summary(2)\")\ntime: {timing}")
+    click.echo(f"time: {timing} (total {sum(result.seconds.values()):.0f}s)")
+    click.echo(f"\nreport: {result.report}\ntry:    featstore sql --db {result.db} \"SELECT layer, count(*) AS images "
+               f"FROM decision_layers(2) WHERE view = 'clean' GROUP BY layer ORDER BY layer\"")
 
 
 @cli.command()

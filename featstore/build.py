@@ -139,10 +139,10 @@ def build(cfg: BuildConfig) -> BuildResult:
     with ExitStack() as held:
         store, damaged = _prepare_store(cfg, ranks, images, key, config, views, anchors, num_classes, held)
         return _build_chunks(cfg, ranks, store, key, images, loaded, tapper, device, memory_format, precision,
-                             views, damaged)
+                             decode, views, damaged)
 
 
-def _build_chunks(cfg, ranks, store, key, images, loaded, tapper, device, memory_format, precision, views,
+def _build_chunks(cfg, ranks, store, key, images, loaded, tapper, device, memory_format, precision, decode, views,
                   damaged) -> BuildResult:
     done = {v.name: store.done(key, v.name) for v in views}
     barrier(ranks)  # every rank has read the same bitmap before any rank commits a chunk

@@ -72,15 +72,14 @@ def test_default_anchors_for_a_model_without_preset(image_dir, tmp_path):
     assert len(names) == 12 and names[0] == "features.0" and names[-1] == "classifier.0"
 
 
-def test_demo_runs_offline_end_to_end(tmp_path):
-    out = run_cli("demo", "--out", tmp_path / "demo", "--limit", "400", "--epochs", "1", "--no-progress").output
-    assert "k-sweep of decision layers" in out and "resnet18/gaussian_noise-2/linear/train=clean" in out
-    report = tmp_path / "demo" / "report"
+def test_demo_digits_preset_runs_offline_end_to_end(tmp_path):
+    out = run_cli("demo", "--dataset", "digits", "--out", tmp_path / "demo", "--limit", "400", "--epochs", "1",
+                  "--no-progress").output
+    assert "Where the clean test images decide" in out and "gaussian_noise-2" in out
+    report = tmp_path / "demo" / "digits" / "report"
     pngs = list(report.glob("*.png"))
     assert (report / "report.html").stat().st_size > 50_000 and len(pngs) >= 5
     assert all(p.stat().st_size > 5_000 for p in pngs)
-    fs = FeatureStore(tmp_path / "demo" / "digits.zarr")
-    assert fs.model_attrs("resnet18")["config"]["weights_id"].startswith("file:digits-resnet18-e1.pth")
+    fs = FeatureStore(tmp_path / "demo" / "digits" / "store.zarr")
+    assert fs.model_attrs("resnet18")["config"]["weights_id"].startswith("file:resnet18-e1.pth")
     assert sorted(fs.views("resnet18")) == ["clean", "gaussian_blur-1", "gaussian_noise-2"]
-    again = run_cli("demo", "--out", tmp_path / "demo", "--limit", "400", "--epochs", "1", "--no-progress").output
-    assert "training resnet18" not in again  # the network is cached

@@ -1,24 +1,31 @@
-"""`featstore demo`: the whole pipeline, offline, on a CPU, in a few minutes.
+"""`featstore demo`: the whole pipeline, offline, on a CPU, in about a minute.
 
-Real images that a dependency ships (scikit-learn's 8x8 digits, upsampled to 32 px) -> a torchvision
-ResNet-18 trained on them once (cached as a state dict, then loaded by `--weights PATH` like any checkpoint)
--> a store with the preset anchors and two corruption views -> probes -> DuckDB -> measured exit costs ->
-k-sweep, early-exit simulation and report.
+A generated image set (`layouts`: dots whose arrangement is the class, coloured by class in half the images
+only; or scikit-learn's 8x8 digits as a second preset) -> a torchvision ResNet-18 trained on its train split
+once (cached as a state dict, then loaded by `--weights PATH` like any checkpoint) -> a store with the preset
+anchors and two corruption views -> probes -> DuckDB -> measured exit costs -> k-sweep, early-exit
+simulation and report.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import torch
 
+from featstore.analytics import queries as q
 from featstore.analytics.costs import measure_model
+from featstore.analytics.db import record_image_source
 from featstore.analytics.report import write_report
 from featstore.build import BuildConfig, build
 from featstore.datasets import ViewDataset, discover
+from featstore.errors import FeatstoreError
+from featstore.layouts import LAYOUTS, LayoutConfig, layout_image_folder
 from featstore.models import load_model
 from featstore.probing.run import ProbeConfig, probe
 from featstore.probing.split import make_split
@@ -29,31 +36,58 @@ IMAGE_SIZE = 32
 VIEWS = "clean,gaussian_noise-2,gaussian_blur-1"
 
 
+@dataclass(frozen=True)
+class DemoDataset:
+    """One demo image set: how to write it (into a folder, optionally only `limit` images) and how long to
+    train the network on it by default."""
+
+    write: Callable[[Path, int | None], Path]
+    epochs: int
+    what: str
+
+
+def _layouts(root: Path, limit: int | None) -> Path:
+    per_class = LayoutConfig.per_class if limit is None else max(1, limit // len(LAYOUTS))
+    return layout_image_folder(root, LayoutConfig(size=IMAGE_SIZE, per_class=per_class))
+
+
+DATASETS: dict[str, DemoDataset] = {
+    "layouts": DemoDataset(_layouts, 5, "dot layouts, class colour in half the images"),
+    "digits": DemoDataset(lambda root, limit: digits_image_folder(root, size=IMAGE_SIZE, limit=limit), 4,
+                          "scikit-learn's 8x8 digits"),
+}
+
+
 @dataclass
 class DemoResult:
     db: Path
     report: Path
-    seconds: dict
+    sweep: pl.DataFrame  # k-sweep of the clean run
+    shift: pl.DataFrame  # corruption shift at k = 2
+    seconds: dict[str, float]
 
 
-def train_digits_resnet(data: Path, target: Path, epochs: int, seed: int = 0, progress: bool = True) -> Path:
-    """Train torchvision's resnet18 (10 classes) on the train split of the digits, with featstore's own
+def train_resnet18(data: Path, target: Path, epochs: int, seed: int = 0, progress: bool = True) -> Path:
+    """Train torchvision's resnet18 on the train split of an image folder, with featstore's own
     preprocessing at 32 px, and save its state dict. Test images are never trained on."""
     torch.manual_seed(seed)
     import torchvision
+    from tqdm import tqdm
 
     prep = load_model("resnet18", weights="none", seed=seed, image_size=IMAGE_SIZE).preprocessing
-    model = torchvision.models.resnet18(weights=None, num_classes=10)
     images = discover(data)
+    model = torchvision.models.resnet18(weights=None, num_classes=len(images.class_names))
     dataset = ViewDataset(images, prep, parse_views("clean"))
     x = prep.normalize(torch.stack([dataset[i][1][0] for i in range(len(dataset))]))
     y = torch.from_numpy(images.labels)
     train = torch.from_numpy(np.flatnonzero(make_split(images.image_ids, seed) == "train"))
     optimiser = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
-    steps = epochs * -(-len(train) // 64)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=2e-3, total_steps=steps)
+    per_epoch = -(-len(train) // 64)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=2e-3, total_steps=epochs * per_epoch)
     gen = torch.Generator().manual_seed(seed)
     model.train()
+    bar = tqdm(total=epochs * len(train), unit="img", desc=f"training resnet18 on {data.parent.name}",
+               disable=not progress, dynamic_ncols=True, leave=True)
     for epoch in range(epochs):
         order = train[torch.randperm(len(train), generator=gen)]
         for i in range(0, len(order), 64):
@@ -63,41 +97,46 @@ def train_digits_resnet(data: Path, target: Path, epochs: int, seed: int = 0, pr
             loss.backward()
             optimiser.step()
             schedule.step()
-        if progress:
-            print(f"  training resnet18 on digits: epoch {epoch + 1}/{epochs}, loss {loss.item():.3f}", flush=True)
+            bar.update(len(batch))
+            bar.set_postfix(epoch=f"{epoch + 1}/{epochs}", loss=f"{loss.item():.3f}", refresh=False)
+    bar.close()
     target.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), target)
     return target
 
 
-def run_demo(out: Path, epochs: int = 4, limit: int | None = None, progress: bool = True) -> DemoResult:
-    out = Path(out)
+def run_demo(out: Path, dataset: str = "layouts", epochs: int | None = None, limit: int | None = None,
+             progress: bool = True) -> DemoResult:
+    """Everything under out/<dataset>/: images, cached network, store, database and report."""
+    if dataset not in DATASETS:
+        raise FeatstoreError(f"--dataset {dataset!r}: choose one of {', '.join(DATASETS)}")
+    preset = DATASETS[dataset]
+    epochs = preset.epochs if epochs is None else epochs
+    if epochs < 1:
+        raise FeatstoreError(f"--epochs {epochs}: train for at least one epoch")
+    home = Path(out) / dataset
     seconds: dict[str, float] = {}
-    start = time.perf_counter()
-    data = out / "digits"
+
+    def timed(stage: str, work: Callable[[], object]) -> None:
+        start = time.perf_counter()
+        work()
+        seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - start
+
+    data = home / "images"
     if not data.exists():
-        digits_image_folder(data, size=IMAGE_SIZE, limit=limit)
-    weights = out / f"digits-resnet18-e{epochs}.pth"
+        timed("data", lambda: preset.write(data, limit))
+    weights = home / f"resnet18-e{epochs}.pth"
     if not weights.exists():  # cached: a second demo run skips training
-        train_digits_resnet(data, weights, epochs, progress=progress)
-    seconds["train"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    store = out / "digits.zarr"
-    build(BuildConfig(model="resnet18", data=data, store=store, weights=str(weights), image_size=IMAGE_SIZE,
-                      views=VIEWS, chunk_rows=256, progress=progress))
-    seconds["build"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    db = out / "featstore.duckdb"
-    probe(ProbeConfig(store=store, model="resnet18", db=db, view="all", progress=progress))
-    seconds["probe"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    measure_model("resnet18", db, store, device="cpu", batch_sizes=(1,), repeats=10)
-    seconds["cost"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    report = write_report(db, out / "report")
-    seconds["report"] = time.perf_counter() - start
-    return DemoResult(db, report, seconds)
+        timed("train", lambda: train_resnet18(data, weights, epochs, progress=progress))
+    store, db = home / "store.zarr", home / "featstore.duckdb"
+    timed("build", lambda: build(BuildConfig(model="resnet18", data=data, store=store, weights=str(weights),
+                                             image_size=IMAGE_SIZE, views=VIEWS, chunk_rows=256,
+                                             progress=progress)))
+    timed("probe", lambda: probe(ProbeConfig(store=store, model="resnet18", db=db, view="all",
+                                             progress=progress)))
+    record_image_source(db, data, discover(data).class_names)
+    timed("cost", lambda: measure_model("resnet18", db, store, device="cpu", batch_sizes=(1,), repeats=5))
+    report = home / "report"
+    timed("report", lambda: write_report(db, report))
+    sweep = q.k_sweep(db).filter(pl.col("view") == "clean")
+    return DemoResult(db, report / "report.html", sweep, q.corruption_shift(db, 2), seconds)
