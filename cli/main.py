@@ -314,7 +314,7 @@ def circuits(**options) -> None:
     from featstore.circuits import CircuitConfig
 
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
-    click.echo(f"wrote circuit {run_circuits(CircuitConfig(**options))}")
+    click.echo(f"wrote circuit {run_circuits(CircuitConfig(**options)).run['run_id']}")
 
 
 @cli.command()
