@@ -199,6 +199,31 @@ def write_circuit(con: duckdb.DuckDBPyConnection, run: dict, edges: list[tuple[s
         raise
 
 
+def read_edges(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[list[str], list[str], np.ndarray]:
+    """One circuit run's edges (src, dst names) and scores in the fixed edge order."""
+    rows = con.execute("SELECT src, dst, score FROM edges WHERE run_id = ? ORDER BY edge", [run_id]).fetchall()
+    return [r[0] for r in rows], [r[1] for r in rows], np.array([r[2] for r in rows], dtype=float)
+
+
+def replace_graph_css(con: duckdb.DuckDBPyConnection, pairs: list[tuple[str, str]], top_n: int,
+                      rows: list[tuple]) -> None:
+    """Replace the stored graph distances of these (ID, OOD) pairs at this top_n."""
+    con.execute("BEGIN")
+    con.executemany("DELETE FROM css_graph WHERE id_run = ? AND ood_run = ? AND top_n = ?",
+                    [(a, b, top_n) for a, b in pairs])
+    con.executemany("INSERT INTO css_graph VALUES (?, ?, ?, ?, ?, ?, now())", rows)
+    con.execute("COMMIT")
+
+
+def replace_zoo_runs(con: duckdb.DuckDBPyConnection, study: str, rows: list[tuple]) -> None:
+    """Replace the zoo rows (model, dataset, role, accuracy, n_images, circuit_run) of these models in `study`."""
+    con.execute("BEGIN")
+    con.executemany("DELETE FROM zoo_runs WHERE study = ? AND model = ? AND dataset = ?",
+                    [(study, r[0], r[1]) for r in rows])
+    con.executemany("INSERT INTO zoo_runs VALUES (?, ?, ?, ?, ?, ?, ?, now())", [(study, *r) for r in rows])
+    con.execute("COMMIT")
+
+
 @dataclass
 class RunRows:
     """Everything one run writes: its `runs` row, predictions [n, anchors], folds and per-anchor fits."""

@@ -417,6 +417,29 @@ def demo(out: Path, epochs: int, limit: int | None, progress: bool) -> None:
                f"\"SELECT * FROM decision_summary(2)\")\ntime: {timing}")
 
 
+@cli.command()
+@click.argument("config", type=click.Path(path_type=Path))
+@click.option("--db", required=True, type=click.Path(path_type=Path))
+@click.option("--ig-steps", default=5, help="m: integrated-gradient steps (left Riemann sum).")
+@click.option("--limit", default=500, help="Images per set (a seeded subset with stable ids).")
+@click.option("--batch-size", default=32)
+@click.option("--device", default="auto")
+@click.option("--workers", type=int)
+@click.option("--seed", default=0)
+@click.option("--tau", default=0.3, help="DDB's shallow/deep split in the printed table (zoo_tau_sweep: all).")
+@click.option("--top-n", default=200, help="Edges of the top-n graphs (jaccard, laplacian, netlsd).")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@click.option("--progress/--no-progress", default=True)
+@user_errors
+def zoo(config: Path, fmt: str, **options) -> None:
+    """A model zoo's ID/OOD accuracies and circuits, then how well DDB and CSS predict OOD accuracy (CONFIG: TOML)."""
+    from featstore.workflows.zoo import ZooConfig, run_zoo
+
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
+    result = run_zoo(ZooConfig(config=str(config), **options))
+    print_frame(result.table, fmt)
+
+
 def main() -> None:
     cli(prog_name="featstore")
 

@@ -30,6 +30,11 @@ from torch import nn
 
 from featstore.errors import FeatstoreError
 
+try:  # timm's LayerNorm subclass only changes how it is called, not what it computes
+    from timm.layers import LayerNorm as _TimmLayerNorm
+except ImportError:  # pragma: no cover
+    _TimmLayerNorm = nn.LayerNorm
+
 KINDS = ("q", "k", "v")
 # the self-check's bound: max |rewritten logits - model(x)| <= SELF_CHECK_TOLERANCE * max(1, max |model(x)|)
 SELF_CHECK_TOLERANCE = 1e-3
@@ -238,13 +243,15 @@ class ViTGraph:
             grads = torch.autograd.grad(loss, [t[1] for t in taps] + [t[3] for t in taps] + [resid])
         per_block = 3 * heads + 1
         for layer, (blk, (block_in, _, mid, _)) in enumerate(zip(model.blocks, taps, strict=True)):
-            g = grads[layer]
-            b, n, _ = g.shape
-            weight = blk.attn.qkv.weight.view(3 * heads, -1, block_in.shape[-1])
-            at_norm = torch.einsum("bnse,sed->sbnd", g.view(b, n, 3 * heads, -1), weight)
+            b, n, width = block_in.shape
+            g = grads[layer].view(b, n, 3, heads, -1)
+            weight = blk.attn.qkv.weight.view(3, heads, -1, width)
             first = self.head_index[layer, 0]
-            yield SlotGradient(layer * per_block, first, _norm_vjp(blk.norm1, block_in.detach(), at_norm))
-            del at_norm
+            for kind in range(3):  # the H heads' q (then k, v) slots: one projection, one batched norm product
+                at_norm = torch.einsum("bnhe,hed->hbnd", g[:, :, kind], weight[kind])
+                yield SlotGradient(layer * per_block + kind * heads, first,
+                                   _norm_vjp(blk.norm1, block_in.detach(), at_norm))
+                del at_norm
             mlp_grad = _norm_vjp(blk.norm2, mid.detach(), grads[self.layers + layer].unsqueeze(0))
             yield SlotGradient(layer * per_block + 3 * heads, first + heads, mlp_grad)
         yield SlotGradient(self.layers * per_block, self.logits_index, grads[-1].unsqueeze(0))
@@ -280,13 +287,15 @@ class ViTGraph:
 
 
 def _norm_vjp(norm: nn.Module, x: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-    """grads [S, *x.shape] pulled back through `norm` at x: S vector-Jacobian products in one batched call."""
-    if isinstance(norm, nn.LayerNorm):  # the closed form, without autograd machinery
-        mu = x.mean(dim=-1, keepdim=True)
+    """grads [S, *x.shape] pulled back through `norm` at x: S vector-Jacobian products in one batched call.
+    LayerNorm uses its closed form in place (`grads` is consumed); other norms go through torch.func."""
+    if type(norm) in (nn.LayerNorm, _TimmLayerNorm) and len(norm.normalized_shape) == 1:
+        xhat = torch.nn.functional.layer_norm(x, norm.normalized_shape, eps=norm.eps)
         rstd = torch.rsqrt(x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)
-        xhat = (x - mu) * rstd
-        g = grads * norm.weight if norm.weight is not None else grads
-        return rstd * (g - g.mean(dim=-1, keepdim=True) - xhat * (g * xhat).mean(dim=-1, keepdim=True))
+        g = grads.mul_(norm.weight) if norm.weight is not None else grads
+        along_xhat = (g * xhat).mean(dim=-1, keepdim=True)
+        g.sub_(g.mean(dim=-1, keepdim=True)).sub_(xhat * along_xhat)
+        return g.mul_(rstd)
     _, vjp = torch.func.vjp(norm, x)
     return torch.vmap(vjp)(grads)[0]
 
@@ -315,23 +324,28 @@ def node_means(graph: ViTGraph, batches: Iterator[torch.Tensor]) -> tuple[torch.
     return total / count, torch.cat(logits)
 
 
-def eap_ig_scores(graph: ViTGraph, batches: Iterator[torch.Tensor], means: torch.Tensor, steps: int = 5
-                  ) -> torch.Tensor:
-    """EAP-IG score of every edge (in `graph.edges` order), averaged over images and token positions."""
+def eap_ig_scores(graph: ViTGraph, batches: Iterator[torch.Tensor], means: torch.Tensor, steps: int = 5,
+                  steps_per_pass: int | None = None) -> torch.Tensor:
+    """EAP-IG score of every edge (in `graph.edges` order), averaged over images and token positions.
+
+    The IG steps of a batch run stacked along the batch, `steps_per_pass` of them (default: all m) per forward
+    and backward; each slot's gradients are summed over the steps before the product with z'_u - z_u."""
     pair = torch.zeros(graph.logits_index, len(graph.slots()), dtype=torch.float64, device=means.device)
+    per_pass = steps if steps_per_pass is None else max(1, min(steps, steps_per_pass))
     positions = 0
     for images in batches:
         with torch.no_grad():
             clean_x0 = graph.embed(images)
             clean_logits, clean_out = graph.forward(clean_x0)
-            diff = (means.unsqueeze(1) - clean_out).flatten(1)  # z'_u - z_u  [nodes-1, B*N*D]
-            del clean_out
+            diff = clean_out.neg_().add_(means.unsqueeze(1)).flatten(1)  # z'_u - z_u in place [nodes-1, B*N*D]
             base = means[0].unsqueeze(0)
-            for j in range(steps):
-                x0 = base + (j / steps) * (clean_x0 - base)
-                for part in graph.slot_gradients(x0, clean_logits):
+            for start in range(0, steps, per_pass):
+                alphas = [j / steps for j in range(start, min(steps, start + per_pass))]
+                x0 = torch.cat([base + alpha * (clean_x0 - base) for alpha in alphas])
+                for part in graph.slot_gradients(x0, clean_logits.repeat(len(alphas), 1)):
+                    summed = part.grad.view(len(part.grad), len(alphas), -1).sum(dim=1)  # over the steps
                     # per (source, slot): sum over images, positions and width of diff[source] * grad[slot]
-                    block = diff[: part.upstream] @ part.grad.flatten(1).T
+                    block = diff[: part.upstream] @ summed.T
                     pair[: part.upstream, part.first : part.first + len(part.grad)] += block.double()
         positions += clean_x0.shape[0] * clean_x0.shape[1]
     src, slot = graph.edge_src.to(pair.device), graph.edge_slot.to(pair.device)

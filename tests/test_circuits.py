@@ -9,6 +9,7 @@ import pytest
 import torch
 from eap_ig_reference import reference_eap_ig_scores
 from scipy.stats import spearmanr
+from timm.layers import RmsNorm
 from timm.models.vision_transformer import ResPostBlock, VisionTransformer
 
 from featstore.analytics import db as fsdb
@@ -68,12 +69,14 @@ def test_eap_ig_ranks_edges_like_brute_force_ablation(tiny):
     assert rho > 0.6, rho  # chance is 0; measured 0.82 on this model
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_batched_eap_ig_equals_the_slot_by_slot_implementation(dtype):
-    """Same edges, same numbers: LayerScale, qk-norm, no qkv bias and 4 heads exercise every term."""
+@pytest.mark.parametrize(("dtype", "norm"), [(torch.float64, None), (torch.float32, None), (torch.float64, RmsNorm)])
+def test_batched_eap_ig_equals_the_slot_by_slot_implementation(dtype, norm):
+    """Same edges, same numbers: LayerScale, qk-norm, no qkv bias and 4 heads exercise every term; RmsNorm
+    takes the generic (torch.func) norm product instead of LayerNorm's closed form."""
     torch.manual_seed(3)
     model = VisionTransformer(img_size=16, patch_size=8, embed_dim=24, depth=3, num_heads=4, num_classes=5,
-                              init_values=0.5, qk_norm=True, qkv_bias=False).eval().to(dtype)
+                              init_values=0.5, qk_norm=True, qkv_bias=False,
+                              **({"norm_layer": norm} if norm else {})).eval().to(dtype)
     images = torch.randn(6, 3, 16, 16, generator=torch.Generator().manual_seed(4), dtype=dtype)
     graph = ViTGraph(model)
     means, _ = node_means(graph, iter([images]))
