@@ -247,12 +247,12 @@ class ViTGraph:
             g = grads[layer].view(b, n, 3, heads, -1)
             weight = blk.attn.qkv.weight.view(3, heads, -1, width)
             first = self.head_index[layer, 0]
+            pullback = _norm_pullback(blk.norm1, block_in.detach())
             for kind in range(3):  # the H heads' q (then k, v) slots: one projection, one batched norm product
                 at_norm = torch.einsum("bnhe,hed->hbnd", g[:, :, kind], weight[kind])
-                yield SlotGradient(layer * per_block + kind * heads, first,
-                                   _norm_vjp(blk.norm1, block_in.detach(), at_norm))
+                yield SlotGradient(layer * per_block + kind * heads, first, pullback(at_norm))
                 del at_norm
-            mlp_grad = _norm_vjp(blk.norm2, mid.detach(), grads[self.layers + layer].unsqueeze(0))
+            mlp_grad = _norm_pullback(blk.norm2, mid.detach())(grads[self.layers + layer].unsqueeze(0))
             yield SlotGradient(layer * per_block + 3 * heads, first + heads, mlp_grad)
         yield SlotGradient(self.layers * per_block, self.logits_index, grads[-1].unsqueeze(0))
 
@@ -286,18 +286,21 @@ class ViTGraph:
                              f"{bound:.2g}), so no scores were computed")
 
 
-def _norm_vjp(norm: nn.Module, x: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
-    """grads [S, *x.shape] pulled back through `norm` at x: S vector-Jacobian products in one batched call.
-    LayerNorm uses its closed form in place (`grads` is consumed); other norms go through torch.func."""
+def _norm_pullback(norm: nn.Module, x: torch.Tensor):
+    """A function taking grads [S, *x.shape] to their vector-Jacobian products through `norm` at x, S at once.
+    LayerNorm uses its closed form, in place (the grads are consumed); other norms go through torch.func."""
     if type(norm) in (nn.LayerNorm, _TimmLayerNorm) and len(norm.normalized_shape) == 1:
-        xhat = torch.nn.functional.layer_norm(x, norm.normalized_shape, eps=norm.eps)
-        rstd = torch.rsqrt(x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)
-        g = grads.mul_(norm.weight) if norm.weight is not None else grads
-        along_xhat = (g * xhat).mean(dim=-1, keepdim=True)
-        g.sub_(g.mean(dim=-1, keepdim=True)).sub_(xhat * along_xhat)
-        return g.mul_(rstd)
+        xhat, _, rstd = torch.native_layer_norm(x, norm.normalized_shape, None, None, norm.eps)
+
+        def layer_norm_vjp(grads: torch.Tensor) -> torch.Tensor:
+            g = grads.mul_(norm.weight) if norm.weight is not None else grads
+            along_xhat = (g * xhat).mean(dim=-1, keepdim=True)
+            g.sub_(g.mean(dim=-1, keepdim=True)).sub_(xhat * along_xhat)
+            return g.mul_(rstd)
+
+        return layer_norm_vjp
     _, vjp = torch.func.vjp(norm, x)
-    return torch.vmap(vjp)(grads)[0]
+    return lambda grads: torch.vmap(vjp)(grads)[0]
 
 
 def kl_clean_patched(clean_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
