@@ -14,10 +14,14 @@ SQL cannot take eigenvalues, so these two distances are computed here and stored
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import duckdb
 import numpy as np
 
 from featstore.analytics import db as fsdb
+from featstore.analytics.queries import query
+from featstore.errors import FeatstoreError
 
 HEAT_TIMES = np.logspace(-2, 2, 250)
 GRAPH_DISTANCES = ("laplacian", "netlsd")
@@ -72,3 +76,21 @@ def store_graph_css(con: duckdb.DuckDBPyConnection, pairs: list[tuple[str, str]]
         found = graph_distances(top_n_adjacency(src, dst, x, top_n, nodes), top_n_adjacency(src, dst, y, top_n, nodes))
         rows += [(id_run, ood_run, name, top_n, value, len(src)) for name, value in found.items()]
     fsdb.replace_graph_css(con, pairs, top_n, rows)
+
+
+def circuit_shift(db: str | Path, id_run: str, ood_run: str, distance: str = "srcc", top_n: int = 200):
+    """One CSS value as a frame (id_run, ood_run, distance, css, n_edges); graph distances not yet stored for
+    this pair and top_n are computed and stored first."""
+    if distance in GRAPH_DISTANCES:
+        found = query(db, "SELECT * FROM css(?, ?, distance := ?, top_n := ?)", [id_run, ood_run, distance, top_n])
+        if found.is_empty():
+            con = fsdb.connect(db)
+            try:
+                store_graph_css(con, [(id_run, ood_run)], top_n)
+            finally:
+                con.close()
+    frame = query(db, "SELECT * FROM css(?, ?, distance := ?, top_n := ?)", [id_run, ood_run, distance, top_n])
+    if frame.is_empty() or frame["n_edges"][0] == 0:
+        raise FeatstoreError(f"no common edges between {id_run!r} and {ood_run!r} in {db}; they must be circuit "
+                             f"runs of the same model")
+    return frame

@@ -334,19 +334,16 @@ def ddb(db: Path, tau: float, variant: str, fmt: str) -> None:
 @db_option("A database filled by featstore circuits.")
 @click.option("--id", "id_run", required=True, help="Circuit run on in-distribution images.")
 @click.option("--ood", "ood_run", required=True, help="Circuit run of the same model on shifted images.")
-@click.option("--distance", type=click.Choice(["srcc", "cosine", "l2", "jaccard"]), default="srcc")
-@click.option("--top-n", default=200, help="Edges compared by the jaccard distance.")
+@click.option("--distance", type=click.Choice(["srcc", "cosine", "l2", "jaccard", "laplacian", "netlsd"]),
+              default="srcc")
+@click.option("--top-n", default=200, help="Edges of the top-n graphs (jaccard, laplacian, netlsd).")
 @format_option
 @user_errors
 def css(db: Path, id_run: str, ood_run: str, distance: str, top_n: int, fmt: str) -> None:
     """Circuit Shift Score between an ID and an OOD circuit of one model."""
-    from featstore.analytics.queries import query
+    from featstore.analytics.circuit_graphs import circuit_shift
 
-    frame = query(db, "SELECT * FROM css(?, ?, distance := ?, top_n := ?)", [id_run, ood_run, distance, top_n])
-    if frame.is_empty() or frame["n_edges"][0] == 0:
-        raise FeatstoreError(f"no common edges between {id_run!r} and {ood_run!r} in {db}; they must be circuit "
-                             f"runs of the same model")
-    print_frame(frame, fmt)
+    print_frame(circuit_shift(db, id_run, ood_run, distance, top_n), fmt)
 
 
 @cli.command()

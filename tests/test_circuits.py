@@ -187,6 +187,11 @@ def test_circuits_ddb_css_commands(image_dir, tmp_path):
     out = run_cli("css", "--db", db, "--id", "vit_tiny_patch16_224/clean/eap-ig2", "--ood",
                   "vit_tiny_patch16_224/gaussian_noise-2/eap-ig2", "--format", "csv").output
     assert out.splitlines()[0] == "id_run,ood_run,distance,css,n_edges"
+    graph = run_cli("css", "--db", db, "--id", "vit_tiny_patch16_224/clean/eap-ig2", "--ood",
+                    "vit_tiny_patch16_224/gaussian_noise-2/eap-ig2", "--distance", "netlsd", "--top-n", "50",
+                    "--format", "csv").output.splitlines()
+    assert graph[1].split(",")[2] == "netlsd" and float(graph[1].split(",")[3]) >= 0
+    assert query(db, "SELECT count(*) AS n FROM css_graph WHERE top_n = 50")["n"][0] == 2  # both graph distances
     assert "no common edges" in fails("css", "--db", db, "--id", "a", "--ood", "b")
     run_cli("report", "--db", db, "--out", tmp_path / "rep")
     page = (tmp_path / "rep" / "report.html").read_text()
