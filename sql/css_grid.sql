@@ -1,4 +1,4 @@
--- css_grid(id_runs, ood_runs, top_n) -> (id_run, ood_run, distance, css, n_edges): Circuit Shift Scores of each
+-- css_grid(id_runs, ood_runs, top_n) -> (id_run, ood_run, distance, value, n_edges): Circuit Shift Scores of each
 -- pair (id_runs[i], ood_runs[i]) of circuits of one model, over the signed edge vectors in the fixed edge order:
 -- srcc = 1 - Spearman ρ (average ranks for ties), cosine = 1 - cosine similarity, l2 = Euclidean distance,
 -- jaccard = 1 - Jaccard overlap of the top_n edges by |score|; plus the graph distances (laplacian, netlsd) of
@@ -26,9 +26,9 @@ stats AS (
            count(*) AS n_edges
     FROM ranked GROUP BY id_run, ood_run)
 SELECT id_run, ood_run, d.distance,
-       CASE d.distance WHEN 'srcc' THEN srcc WHEN 'cosine' THEN cosine WHEN 'l2' THEN l2 ELSE jaccard END AS css,
+       CASE d.distance WHEN 'srcc' THEN srcc WHEN 'cosine' THEN cosine WHEN 'l2' THEN l2 ELSE jaccard END AS value,
        n_edges
 FROM stats CROSS JOIN (SELECT unnest(['srcc', 'cosine', 'l2', 'jaccard']) AS distance) d
 UNION ALL
-SELECT g.id_run, g.ood_run, g.distance, g.css, g.n_edges
+SELECT g.id_run, g.ood_run, g.distance, g.value, g.n_edges
 FROM css_graph g JOIN wanted w ON g.id_run = w.id_run AND g.ood_run = w.ood_run WHERE g.top_n = top_n;

@@ -1,5 +1,5 @@
--- ddb_grid(taus) -> (run_id, model, view, variant, tau, deep, shallow, ddb): Dependency Depth Bias of every
--- circuit run for each τ in the list and each variant: log(Σ Λ from deep sources / Σ Λ from shallow sources);
+-- ddb_grid(taus) -> (run_id, model, view, variant, tau, deep, shallow, log_ratio): Dependency Depth Bias of
+-- every circuit run for each τ in the list and each variant: log(Σ Λ from deep sources / Σ Λ from shallow sources);
 -- shallow = blocks < τL (the input embedding included), deep = blocks >= (1-τ)L; targets: global = all blocks
 -- and the logits, deep = deep blocks and the logits, out = the logits only.
 CREATE OR REPLACE MACRO ddb_grid(taus) AS TABLE
@@ -17,5 +17,5 @@ SELECT run_id, model, view, variant, tau,
        sum(a) FILTER (WHERE src_layer >= (1 - tau) * layers) AS deep,
        sum(a) FILTER (WHERE src_layer < tau * layers) AS shallow,
        ln(sum(a) FILTER (WHERE src_layer >= (1 - tau) * layers) / sum(a) FILTER (WHERE src_layer < tau * layers))
-           AS ddb
+           AS log_ratio
 FROM e GROUP BY run_id, model, view, layers, variant, tau ORDER BY run_id, variant, tau;

@@ -17,12 +17,12 @@ shift AS (
         (SELECT list(o.circuit_run ORDER BY o.circuit_run) FROM zoo_runs o
          JOIN zoo_runs i ON i.study = o.study AND i.model = o.model AND i.role = 'id' WHERE o.role = 'ood'),
         top_n))
-SELECT o.study, o.ood_set, 'ddb_' || d.variant AS metric, 'ood_accuracy' AS target, d.tau, o.model, d.ddb AS x,
+SELECT o.study, o.ood_set, 'ddb_' || d.variant AS metric, 'ood_accuracy' AS target, d.tau, o.model, d.log_ratio AS x,
        o.ood_acc AS y
 FROM ood o JOIN ddb_grid(taus) d ON d.run_id = o.id_run
 UNION ALL
 SELECT o.study, o.ood_set, 'id_accuracy', 'ood_accuracy', g.tau, o.model, o.id_acc, o.ood_acc
 FROM ood o CROSS JOIN grid g
 UNION ALL
-SELECT o.study, o.ood_set, 'css_' || s.distance, 'accuracy_drop', g.tau, o.model, s.css, o.id_acc - o.ood_acc
+SELECT o.study, o.ood_set, 'css_' || s.distance, 'accuracy_drop', g.tau, o.model, s.value, o.id_acc - o.ood_acc
 FROM ood o JOIN shift s ON s.id_run = o.id_run AND s.ood_run = o.ood_run CROSS JOIN grid g;
