@@ -416,25 +416,25 @@ def demo(out: Path, epochs: int, limit: int | None, progress: bool) -> None:
 
 @cli.command()
 @click.argument("config", type=click.Path(path_type=Path))
-@click.option("--db", required=True, type=click.Path(path_type=Path))
+@db_option("DuckDB file to create or extend.")
 @click.option("--ig-steps", default=5, help="m: integrated-gradient steps (left Riemann sum).")
 @click.option("--limit", default=500, help="Images per set (a seeded subset with stable ids).")
-@click.option("--batch-size", default=32)
-@click.option("--device", default="auto")
-@click.option("--workers", type=int)
-@click.option("--seed", default=0)
+@click.option("--batch-size", default=32, help="Images per EAP-IG batch (memory grows linearly with it).")
+@click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
+@click.option("--workers", type=int, help="Image decoders [default: as featstore circuits].")
+@click.option("--seed", default=0, help="Seed for --limit, noise views and random-init models.")
 @click.option("--tau", default=0.3, help="DDB's shallow/deep split in the printed table (zoo_tau_sweep: all).")
 @click.option("--top-n", default=200, help="Edges of the top-n graphs (jaccard, laplacian, netlsd).")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@format_option
 @click.option("--progress/--no-progress", default=True)
 @user_errors
 def zoo(config: Path, fmt: str, **options) -> None:
-    """A model zoo's ID/OOD accuracies and circuits, then how well DDB and CSS predict OOD accuracy (CONFIG: TOML)."""
+    """A model zoo's ID/OOD accuracies and circuits, then how well DDB and CSS predict OOD accuracy and the
+    accuracy drop (CONFIG: a TOML file of models and image sets)."""
     from featstore.workflows.zoo import ZooConfig, run_zoo
 
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
-    result = run_zoo(ZooConfig(config=str(config), **options))
-    print_frame(result.table, fmt)
+    print_frame(run_zoo(ZooConfig(config=str(config), **options)).table, fmt)
 
 
 def main() -> None:
