@@ -66,6 +66,18 @@ def install_macros(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> N
         con.execute(text)
 
 
+def _stand_in_for_newer_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """A featstore file opened read-only that predates a table (say css_graph) gets an empty TEMP one, so the
+    macros that read it still bind; files without featstore's `meta` table are left as they are."""
+    existing = {row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    if "meta" not in existing:
+        return
+    for statement in _without_comments(sql_text("schema")).split(";"):
+        found = re.search(r"CREATE TABLE IF NOT EXISTS (\w+)", statement)
+        if found and found.group(1) not in existing:
+            con.execute(statement.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
+
+
 def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open a featstore database; a lock held by another process becomes a one-line error."""
     path = Path(path)
@@ -85,6 +97,8 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
                              f"pass another --db") from e
     if not read_only:
         con.execute(sql_text("schema"))
+    else:
+        _stand_in_for_newer_tables(con)
     try:
         install_macros(con, temporary=read_only)
     except duckdb.CatalogException as e:

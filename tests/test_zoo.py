@@ -191,3 +191,16 @@ def test_zoo_command_end_to_end(tmp_path, image_dir):
     with torch.no_grad():
         pred = model(reference_batch([images.root / p for p in images.paths], json.loads(prep))).argmax(1).numpy()
     assert runs[2][3] == pytest.approx(float((pred == images.labels).mean()))
+
+
+def test_a_database_from_before_the_zoo_tables_still_answers_read_only(tmp_path):
+    import duckdb
+
+    db = tmp_path / "old.duckdb"
+    fsdb.connect(db).close()
+    con = duckdb.connect(str(db))
+    con.execute("DROP TABLE css_graph")
+    con.execute("DROP TABLE zoo_runs")
+    con.close()
+    assert len(query(db, "SELECT * FROM zoo_eval()")) == 0
+    assert "ddb" in run_cli("ddb", "--db", db, "--format", "csv").output
