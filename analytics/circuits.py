@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from featstore.analytics import db as fsdb
-from featstore.circuits import CircuitConfig, compute_circuit
+from featstore.circuits import CircuitConfig, CircuitResult, compute_circuit
 
 
-def run_circuits(cfg: CircuitConfig) -> str:
-    """EAP-IG edge scores of `cfg.model` over its image set, written as one circuit run; returns the run id."""
-    con = fsdb.connect(cfg.db)  # fail on a locked database before the long computation
+def run_circuits(cfg: CircuitConfig) -> CircuitResult:
+    """EAP-IG edge scores of `cfg.model` over its image set, written as one circuit run.
+
+    An existing database is opened first, so that a lock held elsewhere fails before the long computation; a
+    new one is created only once there are scores to write (a refused model leaves no file behind)."""
+    con = fsdb.connect(cfg.db) if Path(cfg.db).exists() else None
     try:
         result = compute_circuit(cfg)
+        con = con or fsdb.connect(cfg.db)
         fsdb.write_circuit(con, result.run, result.edges, result.scores)
-        return result.run["run_id"]
+        return result
     finally:
-        con.close()
+        if con is not None:
+            con.close()

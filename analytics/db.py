@@ -67,6 +67,18 @@ def install_macros(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> N
         con.execute(text)
 
 
+def _stand_in_for_newer_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """A featstore file opened read-only that predates a table (say css_graph) gets an empty TEMP one, so the
+    macros that read it still bind; files without featstore's `meta` table are left as they are."""
+    existing = {row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    if "meta" not in existing:
+        return
+    for statement in _without_comments(sql_text("schema")).split(";"):
+        found = re.search(r"CREATE TABLE IF NOT EXISTS (\w+)", statement)
+        if found and found.group(1) not in existing:
+            con.execute(statement.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
+
+
 # A read-only connection must not be able to write anything anywhere: no other file (ATTACH, COPY, EXPORT,
 # read_csv), no extension download or load, and no statement that switches these settings back on.
 READ_ONLY_CONFIG = {"enable_external_access": False, "autoload_known_extensions": False,
@@ -104,6 +116,8 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0) -> d
                              f"pass another --db") from e
     if not read_only:
         con.execute(sql_text("schema"))
+    else:
+        _stand_in_for_newer_tables(con)
     try:
         install_macros(con, temporary=read_only)
     except duckdb.CatalogException as e:
@@ -227,6 +241,31 @@ def write_circuit(con: duckdb.DuckDBPyConnection, run: dict, edges: list[tuple[s
     except BaseException:
         con.execute("ROLLBACK")
         raise
+
+
+def read_edges(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[list[str], list[str], np.ndarray]:
+    """One circuit run's edges (src, dst names) and scores in the fixed edge order."""
+    rows = con.execute("SELECT src, dst, score FROM edges WHERE run_id = ? ORDER BY edge", [run_id]).fetchall()
+    return [r[0] for r in rows], [r[1] for r in rows], np.array([r[2] for r in rows], dtype=float)
+
+
+def replace_graph_css(con: duckdb.DuckDBPyConnection, pairs: list[tuple[str, str]], top_n: int,
+                      rows: list[tuple]) -> None:
+    """Replace the stored graph distances of these (ID, OOD) pairs at this top_n."""
+    con.execute("BEGIN")
+    con.executemany("DELETE FROM css_graph WHERE id_run = ? AND ood_run = ? AND top_n = ?",
+                    [(a, b, top_n) for a, b in pairs])
+    con.executemany("INSERT INTO css_graph VALUES (?, ?, ?, ?, ?, ?, now())", rows)
+    con.execute("COMMIT")
+
+
+def replace_zoo_runs(con: duckdb.DuckDBPyConnection, study: str, rows: list[tuple]) -> None:
+    """Replace the zoo rows (model, dataset, role, accuracy, n_images, circuit_run) of these models in `study`."""
+    con.execute("BEGIN")
+    con.executemany("DELETE FROM zoo_runs WHERE study = ? AND model = ? AND dataset = ?",
+                    [(study, r[0], r[1]) for r in rows])
+    con.executemany("INSERT INTO zoo_runs VALUES (?, ?, ?, ?, ?, ?, ?, now())", [(study, *r) for r in rows])
+    con.execute("COMMIT")
 
 
 @dataclass

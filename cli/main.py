@@ -319,7 +319,7 @@ def circuits(**options) -> None:
     from featstore.circuits import CircuitConfig
 
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
-    click.echo(f"wrote circuit {run_circuits(CircuitConfig(**options))}")
+    click.echo(f"wrote circuit {run_circuits(CircuitConfig(**options)).run['run_id']}")
 
 
 @cli.command()
@@ -339,19 +339,16 @@ def ddb(db: Path, tau: float, variant: str, fmt: str) -> None:
 @db_option("A database filled by featstore circuits.")
 @click.option("--id", "id_run", required=True, help="Circuit run on in-distribution images.")
 @click.option("--ood", "ood_run", required=True, help="Circuit run of the same model on shifted images.")
-@click.option("--distance", type=click.Choice(["srcc", "cosine", "l2", "jaccard"]), default="srcc")
-@click.option("--top-n", default=200, help="Edges compared by the jaccard distance.")
+@click.option("--distance", type=click.Choice(["srcc", "cosine", "l2", "jaccard", "laplacian", "netlsd"]),
+              default="srcc")
+@click.option("--top-n", default=200, help="Edges of the top-n graphs (jaccard, laplacian, netlsd).")
 @format_option
 @user_errors
 def css(db: Path, id_run: str, ood_run: str, distance: str, top_n: int, fmt: str) -> None:
     """Circuit Shift Score between an ID and an OOD circuit of one model."""
-    from featstore.analytics.queries import query
+    from featstore.analytics.circuit_graphs import circuit_shift
 
-    frame = query(db, "SELECT * FROM css(?, ?, distance := ?, top_n := ?)", [id_run, ood_run, distance, top_n])
-    if frame.is_empty() or frame["n_edges"][0] == 0:
-        raise FeatstoreError(f"no common edges between {id_run!r} and {ood_run!r} in {db}; they must be circuit "
-                             f"runs of the same model")
-    print_frame(frame, fmt)
+    print_frame(circuit_shift(db, id_run, ood_run, distance, top_n), fmt)
 
 
 @cli.command()
@@ -448,6 +445,29 @@ def verify(store: Path, model: str | None, quick: bool) -> None:
                    f"those chunks", err=True)
         sys.exit(1)
     click.echo(f"{store}: every done chunk is intact")
+
+
+@cli.command()
+@click.argument("config", type=click.Path(path_type=Path))
+@db_option("DuckDB file to create or extend.")
+@click.option("--ig-steps", default=5, help="m: integrated-gradient steps (left Riemann sum).")
+@click.option("--limit", default=500, help="Images per set (a seeded subset with stable ids).")
+@click.option("--batch-size", default=32, help="Images per EAP-IG batch (memory grows linearly with it).")
+@click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
+@click.option("--workers", type=int, help="Image decoders [default: as featstore circuits].")
+@click.option("--seed", default=0, help="Seed for --limit, noise views and random-init models.")
+@click.option("--tau", default=0.3, help="DDB's shallow/deep split in the printed table (zoo_tau_sweep: all).")
+@click.option("--top-n", default=200, help="Edges of the top-n graphs (jaccard, laplacian, netlsd).")
+@format_option
+@click.option("--progress/--no-progress", default=True)
+@user_errors
+def zoo(config: Path, fmt: str, **options) -> None:
+    """A model zoo's ID/OOD accuracies and circuits, then how well DDB and CSS predict OOD accuracy and the
+    accuracy drop (CONFIG: a TOML file of models and image sets)."""
+    from featstore.workflows.zoo import ZooConfig, run_zoo
+
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
+    print_frame(run_zoo(ZooConfig(config=str(config), **options)).table, fmt)
 
 
 def main() -> None:

@@ -55,3 +55,12 @@ CREATE TABLE IF NOT EXISTS circuit_runs (
     n_images INTEGER, n_edges INTEGER, params JSON, created_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS edges (
     run_id VARCHAR, edge INTEGER, src VARCHAR, dst VARCHAR, src_layer SMALLINT, dst_layer SMALLINT, score DOUBLE);
+-- graph distances between two circuits' top_n-edge graphs (computed in Python: they need eigenvalues)
+CREATE TABLE IF NOT EXISTS css_graph (
+    id_run VARCHAR, ood_run VARCHAR, distance VARCHAR, top_n INTEGER, value DOUBLE, n_edges INTEGER,
+    created_at TIMESTAMP);
+
+-- featstore zoo: per study, model and image set (role id or ood), the head's top-1 accuracy and the circuit run
+CREATE TABLE IF NOT EXISTS zoo_runs (
+    study VARCHAR, model VARCHAR, dataset VARCHAR, role VARCHAR, accuracy DOUBLE, n_images INTEGER,
+    circuit_run VARCHAR, created_at TIMESTAMP);

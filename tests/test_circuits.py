@@ -1,19 +1,25 @@
-"""Circuits: the edge graph, exact clean and fully-ablated patching, EAP-IG against brute-force edge ablation,
-and DDB / CSS against plain-Python computations on hand-made edge tables."""
+"""Circuits: the edge graph, exact clean and fully-ablated patching, the self-check that refuses models the
+rewrite does not reproduce, batched EAP-IG against the first (slot-by-slot) implementation and against
+brute-force edge ablation, and DDB / CSS against plain-Python computations on hand-made edge tables."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from eap_ig_reference import reference_eap_ig_scores
 from scipy.stats import spearmanr
-from timm.models.vision_transformer import VisionTransformer
+from timm.layers import RmsNorm
+from timm.models.vision_transformer import ResPostBlock, VisionTransformer
 
 from featstore.analytics import db as fsdb
 from featstore.analytics.queries import query
 from featstore.circuits import ViTGraph, eap_ig_scores, edge_count, node_means, patched_kl
+from featstore.errors import FeatstoreError
 
 from conftest import fails, run_cli
+
+SMALL = dict(img_size=16, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=5)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +67,59 @@ def test_eap_ig_ranks_edges_like_brute_force_ablation(tiny):
                       for e in range(len(graph.edges))])
     rho = spearmanr(np.abs(scores), brute).statistic
     assert rho > 0.6, rho  # chance is 0; measured 0.82 on this model
+
+
+@pytest.mark.parametrize(("dtype", "norm"), [(torch.float64, None), (torch.float32, None), (torch.float64, RmsNorm)])
+def test_batched_eap_ig_equals_the_slot_by_slot_implementation(dtype, norm):
+    """Same edges, same numbers: LayerScale, qk-norm, no qkv bias and 4 heads exercise every term; RmsNorm
+    takes the generic (torch.func) norm product instead of LayerNorm's closed form."""
+    torch.manual_seed(3)
+    model = VisionTransformer(img_size=16, patch_size=8, embed_dim=24, depth=3, num_heads=4, num_classes=5,
+                              init_values=0.5, qk_norm=True, qkv_bias=False,
+                              **({"norm_layer": norm} if norm else {})).eval().to(dtype)
+    images = torch.randn(6, 3, 16, 16, generator=torch.Generator().manual_seed(4), dtype=dtype)
+    graph = ViTGraph(model)
+    means, _ = node_means(graph, iter([images]))
+    batched = eap_ig_scores(graph, iter([images[:4], images[4:]]), means, steps=3).numpy()
+    reference = reference_eap_ig_scores(graph, iter([images[:4], images[4:]]), means, steps=3).numpy()
+    if dtype == torch.float64:  # the same sums in another order: equal edge by edge
+        np.testing.assert_allclose(batched, reference, rtol=1e-9, atol=0)
+    else:  # float32 rounding: both lie ~1e-5 of the largest score from the float64 values
+        assert np.abs(batched - reference).max() <= 5e-5 * np.abs(reference).max()
+        assert spearmanr(batched, reference).statistic > 0.9999
+
+
+def test_self_check_accepts_plain_vits():
+    images = torch.randn(3, 3, 16, 16)
+    for options in ({}, {"global_pool": "avg", "init_values": 0.1}, {"qk_norm": True, "global_pool": "map"},
+                    {"class_token": False, "global_pool": "avg", "reg_tokens": 2}):
+        torch.manual_seed(0)
+        gap = ViTGraph(VisionTransformer(**SMALL, **options)).self_check(images)
+        assert gap < 1e-5, options
+
+
+def test_self_check_refuses_an_attention_with_an_extra_norm():
+    """beit3's layout: a LayerNorm inside the attention, before the output projection."""
+    torch.manual_seed(0)
+    graph = ViTGraph(VisionTransformer(**SMALL, scale_attn_norm=True), "extra-norm-vit")
+    with pytest.raises(FeatstoreError, match=r"cannot rewrite extra-norm-vit: unsupported part blocks\.0\.attn\.norm "
+                                             r"\(LayerNorm\).*differs from model\(x\) by"):
+        graph.self_check(torch.randn(3, 3, 16, 16))
+    with pytest.raises(FeatstoreError, match="extra-norm-vit"):  # every run checks before scoring
+        node_means(graph, iter([torch.randn(3, 3, 16, 16)]))
+
+
+def test_self_check_names_the_block_a_hidden_change_sits_in():
+    torch.manual_seed(0)
+    model = VisionTransformer(**SMALL).eval()
+    model.blocks[1].register_forward_hook(lambda _m, _i, out: out + torch.linspace(-1, 1, 16))
+    with pytest.raises(FeatstoreError, match=r"unsupported part blocks\.1 \(its forward"):
+        ViTGraph(model, "hooked").self_check(torch.randn(3, 3, 16, 16))
+
+
+def test_unsupported_block_types_are_refused_in_one_line():
+    with pytest.raises(FeatstoreError, match="cannot rewrite rpn-vit: unsupported block type ResPostBlock"):
+        ViTGraph(VisionTransformer(**SMALL, block_fn=ResPostBlock), "rpn-vit")
 
 
 def hand_made_edges(rng, layers: int, n: int):
@@ -128,9 +187,23 @@ def test_circuits_ddb_css_commands(image_dir, tmp_path):
     out = run_cli("css", "--db", db, "--id", "vit_tiny_patch16_224/clean/eap-ig2", "--ood",
                   "vit_tiny_patch16_224/gaussian_noise-2/eap-ig2", "--format", "csv").output
     assert out.splitlines()[0] == "id_run,ood_run,distance,css,n_edges"
+    graph = run_cli("css", "--db", db, "--id", "vit_tiny_patch16_224/clean/eap-ig2", "--ood",
+                    "vit_tiny_patch16_224/gaussian_noise-2/eap-ig2", "--distance", "netlsd", "--top-n", "50",
+                    "--format", "csv").output.splitlines()
+    assert graph[1].split(",")[2] == "netlsd" and float(graph[1].split(",")[3]) >= 0
+    assert query(db, "SELECT count(*) AS n FROM css_graph WHERE top_n = 50")["n"][0] == 2  # both graph distances
     assert "no common edges" in fails("css", "--db", db, "--id", "a", "--ood", "b")
     run_cli("report", "--db", db, "--out", tmp_path / "rep")
     page = (tmp_path / "rep" / "report.html").read_text()
     assert "Circuit shift score" in page and "Inter-layer dependency matrix" in page
     assert len(list((tmp_path / "rep").glob("*_idm.png"))) == 2
     assert "circuits need a timm VisionTransformer" in fails("circuits", *common[2:], "--model", "resnet18")
+
+
+def test_circuits_command_refuses_beit3_before_writing(image_dir, tmp_path):
+    db = tmp_path / "f.duckdb"
+    line = fails("circuits", "--model", "beit3_base_patch16_224", "--weights", "none", "--image-size", "32",
+                 "--data", image_dir, "--db", db, "--limit", "2", "--ig-steps", "1", "--workers", "0",
+                 "--no-progress")
+    assert "cannot rewrite beit3_base_patch16_224: unsupported part blocks.0.attn.norm (LayerNorm)" in line
+    assert not db.exists()
