@@ -207,6 +207,7 @@ def test_sql_is_read_only_and_macros_live_in_the_file(world, tmp_path):
 
     con = duckdb.connect(str(db), read_only=True)  # a plain client, no featstore code: the macros are persisted
     assert con.execute("SELECT count(*) FROM decision_summary(2)").fetchone() == (5,)
+    con.close()  # featstore's sealed read-only config differs: DuckDB refuses a second in-process connection
     assert "no database" in fails("sql", "--db", tmp_path / "missing.duckdb", "SELECT 1")
     assert "SQL error" in fails("sql", "--db", db, "SELECT * FROM no_such_table")
 
