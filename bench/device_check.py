@@ -10,7 +10,8 @@ Sections, each timed and recorded even when another fails:
   precision  fp16 autocast vs fp32 stores of ResNet-50: per-anchor relative error, probe accuracy per anchor
   resume     one build SIGKILLed after its first chunk, resumed, compared byte for byte with an uninterrupted one
   probe      `featstore probe` (linear) on 50k x 12 synthetic anchors of ResNet-50 widths, 1000 classes
-  circuits   `featstore circuits` (EAP-IG) on ViT-B/16 for 64 images: seconds and peak GPU memory
+  circuits   `featstore circuits` (EAP-IG) on ViT-B/16 for 64 images: seconds and peak GPU memory, end to
+             end and for the scoring alone (bench/circuits.py's device_measurement)
 Random weights (`--weights none`) throughout: weights do not change speed, and the machine has no network.
 
 `--smoke` runs the same sections at toy sizes on the CPU (small models, 32 px crops, bf16 in place of fp16):
@@ -271,8 +272,14 @@ def circuits(data: Path, s: Sizes, device: torch.device) -> dict:
     result = compute_circuit(cfg)
     seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    return {"model": s.circuit_model, "images": s.circuit_images, "edges": len(result.edges),
-            "seconds": round(seconds, 1), "peak_gpu_gib": None if peak is None else round(peak, 2)}
+    out = {"model": s.circuit_model, "images": s.circuit_images, "edges": len(result.edges),
+           "seconds": round(seconds, 1), "peak_gpu_gib": None if peak is None else round(peak, 2)}
+    if device.type == "cuda":  # the scoring alone, as bench/circuits.py measures it (ViT-B/16, 64 images)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from circuits import device_measurement
+
+        out["eap_ig_scoring"] = device_measurement(device=str(device))
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -432,6 +439,10 @@ def markdown(report: dict) -> str:
     c = sec.get("circuits", {})
     if "error" not in c and c:
         row(f"circuits {c['model']}, {c['images']} images", f"{c['seconds']} s, peak GPU {c['peak_gpu_gib']} GiB")
+        if "eap_ig_scoring" in c:
+            e = c["eap_ig_scoring"]
+            row("EAP-IG scoring (bench/circuits.py), per 64 images",
+                f"{e['seconds_per_64_images']:.1f} s, peak GPU {e['peak_gpu_gib']:.2f} GiB")
     if "total_seconds" in report:
         row("whole check", f"{report['total_seconds']} s", "< 480")
     if p and "anchors" in p:
