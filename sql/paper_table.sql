@@ -1,5 +1,6 @@
 -- paper_table(k := 2, scope := 'auto') -> one row per clean run, shaped like the paper's Table 1: last-anchor
--- probe accuracy, mean l*, early / late / never-stable shares, stable-but-wrong, mean Δd̄ over its views.
+-- probe accuracy, mean l*, early / late / never-stable shares, stable-but-wrong read both ways (the paper's
+-- denominator is ambiguous): among stable images (l* < T) and over all images, mean Δd̄ over its views.
 CREATE OR REPLACE MACRO paper_table(k := 2, scope := 'auto') AS TABLE
 WITH s AS (SELECT * FROM decision_summary(k, scope) WHERE view = 'clean'),
 last_acc AS (
@@ -8,7 +9,8 @@ last_acc AS (
 shift AS (SELECT clean_run_id AS run_id, avg(delta) AS delta, count(*) AS views FROM corruption_shift(k, scope)
           GROUP BY clean_run_id)
 SELECT s.model, s.probe, s.run_id, la.accuracy AS last_anchor_accuracy, s.mean AS mean_layer, s.f_early,
-       s.f_late, s.never_stable, s.stable_but_wrong, sh.delta AS corruption_delta, sh.views AS corruption_views,
-       s.n
+       s.f_late, s.never_stable, s.stable_but_wrong AS stable_but_wrong_among_stable,
+       coalesce(s.stable_but_wrong, 0) * (1 - s.never_stable) AS stable_but_wrong_of_all, sh.delta AS corruption_delta,
+       sh.views AS corruption_views, s.n
 FROM s LEFT JOIN last_acc la USING (run_id) LEFT JOIN shift sh USING (run_id)
 ORDER BY s.model, s.probe;

@@ -185,6 +185,10 @@ def test_corruption_shift_and_paper_table(world):
     assert row["last_anchor_accuracy"] == pytest.approx(np.mean(clean.preds[mask, -1] == clean.labels[mask]))
     assert row["mean_layer"] == pytest.approx(ref["mean"]) and row["never_stable"] == pytest.approx(ref["never_stable"])
     assert row["corruption_delta"] == pytest.approx(reference(noisy, 2)["mean"] - ref["mean"])
+    stable_wrong = (ref["layers"] < clean.t) & ~ref["correct"]
+    assert row["stable_but_wrong_among_stable"] == pytest.approx(ref["stable_but_wrong"])
+    assert row["stable_but_wrong_of_all"] == pytest.approx(stable_wrong.mean())
+    assert row["stable_but_wrong_of_all"] < row["stable_but_wrong_among_stable"]
     assert table.filter(lambda_run("m3/clean/linear"))["corruption_delta"][0] is None
 
 
