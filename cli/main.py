@@ -99,7 +99,8 @@ def cli() -> None:
 @click.option("--store", required=True, type=click.Path(path_type=Path), help="Zarr store to create or extend.")
 @click.option("--labels", type=click.Path(path_type=Path), help="CSV filename,label for a flat folder.")
 @click.option("--views", default="clean", help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, brightness-S.")
-@click.option("--weights", default="default", help="default | a torchvision weights name | PATH | none.")
+@click.option("--weights", default="auto", help="auto (paper for the paper's five models, else default) | paper | "
+              "default | a torchvision weights name or timm pretrained tag | PATH | none.")
 @click.option("--anchors", help="Comma list of module names (X.mid inside ResNet blocks); default: preset.")
 @click.option("--taps", help="Transformer module taps per block: all, or a list of ln1,attn,resid_mid,ln2,fc1,act,"
               "fc2,resid (timm ViTs); anchors become (block, tap) pairs.")
@@ -373,7 +374,8 @@ def format_info(summary: dict) -> str:
         lines.append(f"images {im['count']} in {im['classes']} classes ({im['source']})")
     for key, m in summary["models"].items():
         p = m["preprocessing"]
-        lines.append(f"\nmodel  {key}: {m['model']}  weights {m['weights']}  classes {m['num_classes']}")
+        top1 = f" (published top-1 {m['published_top1']:.2f}%)" if m.get("published_top1") is not None else ""
+        lines.append(f"\nmodel  {key}: {m['model']}  weights {m['weights']}{top1}  classes {m['num_classes']}")
         prep = f"resize {p['resize']} crop {p['crop']} {p['interpolation']}" if p else "none (written directly)"
         lines.append(f"  preprocessing {prep}  pool {m['token_pool']}  chunk rows {m['chunk_rows']}")
         lines.append("  anchors " + ", ".join(f"{i}:{name}[{dim}]" for i, name, _, dim in m["anchors"]))

@@ -51,7 +51,7 @@ class BuildConfig:
     store: Path
     views: str = "clean"
     labels: Path | None = None
-    weights: str = "default"
+    weights: str = "auto"
     anchors: str | None = None
     taps: str | None = None
     pool: str | None = None

@@ -29,6 +29,7 @@ import zarr
 from featstore.anchors import Anchor
 from featstore.datasets import ImageSet
 from featstore.errors import FeatstoreError
+from featstore.models import published_top1
 
 FORMAT = 1
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -325,7 +326,8 @@ class FeatureStore:
                             "damaged_chunks": sorted({p.chunk for p in self.check_view(key, v, deep=False)})}
             probes = sorted(k for k, _ in self.root[key]["probes"].groups()) if "probes" in self.root[key] else []
             out["models"][key] = {
-                "model": cfg["model"], "weights": cfg["weights_id"], "preprocessing": cfg["preprocessing"],
+                "model": cfg["model"], "weights": cfg["weights_id"],
+                "published_top1": published_top1(cfg["weights_id"]), "preprocessing": cfg["preprocessing"],
                 "token_pool": cfg.get("token_pool"), "num_classes": cfg["num_classes"],
                 "chunk_rows": cfg["chunk_rows"],
                 "anchors": [(a["index"], a["name"], a["module"], a["dim"]) for a in cfg["anchors"]],

@@ -6,14 +6,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.error import URLError
 
 import pytest
 import torch
 import torchvision
-from torchvision.models import ResNet18_Weights
+from torchvision.models import ResNet18_Weights, ResNet50_Weights
 
-from featstore.models import load_model
+import featstore.models
+from featstore.errors import FeatstoreError
+from featstore.models import load_model, published_top1, resolve_weights
 from featstore.store import FeatureStore
 
 from conftest import assert_fp16_close, reference_batch, run_cli
@@ -51,11 +54,70 @@ def test_default_weights_offline_say_where_to_put_the_file(image_dir, tmp_path, 
 
     monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", offline)
     monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))
-    result = run_cli("build", "--model", "resnet50", "--data", image_dir, "--store", tmp_path / "s.zarr",
-                     *SMALL, ok=False)
-    assert result.exit_code == 2
-    expected = tmp_path / "hub" / "checkpoints" / "resnet50-11ad3fa6.pth"
-    assert str(expected) in result.output and "--weights PATH" in result.output
+    for weights, file in [("auto", "resnet50-0676ba61.pth"), ("default", "resnet50-11ad3fa6.pth")]:
+        result = run_cli("build", "--model", "resnet50", "--weights", weights, "--data", image_dir,
+                         "--store", tmp_path / "s.zarr", *SMALL, ok=False)
+        assert result.exit_code == 2
+        expected = tmp_path / "hub" / "checkpoints" / file
+        assert str(expected) in result.output and "--weights PATH" in result.output
+
+
+def test_paper_weights_are_torchvision_v1_with_the_v1_transform(tmp_path, monkeypatch):
+    """Without --weights, the paper's ResNet-50 is IMAGENET1K_V1 (resize 256 -> crop 224), not the library's V2."""
+    torch.manual_seed(5)
+    hub = tmp_path / "hub"
+    target = hub / "checkpoints" / os.path.basename(ResNet50_Weights.IMAGENET1K_V1.url)
+    target.parent.mkdir(parents=True)
+    torch.save(torchvision.models.resnet50(weights=None).state_dict(), target)
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(hub))
+    for weights in ("auto", "paper", "IMAGENET1K_V1"):
+        loaded = load_model("resnet50", weights)
+        assert loaded.weights_id == "torchvision:ResNet50_Weights.IMAGENET1K_V1"
+        tf = ResNet50_Weights.IMAGENET1K_V1.transforms()
+        p = loaded.preprocessing
+        assert (p.resize, p.crop, p.interpolation) == (256, 224, "bilinear") == (
+            tf.resize_size[0], tf.crop_size[0], tf.interpolation.value)
+    assert published_top1(loaded.weights_id) == 76.13
+    assert published_top1("torchvision:ResNet50_Weights.IMAGENET1K_V2") == 80.858
+    assert resolve_weights("torchvision", "resnet34", "auto") == "default"
+    with pytest.raises(FeatstoreError, match="the paper studies resnet18"):
+        resolve_weights("torchvision", "resnet34", "paper")
+
+
+def test_paper_weights_of_vit_and_convnext_are_imagenet_1k_timm_tags(monkeypatch):
+    """The paper names no checkpoint for ViT-B/16 and ConvNeXt-T: ours are timm's IN-1k-only ones."""
+    import timm
+
+    asked = []
+
+    def offline_timm(arch, image_size, pretrained=False, **kwargs):  # the real pretrained_cfg, no 86M-param build
+        asked.append((arch, pretrained))
+        if pretrained:
+            raise OSError("offline")
+        return SimpleNamespace(pretrained_cfg=timm.models.get_pretrained_cfg(arch).to_dict())
+
+    monkeypatch.setattr(featstore.models, "_create_timm", offline_timm)
+    for name, tag in [("vit_base_patch16_224", "vit_base_patch16_224.augreg_in1k"),
+                      ("convnext_tiny", "convnext_tiny.fb_in1k")]:
+        with pytest.raises(FeatstoreError, match=f"timm/{tag}"):
+            load_model(name)  # auto = paper for the paper's models; offline, the error names the file
+        assert asked[-2:] == [(tag, True), (tag, False)]
+        assert published_top1(f"timm:timm/{tag}") > 79
+    with pytest.raises(FeatstoreError, match="no timm pretrained tag 'in1k_v9'"):
+        load_model("convnext_tiny", "in1k_v9")
+
+
+def test_info_shows_weights_and_their_published_top1(image_dir, tmp_path, monkeypatch):
+    torch.manual_seed(3)
+    hub = tmp_path / "hub"
+    target = hub / "checkpoints" / os.path.basename(ResNet18_Weights.IMAGENET1K_V1.url)
+    target.parent.mkdir(parents=True)
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), target)
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(hub))
+    store = tmp_path / "s.zarr"
+    run_cli("build", "--model", "resnet18", "--data", image_dir, "--store", store, *SMALL)
+    out = run_cli("info", store).output
+    assert "weights torchvision:ResNet18_Weights.IMAGENET1K_V1 (published top-1 69.76%)" in out
 
 
 def test_weights_from_a_local_state_dict_with_its_own_class_count(image_dir, tmp_path):
@@ -83,8 +145,6 @@ def test_a_state_dict_for_another_model_is_refused(image_dir, tmp_path):
 def test_weights_are_loaded_without_unpickling_arbitrary_objects(tmp_path):
     path = tmp_path / "evil.pth"
     torch.save({"state_dict": {"x": torch.zeros(1)}, "hook": Path("/")}, path)  # not allowed by weights_only
-    from featstore.errors import FeatstoreError
-
     with pytest.raises(FeatstoreError, match="cannot read weights file"):
         load_model("resnet18", weights=str(path))
 
