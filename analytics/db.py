@@ -156,8 +156,8 @@ def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo)
         raise FeatstoreError(f"database {path} holds another image set ({rows.get('source')}); "
                              f"one database per image set: pass a new --db")
     if int(rows.get("split_seed", 0)) != info.split_seed:
-        raise FeatstoreError(f"database {path} uses split seed {rows.get('split_seed')}; pass --seed "
-                             f"{rows.get('split_seed')} or a new --db")
+        raise FeatstoreError(f"database {path} splits its images with split seed {rows.get('split_seed')}; pass "
+                             f"--split-seed {rows.get('split_seed')} (--seed is the probe seed) or a new --db")
     if float(rows.get("val_frac", 0.1)) != info.val_frac:
         raise FeatstoreError(f"database {path} records a val fraction of {rows.get('val_frac')} in its images "
                              f"table; probe with that value or use a new --db")
@@ -165,10 +165,11 @@ def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo)
 
 
 def register_images(con: duckdb.DuckDBPyConnection, info: DatasetInfo, image_id: np.ndarray, path: np.ndarray,
-                    label: np.ndarray, split: np.ndarray) -> None:
+                    label: np.ndarray, split: np.ndarray, class_names: list[str] | None = None) -> None:
+    names = [class_names[y] if class_names and 0 <= y < len(class_names) else None for y in label.tolist()]
     table = pa.table({"dataset": pa.array([info.fingerprint] * len(image_id)), "image_id": image_id,
                       "path": pa.array(path.tolist(), pa.string()), "label": label.astype(np.int32),
-                      "split": pa.array(split.tolist(), pa.string())})
+                      "split": pa.array(split.tolist(), pa.string()), "class_name": pa.array(names, pa.string())})
     con.execute("BEGIN")
     con.execute("DELETE FROM images")
     _insert(con, "images", table)
@@ -282,6 +283,22 @@ class RunRows:
 
 def write_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
     """Replace one run's rows in a single transaction."""
+    write_runs(con, [rows])
+
+
+def write_runs(con: duckdb.DuckDBPyConnection, runs: list[RunRows]) -> None:
+    """Replace the rows of several runs (the views one set of probes predicts) in a single transaction."""
+    try:
+        con.execute("BEGIN")
+        for rows in runs:
+            _replace_run(con, rows)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def _replace_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
     n, a = rows.pred.shape
     run_id = rows.run["run_id"]
     predictions = pa.table({
@@ -292,25 +309,19 @@ def write_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
         "conf": rows.conf.astype(np.float32).ravel(),
     })
     run = rows.run
-    try:
-        con.execute("BEGIN")
-        for table in ("predictions", "decisions", "folds", "probe_fits", "runs"):
-            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-        con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now())",
-                    [run_id, run["model"], run["view"], run["train_view"], run["probe"], json.dumps(run["params"]),
-                     run["cross_fit"], run["seed"], n, a, run["store"]])
-        _insert(con, "predictions", predictions)
-        if rows.fold is not None:
-            _insert(con, "folds", pa.table({"run_id": pa.array([run_id] * n),
-                                            "image_id": rows.image_id.astype(np.int64),
-                                            "fold": rows.fold.astype(np.int16)}))
-        con.execute(sql_text("derive_decisions"), {"run_id": run_id})
-        if rows.fits:
-            con.executemany("INSERT INTO probe_fits (run_id, fold, anchor, val_accuracy, epochs, converged, "
-                            "train_loss, val_loss, info) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            [(run_id, f, anchor, r.get("val_accuracy"), r.get("epochs"), r.get("converged"),
-                              r.get("train_loss"), r.get("val_loss"), json.dumps(r)) for f, anchor, r in rows.fits])
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+    for table in ("predictions", "decisions", "folds", "probe_fits", "runs"):
+        con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+    con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now())",
+                [run_id, run["model"], run["view"], run["train_view"], run["probe"], json.dumps(run["params"]),
+                 run["cross_fit"], run["seed"], n, a, run["store"]])
+    _insert(con, "predictions", predictions)
+    if rows.fold is not None:
+        _insert(con, "folds", pa.table({"run_id": pa.array([run_id] * n),
+                                        "image_id": rows.image_id.astype(np.int64),
+                                        "fold": rows.fold.astype(np.int16)}))
+    con.execute(sql_text("derive_decisions"), {"run_id": run_id})
+    if rows.fits:
+        con.executemany("INSERT INTO probe_fits (run_id, fold, anchor, val_accuracy, epochs, converged, "
+                        "train_loss, val_loss, info) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        [(run_id, f, anchor, r.get("val_accuracy"), r.get("epochs"), r.get("converged"),
+                          r.get("train_loss"), r.get("val_loss"), json.dumps(r)) for f, anchor, r in rows.fits])

@@ -149,7 +149,10 @@ def build(**options) -> None:
 @click.option("--cross-fit", default=0, help="K >= 2: K folds, every image predicted out of sample.")
 @click.option("--project-dim", type=int, help="Capacity control: the projected variant at this width (a seeded "
               "random projection of wider anchors); results coexist with the raw variant's.")
-@click.option("--seed", default=0, help="Split, fold and probe seed.")
+@click.option("--seed", default=0, help="Probe seed (initialisation, shuffling, projections); runs of several "
+              "seeds land side by side (macro seed_spread).")
+@click.option("--split-seed", default=0, help="Seed of the train/val/test split and cross-fit folds (fixed per "
+              "database).")
 @click.option("--val-frac", default=0.1, help="Share of the train split carved out as val (fixed per database).")
 @click.option("--memory-budget", default="4GB", help="Keep features in memory up to this size, else stream chunks.")
 @click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
@@ -371,7 +374,8 @@ def format_info(summary: dict) -> str:
     lines = [f"store  {summary['path']}"]
     im = summary["images"]
     if im:
-        lines.append(f"images {im['count']} in {im['classes']} classes ({im['source']})")
+        space = " labelled as ImageNet-1k indices" if im.get("label_space") == "imagenet-1k" else ""
+        lines.append(f"images {im['count']} in {im['classes']} classes{space} ({im['source']})")
     for key, m in summary["models"].items():
         p = m["preprocessing"]
         top1 = f" (published top-1 {m['published_top1']:.2f}%)" if m.get("published_top1") is not None else ""
@@ -470,6 +474,24 @@ def zoo(config: Path, fmt: str, **options) -> None:
 
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
     print_frame(run_zoo(ZooConfig(config=str(config), **options)).table, fmt)
+
+
+@cli.command()
+@click.argument("study_file", type=click.Path(path_type=Path))
+@click.option("--data", type=click.Path(path_type=Path), help="Image folder [default: the study's data.path].")
+@click.option("--out", type=click.Path(path_type=Path), help="Folder for the store, database, report and study "
+              "state [default: ./study-<name>].")
+@click.option("--progress/--no-progress", default=True)
+@user_errors
+def study(study_file: Path, data: Path | None, out: Path | None, progress: bool) -> None:
+    """Run a declared grid (models x weights x views x probes, a TOML file) end to end; reruns skip finished steps."""
+    from featstore.workflows.study import run_study
+
+    result = run_study(study_file, data, out, progress)
+    click.echo(f"{len(result.ran)} step(s) run, {len(result.skipped)} already done")
+    click.echo(f"\nthe paper's Table 1 shape beside its published figures ({result.published_source or 'none'}):")
+    print_frame(result.table)
+    click.echo(f"\nreport: {result.report}\ndatabase: {result.db}\nstore: {result.store}")
 
 
 def main() -> None:

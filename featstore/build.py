@@ -21,7 +21,7 @@ import torch
 
 from featstore import __version__
 from featstore.anchors import anchor_names_for, tap_anchor_names
-from featstore.datasets import ImageSet, check_labels, discover
+from featstore.datasets import IMAGENET_CLASSES, ImageSet, check_labels, discover
 from featstore.errors import FeatstoreError
 from featstore.extraction import Tapper, describe_anchors
 from featstore.locks import locked
@@ -125,6 +125,8 @@ def build(cfg: BuildConfig) -> BuildResult:
     sample = loaded.preprocessing.normalize(torch.zeros(1, 3, loaded.preprocessing.crop, loaded.preprocessing.crop))
     anchors, num_classes = describe_anchors(model, names, sample.to(device).contiguous(memory_format=memory_format),
                                             pool_kind)
+    if num_classes != IMAGENET_CLASSES:  # WNID labels mean ImageNet-1k indices only to a 1000-way head
+        images = images.with_folder_ranks()
     check_labels(images, num_classes)
     tapper = Tapper(model, anchors, pool_kind)
     key = model_key(cfg.name or cfg.model)

@@ -1,8 +1,11 @@
 """Image sets: an ImageFolder tree or a flat folder plus a labels CSV, with stable image ids.
 
 `image_id` is an image's rank in the sorted relative paths of the whole set, so ids stay the same when
-`--limit` takes a subset. Loading returns an error string instead of raising, so that a corrupt file can be
-reported as one line (or skipped) by the main process rather than as a worker traceback.
+`--limit` takes a subset. When every class (folder or labels-file name) is an ImageNet-1k WNID, labels are the
+standard ImageNet-1k indices whatever subset of classes is present, so that they mean what a 1000-way head
+predicts; `ImageSet.with_folder_ranks` gives the 0..n-1 ranks for a model with another head. Loading returns an
+error string instead of raising, so that a corrupt file can be reported as one line (or skipped) by the main
+process rather than as a worker traceback.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from featstore.preprocessing import Preprocessing
 from featstore.views import View
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+IMAGENET_CLASSES = 1000
+_WNID = re.compile(r"n\d{8}")
 
 
 @dataclass
@@ -37,6 +42,8 @@ class ImageSet:
     labels: np.ndarray  # int64
     class_names: list[str]
     source: str
+    label_space: str = "folder-rank"  # or "imagenet-1k": labels are ImageNet-1k indices, class_names its WNIDs
+    folder_classes: list[str] | None = None  # imagenet-1k: the sorted class names found, for `with_folder_ranks`
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -47,6 +54,38 @@ class ImageSet:
         for i, p, y in zip(self.image_ids.tolist(), self.paths, self.labels.tolist(), strict=True):
             h.update(f"{i}\t{p}\t{y}\n".encode())
         return h.hexdigest()[:32]
+
+    def with_folder_ranks(self) -> ImageSet:
+        """The same images labelled 0..n-1 by sorted class name (for a head that is not ImageNet-1k's)."""
+        if self.folder_classes is None:
+            return self
+        rank = {name: i for i, name in enumerate(self.folder_classes)}
+        to_rank = np.asarray([rank.get(name, -1) for name in self.class_names], dtype=np.int64)
+        return ImageSet(self.root, self.image_ids, self.paths, to_rank[self.labels], self.folder_classes, self.source)
+
+
+def imagenet_indices(class_names: Sequence[str]) -> list[int] | None:
+    """Each name's ImageNet-1k index when every name is an ImageNet-1k WNID (timm ships the list), else None."""
+    if not class_names or not all(_WNID.fullmatch(c) for c in class_names):
+        return None
+    from timm.data import ImageNetInfo
+
+    index = {wnid: i for i, wnid in enumerate(ImageNetInfo().label_names())}
+    if not all(c in index for c in class_names):
+        return None
+    return [index[c] for c in class_names]
+
+
+def _to_imagenet(images: ImageSet) -> ImageSet:
+    """WNID-named classes -> labels are ImageNet-1k indices and class_names the 1000 WNIDs."""
+    indices = imagenet_indices(images.class_names)
+    if indices is None:
+        return images
+    from timm.data import ImageNetInfo
+
+    labels = np.asarray(indices, dtype=np.int64)[images.labels]
+    return ImageSet(images.root, images.image_ids, images.paths, labels, list(ImageNetInfo().label_names()),
+                    images.source, "imagenet-1k", images.class_names)
 
 
 def _is_image(p: Path) -> bool:
@@ -76,7 +115,7 @@ def discover(root: str | Path, labels: str | Path | None = None, limit: int | No
             keep = np.sort(np.random.default_rng(seed).choice(len(paths), size=limit, replace=False))
             ids, ys_arr = ids[keep], ys_arr[keep]
             paths = [paths[i] for i in keep]
-    return ImageSet(root, ids, paths, ys_arr, classes, source)
+    return _to_imagenet(ImageSet(root, ids, paths, ys_arr, classes, source))
 
 
 def _from_tree(root: Path) -> tuple[list[str], list[int], list[str]]:

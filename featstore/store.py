@@ -7,7 +7,7 @@ Layout::
     <model>/<view>/anchors/<anchor>          float16 [N, C], chunks (chunk_rows, C)
     <model>/<view>/{logits,skipped}          float16 [N, classes], bool [N]
     <model>/<view>/done                      bool [n_chunks]: the only commit point
-    <model>/probes/<variant>/...             written by probes
+    <model>/probes/<name>/<version>/...      written by probes; attrs `current` names the version in use
 
 `commit_chunk` is the one function that writes a chunk and then marks it done; every writer calls it, so a
 chunk that is marked done is always complete (zarr's LocalStore writes each file atomically).
@@ -109,10 +109,16 @@ class FeatureStore:
         g.create_array("path", shape=(n,), chunks=chunk, dtype=str, overwrite=True)[:] = np.asarray(images.paths)
         # attrs last: their fingerprint is what marks the image list as written
         g.attrs.update({"source": images.source, "root": str(images.root.resolve()),
-                        "class_names": images.class_names, "count": n, "fingerprint": images.fingerprint()})
+                        "class_names": images.class_names, "label_space": images.label_space, "count": n,
+                        "fingerprint": images.fingerprint()})
 
     def check_images(self, images: ImageSet) -> None:
         attrs = dict(self.root["images"].attrs)
+        space = attrs.get("label_space", "folder-rank")
+        if attrs.get("fingerprint") != images.fingerprint() and space != images.label_space:
+            raise FeatstoreError(
+                f"store {self.path} labels its images as {space} classes, but this model's head needs "
+                f"{images.label_space} labels (ImageNet-1k indices only fit a 1000-way head); use a new --store")
         if attrs.get("fingerprint") != images.fingerprint():
             raise FeatstoreError(
                 f"store {self.path} holds a different image list ({attrs.get('count')} images from "
@@ -280,9 +286,10 @@ class FeatureStore:
     # -- probes -------------------------------------------------------------------------------------
 
     def write_probe(self, key: str, name: str, anchor: str, weight: np.ndarray, bias: np.ndarray,
-                    attrs: dict) -> None:
-        """Save one anchor's probe weights [folds, C, D] and biases [folds, C] under <model>/probes/<name>/."""
-        g = self.root[key].require_group("probes").require_group(name).require_group(anchor)
+                    attrs: dict, version: str) -> None:
+        """Save one anchor's probe weights [folds, C, D] and biases [folds, C] under
+        <model>/probes/<name>/<version>/; nothing reads them until `make_probe_current` names that version."""
+        g = self.root[key].require_group("probes").require_group(name).require_group(version).require_group(anchor)
         g.create_array("weight", shape=weight.shape, chunks=weight.shape, dtype="float32", overwrite=True)[:] = weight
         g.create_array("bias", shape=bias.shape, chunks=bias.shape, dtype="float32", overwrite=True)[:] = bias
         g.attrs.put(attrs)
@@ -296,12 +303,32 @@ class FeatureStore:
             raise FeatstoreError(f"store {self.path} is read-only here ({e.strerror}: {self.path / key}); probes "
                                  f"are saved into the store: make it writable or copy it") from e
 
-    def read_probe(self, key: str, name: str, anchor: str) -> tuple[np.ndarray, np.ndarray, dict]:
+    def make_probe_current(self, key: str, name: str, version: str) -> None:
+        """Point <model>/probes/<name> at `version` (one attrs file, written atomically), then drop the others.
+        Called after the database committed the rows of that version, so a failure before leaves the old pair."""
+        g = self.root[key]["probes"][name]
+        g.attrs["current"] = version
+        for other in [k for k, _ in g.groups() if k != version]:
+            del g[other]
+
+    def discard_probe_version(self, key: str, name: str, version: str) -> None:
+        """Remove a version that never became current (its database transaction failed)."""
         try:
-            g = self.root[key]["probes"][name][anchor]
+            g = self.root[key]["probes"][name]
+        except KeyError:
+            return
+        if version in g and g.attrs.get("current") != version:
+            del g[version]
+
+    def read_probe(self, key: str, name: str, anchor: str,
+                   version: str | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+        """One anchor's probe: the current version, or the `version` a database run records."""
+        try:
+            g = self.root[key]["probes"][name]
+            g = g[version or g.attrs["current"]][anchor]
         except KeyError as e:
-            raise FeatstoreError(f"store {self.path} has no probe {name!r} for {key}/{anchor}; "
-                                 f"train it with `featstore probe`") from e
+            raise FeatstoreError(f"store {self.path} has no probe {name!r}{f' version {version}' if version else ''} "
+                                 f"for {key}/{anchor}; train it with `featstore probe`") from e
         return g["weight"][:], g["bias"][:], dict(g.attrs)
 
     # -- summary ------------------------------------------------------------------------------------
@@ -311,8 +338,9 @@ class FeatureStore:
         out: dict = {"path": str(self.path), "images": None, "models": {}}
         if self.has_images():
             a = self.image_attrs()
-            out["images"] = {"count": a.get("count"), "classes": len(a.get("class_names", [])),
-                             "source": a.get("source")}
+            present = len(np.unique(self.root["images"]["label"][:]))
+            out["images"] = {"count": a.get("count"), "classes": present, "source": a.get("source"),
+                             "label_space": a.get("label_space", "folder-rank")}
         for key in self.models():
             attrs = self.model_attrs(key)
             cfg = attrs["config"]

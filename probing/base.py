@@ -159,6 +159,18 @@ class ProbeVariant(ABC):
     def label(self) -> str:
         return self.name
 
+    label_params: ClassVar[tuple[str, ...]] = ()  # parameters `label` already shows
+
+    @property
+    def canonical_id(self) -> str:
+        """`label` plus every parameter that differs from the variant's defaults, sorted: 'linear:epochs=12'.
+        Equal settings always give the same id (12 and 12.0 alike), so it names runs and stored probes."""
+        defaults = type(self)().params
+        changed = {k: v for k, v in self.params.items() if k not in self.label_params and defaults.get(k) != v}
+        if not changed:
+            return self.label
+        return self.label + ":" + ",".join(f"{k}={_number(v)}" for k, v in sorted(changed.items()))
+
     @abstractmethod
     def plan(self, n_fit: int) -> Plan: ...
 
@@ -176,6 +188,12 @@ class ProbeVariant(ABC):
     def projection(self, dim: int, anchor: int, seed: int) -> torch.Tensor | None:
         """A fixed [D, D'] matrix applied to the features before anything else (capacity control), or None."""
         return None
+
+
+def _number(value: float) -> str:
+    """12 and 12.0 -> '12'; 0.1 -> '0.1'; 1e-4 -> '0.0001'."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() else format(value, ".10g")
 
 
 VARIANTS: dict[str, type[ProbeVariant]] = {}

@@ -13,6 +13,7 @@ from featstore.probing.linear import Linear
 @register
 class Projected(Linear):
     name = "projected"
+    label_params = ("dim",)
 
     def __init__(self, dim: int = 256, **linear_params):
         super().__init__(**linear_params)

@@ -1,9 +1,11 @@
 -- featstore's tables (docs/design.md §6), one database per image set. Idempotent: run on every write connection.
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 
--- every image of the store; split is the seeded 70/30 train/test split with val carved from train
+-- every image of the store; split is the seeded 70/30 train/test split with val carved from train; class_name
+-- names the label (a WNID when labels are ImageNet-1k indices)
 CREATE TABLE IF NOT EXISTS images (
-    dataset VARCHAR, image_id BIGINT PRIMARY KEY, path VARCHAR, label INTEGER, split VARCHAR);
+    dataset VARCHAR, image_id BIGINT PRIMARY KEY, path VARCHAR, label INTEGER, split VARCHAR, class_name VARCHAR);
+ALTER TABLE images ADD COLUMN IF NOT EXISTS class_name VARCHAR;
 
 -- the anchors of each model: anchor = index 0..T along depth; block/tap for Transformer module taps
 CREATE TABLE IF NOT EXISTS anchors (

@@ -1,0 +1,105 @@
+"""WNID-named classes are labelled by their ImageNet-1k index, whatever subset is present, so that a 1000-way
+head's accuracy (`model_outputs`, the full-depth baseline) is scored against the right classes."""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pytest
+import torch
+import torchvision
+from timm.data import ImageNetInfo
+
+from featstore.datasets import discover
+from featstore.store import FeatureStore
+from featstore.synthetic import class_image
+
+from conftest import fails, run_cli
+
+INDICES = [5, 120, 250, 333, 404, 517, 640, 777, 888, 999]  # a 10-class subset, in WNID (= index) order
+PREDICTED = 333
+SMALL = ["--image-size", "32", "--chunk-rows", "16", "--batch-size", "8", "--workers", "0", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def wnid_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wnids") / "val"
+    wnids = ImageNetInfo().label_names()
+    rng = np.random.default_rng(0)
+    for label, index in enumerate(INDICES):
+        folder = root / wnids[index]
+        folder.mkdir(parents=True)
+        for j in range(3):
+            class_image(label, len(INDICES), rng, (40, 32)).save(folder / f"ILSVRC_{index:04d}_{j}.JPEG", "JPEG")
+    return root
+
+
+def test_wnid_folders_and_wnid_labels_files_get_imagenet_indices(wnid_dir, tmp_path):
+    images = discover(wnid_dir)
+    wnids = ImageNetInfo().label_names()
+    folder_of = [p.split("/")[0] for p in images.paths]
+    assert images.label_space == "imagenet-1k"
+    assert images.labels.tolist() == [wnids.index(w) for w in folder_of]
+    assert sorted(set(images.labels.tolist())) == INDICES
+    assert images.with_folder_ranks().labels.tolist() == [INDICES.index(wnids.index(w)) for w in folder_of]
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    lines = ["filename,label"]
+    for path in images.paths:
+        (flat / path.replace("/", "_")).write_bytes((wnid_dir / path).read_bytes())
+        lines.append(f"{path.replace('/', '_')},{path.split('/')[0]}")
+    (tmp_path / "labels.csv").write_text("\n".join(lines) + "\n")
+    from_csv = discover(flat, tmp_path / "labels.csv")
+    assert from_csv.label_space == "imagenet-1k" and from_csv.labels.tolist() == images.labels.tolist()
+
+
+def _checkpoint(path, num_classes: int, predicted: int):
+    """A resnet18 whose head always answers `predicted` (zero weights, one positive bias)."""
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=num_classes)
+    with torch.no_grad():
+        model.fc.weight.zero_()
+        model.fc.bias.zero_()
+        model.fc.bias[predicted] = 10.0
+    torch.save(model.state_dict(), path)
+    return path
+
+
+def test_head_accuracy_is_scored_against_imagenet_indices(wnid_dir, tmp_path):
+    store, db = tmp_path / "s.zarr", tmp_path / "f.duckdb"
+    weights = _checkpoint(tmp_path / "in1k.pth", 1000, PREDICTED)
+    run_cli("build", "--model", "resnet18", "--weights", weights, "--data", wnid_dir, "--store", store, *SMALL)
+    run_cli("probe", "--store", store, "--model", "resnet18", "--db", db, "--variant", "linear:min_steps=20",
+            "--no-progress")
+    fs = FeatureStore(store)
+    wnids = ImageNetInfo().label_names()
+    truth = np.array([wnids.index(p.split("/")[0]) for p in fs.image_table()["path"]])
+    expected = np.mean(fs.read_logits("resnet18", "clean").astype(np.float32).argmax(axis=1) == truth)
+    assert expected == pytest.approx(0.1)  # the head answers class 333, one of the ten classes
+    con = duckdb.connect(str(db), read_only=True)
+    got = con.execute("SELECT avg((m.pred = i.label)::INT) FROM model_outputs m JOIN images i USING (image_id)"
+                      ).fetchone()[0]
+    names = con.execute("SELECT DISTINCT path, class_name FROM images").fetchall()
+    probe_preds = {p for (p,) in con.execute("SELECT DISTINCT pred FROM predictions").fetchall()}
+    con.close()
+    assert got == pytest.approx(expected)
+    assert all(path.split("/")[0] == name for path, name in names)
+    assert probe_preds <= set(INDICES)  # 1000-way probes, trained on ImageNet indices, answer with them
+    assert "in 10 classes labelled as ImageNet-1k indices" in run_cli("info", store).output
+
+    narrow = _checkpoint(tmp_path / "ten.pth", 10, 3)
+    line = fails("build", "--model", "resnet18", "--weights", narrow, "--name", "ten", "--data", wnid_dir,
+                 "--store", store, *SMALL)
+    assert "imagenet-1k classes" in line and "new --store" in line
+
+
+def test_a_head_that_is_not_imagenet_keeps_folder_ranks(wnid_dir, tmp_path):
+    store = tmp_path / "s.zarr"
+    weights = _checkpoint(tmp_path / "ten.pth", 10, 3)
+    run_cli("build", "--model", "resnet18", "--weights", weights, "--data", wnid_dir, "--store", store, *SMALL)
+    fs = FeatureStore(store)
+    wnids = ImageNetInfo().label_names()
+    ranks = [INDICES.index(wnids.index(p.split("/")[0])) for p in fs.image_table()["path"]]
+    assert fs.image_table()["label"].tolist() == ranks
+    assert fs.image_attrs()["label_space"] == "folder-rank"
