@@ -155,7 +155,7 @@ def test_scopes_are_one_list_in_sql_and_python(tmp_path):
 
     db = tmp_path / "f.duckdb"
     con = connect(db)
-    con.execute("INSERT INTO images VALUES ('d', 0, 'a.png', 0, 'test')")
+    con.execute("INSERT INTO images (dataset, image_id, path, label, split) VALUES ('d', 0, 'a.png', 0, 'test')")
     con.close()
     for scope in SCOPES:
         assert query(db, "SELECT in_scope(?, 'test', 0) AS x", [scope])["x"][0] == (scope in ("auto", "all", "test"))
