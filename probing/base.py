@@ -165,7 +165,10 @@ class ProbeVariant(ABC):
     def canonical_id(self) -> str:
         """`label` plus every parameter that differs from the variant's defaults, sorted: 'linear:epochs=12'.
         Equal settings always give the same id (12 and 12.0 alike), so it names runs and stored probes."""
-        defaults = type(self)().params
+        try:
+            defaults = type(self)().params
+        except TypeError:  # a variant with required parameters: name them all
+            defaults = {}
         changed = {k: v for k, v in self.params.items() if k not in self.label_params and defaults.get(k) != v}
         if not changed:
             return self.label
