@@ -325,7 +325,8 @@ class FeatureStore:
         """One anchor's probe: the current version, or the `version` a database run records."""
         try:
             g = self.root[key]["probes"][name]
-            g = g[version or g.attrs["current"]][anchor]
+            g = g[anchor] if version is None and "current" not in g.attrs else g[version or g.attrs["current"]][anchor]
+            # (stores probed before versions existed keep <name>/<anchor>)
         except KeyError as e:
             raise FeatstoreError(f"store {self.path} has no probe {name!r}{f' version {version}' if version else ''} "
                                  f"for {key}/{anchor}; train it with `featstore probe`") from e

@@ -144,3 +144,13 @@ def test_store_weights_and_db_rows_commit_together(store, tmp_path, monkeypatch,
     bias = FeatureStore(store).read_probe("synthetic", NAME, "anchor00")[1]
     assert bias[0, 0] > 50  # the current weights are the ones that produced the new rows
     assert new_p != preds and all(p == 0 for _, _, p in new_p)  # bias +100 on class 0: every prediction is 0
+
+
+def test_probes_stored_before_versions_existed_are_still_read(tmp_path):
+    feats, labels = class_clusters(40, 3, [4, 5], seed=1)
+    fs = FeatureStore(write_feature_store(tmp_path / "s.zarr", feats, labels, 3), mode="a")
+    old = fs.root["synthetic"].require_group("probes").require_group("linear@clean").require_group("anchor00")
+    old.create_array("weight", shape=(1, 3, 4), dtype="float32")[:] = 1.0
+    old.create_array("bias", shape=(1, 3), dtype="float32")[:] = 2.0
+    weight, bias, _ = fs.read_probe("synthetic", "linear@clean", "anchor00")
+    assert weight.sum() == 12 and bias.sum() == 6
