@@ -165,10 +165,7 @@ class ProbeVariant(ABC):
     def canonical_id(self) -> str:
         """`label` plus every parameter that differs from the variant's defaults, sorted: 'linear:epochs=12'.
         Equal settings always give the same id (12 and 12.0 alike), so it names runs and stored probes."""
-        try:
-            defaults = type(self)().params
-        except TypeError:  # a variant with required parameters: name them all
-            defaults = {}
+        defaults = _defaults(type(self))
         changed = {k: v for k, v in self.params.items() if k not in self.label_params and defaults.get(k) != v}
         if not changed:
             return self.label
@@ -191,6 +188,14 @@ class ProbeVariant(ABC):
     def projection(self, dim: int, anchor: int, seed: int) -> torch.Tensor | None:
         """A fixed [D, D'] matrix applied to the features before anything else (capacity control), or None."""
         return None
+
+
+def _defaults(cls: type) -> dict:
+    """A variant's default parameters ({} when it has required ones)."""
+    try:
+        return cls().params
+    except TypeError:
+        return {}
 
 
 def _number(value: float) -> str:
@@ -220,6 +225,9 @@ def get_variant(spec: str) -> ProbeVariant:
         except ValueError as e:
             raise FeatstoreError(f"--variant {spec}: parameters are key=number pairs") from e
     try:
+        defaults = _defaults(VARIANTS[name])
+        params = {k: int(v) if isinstance(defaults.get(k), int) and float(v).is_integer() else v
+                  for k, v in params.items()}  # max_epochs=3.0 is 3 epochs
         return VARIANTS[name](**params)
     except TypeError as e:
         raise FeatstoreError(f"--variant {spec}: {e}") from e

@@ -31,7 +31,7 @@ chunk_rows = 32
 workers = 0
 
 [probe]
-variants = ["linear:min_steps=20"]
+variants = ["linear:tol=0.02"]
 seeds = [0, 1]
 
 [[models]]
@@ -72,9 +72,9 @@ def test_study_runs_resumes_and_prints_beside_the_paper(tiny, tmp_path, monkeypa
     runs = sorted(r for (r,) in con.execute("SELECT run_id FROM runs").fetchall())
     created = con.execute("SELECT max(created_at) FROM runs").fetchone()
     con.close()
-    assert runs == ["resnet18/clean/linear:min_steps=20", "resnet18/clean/linear:min_steps=20/seed1",
-                    "resnet18/gaussian_noise-2/linear:min_steps=20/train=clean",
-                    "resnet18/gaussian_noise-2/linear:min_steps=20/train=clean/seed1"]
+    assert runs == ["resnet18/clean/linear:tol=0.02", "resnet18/clean/linear:tol=0.02/seed1",
+                    "resnet18/gaussian_noise-2/linear:tol=0.02/train=clean",
+                    "resnet18/gaussian_noise-2/linear:tol=0.02/train=clean/seed1"]
     assert (out / "report" / "report.html").is_file()
     lines = first.splitlines()
     row = next(line for line in lines if "mean_layer" in line)
