@@ -27,11 +27,7 @@ from featstore.errors import FeatstoreError
 from featstore.probing.base import get_variant
 from featstore.probing.run import ProbeConfig, probe, run_id_for
 from featstore.store import FeatureStore, model_key
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from featstore.workflows.toml_files import read_toml
 
 # paper_table columns shown beside the published figures; both stable-but-wrong readings face the paper's one
 COMPARED = {"last_anchor_accuracy": "last_anchor_accuracy", "mean_layer": "mean_layer", "f_early": "f_early",
@@ -97,12 +93,8 @@ PROBE_KEYS = ("device", "memory_budget", "val_frac")
 def load_study(path: str | Path, data: str | Path | None = None, out: str | Path | None = None) -> Study:
     """Read and check a study file; `data` and `out` override its data.path and the default output folder."""
     path = Path(path)
-    if not path.is_file():
-        raise FeatstoreError(f"study file {path} does not exist; see studies/paper.toml for the format")
-    try:
-        spec = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise FeatstoreError(f"study file {path} is not valid TOML ({e})") from e
+    spec = read_toml(path, f"study file {path} does not exist; see studies/paper.toml for the format",
+                     f"study file {path}")
     name = str(spec.get("name") or path.stem)
     section = spec.get("data", {})
     where = data or section.get("path")
@@ -149,9 +141,8 @@ def _published(spec: dict, base: Path) -> tuple[dict, str]:
     if not spec.get("published"):
         return {}, ""
     figures = _resolve(spec["published"], base)
-    if not figures.is_file():
-        raise FeatstoreError(f"published figures {figures} do not exist; fix `published` in the study file")
-    table = tomllib.loads(figures.read_text())
+    table = read_toml(figures, f"published figures {figures} do not exist; fix `published` in the study file",
+                      f"published figures {figures}")
     return table.get("models", {}), table.get("source", str(figures))
 
 

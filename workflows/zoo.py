@@ -25,7 +25,6 @@ The zoo is a TOML file; relative paths are relative to it:
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,11 +37,7 @@ from featstore.circuits import CircuitConfig, compute_circuit, load_graph
 from featstore.datasets import ViewDataset, discover
 from featstore.errors import FeatstoreError
 from featstore.views import parse_view
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from featstore.workflows.toml_files import read_toml
 
 
 @dataclass(frozen=True)
@@ -109,12 +104,7 @@ def _section(where: str, table: dict, required: set[str], optional: set[str]) ->
 def read_zoo(path: str | Path) -> ZooSpec:
     """Parse and check a zoo TOML file; every problem is one line naming the file and the entry."""
     path = Path(path)
-    if not path.is_file():
-        raise FeatstoreError(f"no zoo file at {path}; write a TOML file with [id], [[ood]] and [[models]]")
-    try:
-        doc = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise FeatstoreError(f"{path} is not valid TOML ({e})") from e
+    doc = read_toml(path, f"no zoo file at {path}; write a TOML file with [id], [[ood]] and [[models]]", str(path))
     _section(str(path), doc, {"id", "ood", "models"}, {"study"})
     base = path.parent
 
