@@ -156,6 +156,8 @@ def build(**options) -> None:
 @click.option("--val-frac", default=0.1, help="Share of the train split carved out as val (fixed per database).")
 @click.option("--memory-budget", default="4GB", help="Keep features in memory up to this size, else stream chunks.")
 @click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads for fitting [default: the cores idle "
+              "when the fit starts]; recorded per fit in probe_fits.")
 @click.option("--progress/--no-progress", default=True)
 @user_errors
 def probe(**options) -> None:

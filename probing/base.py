@@ -18,7 +18,7 @@ at once, as stacked features [G, n, D]. Probes stop by their own criterion; the 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -107,6 +107,7 @@ class ProbeGroup(ABC):
     batched matmul serves them all. `anchors` lists the anchors still training, in the order of the stack."""
 
     anchors: list[int]
+    resident: bool = False  # set by the trainer: every fit row is prepared and held in memory (`finish` may run)
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         """Stacked raw features [G, n, D] -> what `step` learns from (e.g. standardised). The trainer may prepare
@@ -125,6 +126,15 @@ class ProbeGroup(ABC):
     @abstractmethod
     def fitted(self, val_x: Sequence[torch.Tensor], val_y: torch.Tensor) -> dict[int, FittedProbe]:
         """Every anchor's final probe, in the raw feature space."""
+
+    def ready_to_finish(self) -> bool:
+        """True when some anchors want `finish` (only asked when `resident`)."""
+        return False
+
+    def finish(self, x: torch.Tensor, y: torch.Tensor, on_pass: Callable[[], None] | None = None) -> None:
+        """Finish the waiting anchors on all fit rows at once: x [G, n, D] prepared, one slice per anchor in
+        `anchors`, y [n]; `on_pass()` after every pass over the rows. They leave `anchors` when done."""
+        raise NotImplementedError(f"{type(self).__name__} asked to finish but has no full-batch method")
 
 
 class EachAnchor(ProbeGroup):

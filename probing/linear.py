@@ -14,17 +14,22 @@ It is minimised by mini-batch SGD with momentum, all anchors of one width at onc
 - Learning-rate selection in the first epoch only: one head per candidate rate learns from the train rows, the
   val loss picks one, and only that head trains on, from then on from the val rows too. The objective is
   convex, so the rows it did not see in epoch one change where it starts, not where it converges.
-- Convergence by criterion: after each epoch the objective (mean loss over the epoch's batches plus the
-  penalty) is compared with the previous epoch's. A relative decrease below `tol` is a plateau and a rise
-  means the step is too large: either divides the step size by `decay`. A plateau after `decays` such cuts
-  means converged, and the anchor leaves the batch. `max_epochs` is the cap; a probe stopped by it is
-  reported unconverged.
+- Convergence by criterion. When every fit row is held in memory (the usual case), SGD does the cheap first
+  stretch only: once an epoch lowers the objective (mean loss over the epoch's batches plus the penalty) by
+  less than `handoff` (relative), full-batch L-BFGS (`probing/lbfgs.py`) finishes the same objective on all fit
+  rows until the largest gradient entry is at most `gtol`, where SGD would crawl for a hundred epochs. Streamed
+  from the store, SGD goes on alone: a relative decrease below `tol` is a plateau and a rise means the step is
+  too large, either divides the step size by `decay`, and a plateau after `decays` such cuts means converged.
+  `max_epochs` and `max_iterations` are caps; a probe stopped by one is reported unconverged.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from featstore.probing.base import AnchorContext, FittedProbe, Plan, ProbeGroup, ProbeVariant, register
+from featstore.probing.lbfgs import SoftmaxObjective, minimise
 
 PRECONDITION_ABOVE = 8.0  # top eigenvalue / mean eigenvalue beyond which an anchor is preconditioned
 MIN_STEPS = 24  # mini-batches per epoch at least (smaller batches on small sets)
@@ -63,9 +68,11 @@ class Linear(ProbeVariant):
     name = "linear"
 
     def __init__(self, max_epochs: int = 200, batch_size: int = 1024, lr_low: float = 0.5, lr_high: float = 32.0,
-                 momentum: float = 0.9, tol: float = 0.002, decay: float = 4.0, decays: int = 3):
+                 momentum: float = 0.9, tol: float = 0.002, decay: float = 4.0, decays: int = 3,
+                 full_batch: int = 1, handoff: float = 0.1, gtol: float = 1e-5, max_iterations: int = 300):
         super().__init__(max_epochs=max_epochs, batch_size=batch_size, lr_low=lr_low, lr_high=lr_high,
-                         momentum=momentum, tol=tol, decay=decay, decays=decays)
+                         momentum=momentum, tol=tol, decay=decay, decays=decays, full_batch=full_batch, handoff=handoff,
+                         gtol=gtol, max_iterations=max_iterations)
 
     def plan(self, n_fit: int) -> Plan:
         """Batches small enough for `MIN_STEPS` steps per epoch: small sets still get many updates between the
@@ -79,7 +86,18 @@ class Linear(ProbeVariant):
     def make_group(self, ctxs) -> ProbeGroup:
         p = self.params
         return LinearGroup(ctxs, candidate_rates(p["lr_low"], p["lr_high"]), p["momentum"], p["tol"], p["decay"],
-                           p["decays"])
+                           p["decays"], FullBatch(bool(p["full_batch"]), p["handoff"], p["gtol"],
+                                                      p["max_iterations"]))
+
+
+@dataclass(frozen=True)
+class FullBatch:
+    """The L-BFGS finish on resident rows: on or off, its gradient tolerance and its iteration cap."""
+
+    on: bool = True
+    handoff: float = 0.1  # an epoch of SGD lowering the objective by less than this (relative) hands over
+    gtol: float = 1e-5
+    max_iterations: int = 300
 
 
 class LinearGroup(ProbeGroup):
@@ -87,8 +105,12 @@ class LinearGroup(ProbeGroup):
     head per candidate learning rate, learning from the train rows only; from the second, K = 1: the chosen head,
     which then learns from the val rows too."""
 
-    def __init__(self, ctxs, lrs: tuple[float, ...], momentum: float, tol: float, decay: float, decays: int):
+    def __init__(self, ctxs, lrs: tuple[float, ...], momentum: float, tol: float, decay: float, decays: int,
+                 full_batch: FullBatch = FullBatch()):
         ctx0: AnchorContext = ctxs[0]
+        self.full_batch = full_batch
+        self.waiting: list[int] = []  # anchors at their first plateau, for the full-batch finish
+        self.solver: dict[int, dict] = {}
         self.c, dev = ctx0.num_classes, ctx0.device
         self.anchors = [ctx.anchor for ctx in ctxs]
         self.lrs, self.momentum, self.tol, self.decay, self.decays = lrs, momentum, tol, decay, decays
@@ -173,6 +195,9 @@ class LinearGroup(ProbeGroup):
             value, previous = float(objective[i, 0]), self.history[a][-1] if self.history[a] else float("inf")
             self.history[a].append(value)
             gain = (previous - value) / max(abs(value), 1e-12)
+            if self.resident and self.full_batch.on and gain < self.full_batch.handoff:
+                self.waiting.append(a)  # SGD has done the cheap part: L-BFGS finishes on all rows at once
+                continue
             if gain >= self.tol:
                 continue  # still descending
             if gain >= 0 and self.cuts[a] >= self.decays:
@@ -182,6 +207,30 @@ class LinearGroup(ProbeGroup):
                 self.lr[i] /= self.decay
         for i in sorted(stop, reverse=True):
             self._retire(i, converged=True)
+
+    def ready_to_finish(self) -> bool:
+        return bool(self.waiting)
+
+    def finish(self, x, y, on_pass=None) -> None:
+        """L-BFGS from where SGD stopped, on the same objective (all fit rows, the same penalty), to its own
+        gradient criterion; the finished anchors retire."""
+        rows = [i for i, a in enumerate(self.anchors) if a in self.waiting]
+        idx = torch.tensor(rows, device=x.device)
+        z = x if len(rows) == len(self.anchors) else x.index_select(0, idx)
+        start = torch.cat([self.w.index_select(0, idx), self.b.index_select(0, idx)], dim=1)
+        objective = SoftmaxObjective(z, y, self.c, self.wd)
+        w, states = minimise(objective, start, self.full_batch.gtol, self.full_batch.max_iterations,
+                             on_evaluation=(lambda g: on_pass()) if on_pass else None)
+        d = self.w.shape[1]
+        for j, i in enumerate(rows):
+            a, st = self.anchors[i], states[j]
+            self.w[i], self.b[i, 0] = w[j, :d], w[j, d]
+            self.history[a].append(st.loss)
+            self.solver[a] = {"lbfgs_iterations": st.iterations, "lbfgs_stop": st.stop,
+                              "max_gradient": st.max_gradient}
+        for j, i in sorted(enumerate(rows), key=lambda t: -t[1]):
+            self._retire(i, converged=states[j].stop != "cap")
+        self.waiting = []
 
     def _select(self, val_x, val_y) -> None:
         """Pick each anchor's learning rate by its head's val loss; keep only that head."""
@@ -226,7 +275,7 @@ class LinearGroup(ProbeGroup):
             bias = b + offset @ w
             logits = val_x[a] @ weight + bias
             info = {"lr": self.lrs[chosen], "preconditioned": self.preconditioned[a], "lr_cuts": self.cuts[a],
-                    "objective_history": self.history[a], **self.selection.get(a, {})}
+                    "objective_history": self.history[a], **self.selection.get(a, {}), **self.solver.get(a, {})}
             out[a] = FittedProbe(weight.T.contiguous(), bias.contiguous(), info, epochs=self.epochs[a],
                                  converged=converged, train_loss=train_loss,
                                  val_loss=float(torch.nn.functional.cross_entropy(logits, val_y)),

@@ -27,9 +27,13 @@ def fit_probes(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_
                progress: bool = False, label: str = "probe", threads: int | None = None) -> list[FittedProbe]:
     """Fit one probe per anchor of `source`, all in the same passes over the data; anchors of equal width train
     as one group (stacked features) when the variant batches them. With `progress`, one bar for the whole fit.
-    `threads`: CPU threads (None: the cores idle now, see `probing.threads`)."""
-    with fit_threads(threads, source.device):
-        return _fit(source, variant, rows, num_classes, seed, progress, label)
+    `threads`: CPU threads (None: the cores idle now, see `probing.threads`); the count used is recorded in
+    every probe's info, since float sums split over another number of threads can differ in the last bits."""
+    with fit_threads(threads, source.device) as used:
+        probes = _fit(source, variant, rows, num_classes, seed, progress, label)
+    for p in probes:
+        p.info["threads"] = used if source.device.type == "cpu" else None
+    return probes
 
 
 def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classes: int, seed: int, progress: bool,
@@ -51,7 +55,10 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     rng = np.random.default_rng(seed)
     resident = source.in_memory and source.nbytes + len(fit) * sum(source.dims) * 4 <= source.memory_budget
     batches = ResidentBatches(source, groups, fit, labels, is_val_row, seed) if resident else None
-    bar = _bar(label, plan.max_epochs * len(fit)) if progress else None
+    for g in groups:
+        g.resident = batches is not None
+    bar = _bar(label) if progress else None  # no total: probes stop by their criterion, not at the cap
+    on_pass = (lambda: bar.update(len(fit))) if bar is not None else None
     shown = None
     for epoch in range(plan.max_epochs):
         active = [g for g in groups if g.anchors]
@@ -66,11 +73,12 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
                 bar.update(len(y))
         for g in active:
             g.end_epoch(epoch, val_x, val_y)
+            if batches is not None and g.ready_to_finish():
+                g.finish(batches.stack(g), batches.y, on_pass)
         if bar is not None and shown is not None:
-            bar.set_postfix(epoch=epoch + 1, training=sum(len(g.anchors) for g in groups),
+            bar.set_postfix(epoch=f"{epoch + 1} (cap {plan.max_epochs})", training=sum(len(g.anchors) for g in groups),
                             loss=f"{float(shown[0]):.3f}", acc=f"{float(shown[1]):.3f}")
     if bar is not None:
-        bar.total = bar.n
         bar.close()
     fitted: dict[int, FittedProbe] = {}
     for g in groups:
@@ -113,13 +121,17 @@ class ResidentBatches:
         self.y, self.is_val = labels[pos], is_val_row[pos]
         self.gen = torch.Generator(device=device).manual_seed(seed)
 
+    def stack(self, g: ProbeGroup) -> torch.Tensor:
+        """[G, n, D] prepared rows of the anchors `g` still trains (those that stopped leave the stack)."""
+        anchors, x = self.x[id(g)]
+        if anchors != g.anchors:
+            keep = torch.tensor([anchors.index(a) for a in g.anchors], device=x.device)
+            x = x.index_select(0, keep)
+            self.x[id(g)] = (list(g.anchors), x)
+        return x
+
     def epoch(self, groups: Sequence[ProbeGroup], batch_size: int) -> Iterator[Batch]:
-        for g in groups:  # anchors that stopped leave the resident stack too
-            anchors, x = self.x[id(g)]
-            if anchors != g.anchors:
-                keep = torch.tensor([anchors.index(a) for a in g.anchors], device=x.device)
-                self.x[id(g)] = (list(g.anchors), x.index_select(0, keep))
-        stacks = [self.x[id(g)][1] for g in groups]
+        stacks = [self.stack(g) for g in groups]
         order = torch.randperm(len(self.y), generator=self.gen, device=self.y.device)
         for i in range(0, len(order), batch_size):
             idx = order[i : i + batch_size]
@@ -156,7 +168,7 @@ def predict(source: FeatureSource, probes: Sequence[FittedProbe], rows: np.ndarr
     return preds, confs
 
 
-def _bar(label: str, total: int):
+def _bar(label: str):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=label, unit="row", unit_scale=True, leave=False, dynamic_ncols=True)
+    return tqdm(total=None, desc=label, unit="row", unit_scale=True, leave=False, dynamic_ncols=True)

@@ -19,6 +19,8 @@ from featstore.probing.split import make_split
 from featstore.probing.threads import cores, fit_threads, idle_cores
 from featstore.synthetic import pooled_activations, write_feature_store
 
+from conftest import fails, run_cli
+
 DIMS = [32, 32, 48]  # two anchors of one width: one batched group, and one alone
 
 
@@ -80,10 +82,24 @@ def test_anchors_of_one_width_train_as_one_group(imagenet_shaped, tmp_path, monk
     real_make, real_bar = Linear.make_group, trainer._bar
     monkeypatch.setattr(Linear, "make_group", lambda self, ctxs: made.append([c.anchor for c in ctxs])
                         or real_make(self, ctxs))
-    monkeypatch.setattr(trainer, "_bar", lambda label, total: bars.append(total) or real_bar(label, total))
+    monkeypatch.setattr(trainer, "_bar", lambda label: bars.append(real_bar(label)) or bars[-1])
     probe(ProbeConfig(store=store, model="synthetic", db=tmp_path / "f.duckdb", progress=True))
     assert made == [[0, 1], [2]]
-    assert len(bars) == 1
+    assert len(bars) == 1 and bars[0].total is None  # no total: a probe stops by its criterion, not at the cap
+    assert bars[0].n > 2 * 7000  # rows of every epoch, on one bar
+
+
+def test_the_thread_count_of_each_fit_is_recorded(imagenet_shaped, tmp_path):
+    """A fit's float sums depend on how many threads split them, so the count is kept with every fit."""
+    store, _, _ = imagenet_shaped
+    db = tmp_path / "f.duckdb"
+    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--threads", "1", "--no-progress")
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT list(DISTINCT info->>'threads') FROM probe_fits").fetchone() == (["1"],)
+    con.close()
+    assert "--threads" in fails("probe", "--store", store, "--model", "synthetic", "--db", tmp_path / "g.duckdb",
+                                "--threads", "0")
+    assert not (tmp_path / "g.duckdb").exists()
 
 
 def test_thread_policy_takes_idle_cores_and_restores():
