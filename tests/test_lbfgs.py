@@ -65,12 +65,14 @@ def test_the_cap_is_reported():
 
 
 def test_resident_fits_finish_by_lbfgs_and_streamed_ones_by_sgd(tmp_path):
+    """With `full_batch=1`: L-BFGS finishes resident fits to the gradient test; a streamed store keeps SGD."""
     feats, labels = class_clusters(2000, 20, [48, 48, 96], seed=3)
     store = write_feature_store(tmp_path / "s.zarr", feats, labels, 20, chunk_rows=512)
     stops = {}
     for budget in ("4GB", "0"):
         db = tmp_path / f"{budget}.duckdb"
-        probe(ProbeConfig(store=store, model="synthetic", db=db, memory_budget=budget, progress=False))
+        probe(ProbeConfig(store=store, model="synthetic", db=db, memory_budget=budget, variant="linear:full_batch=1",
+                          progress=False))
         con = duckdb.connect(str(db), read_only=True)
         stops[budget] = con.execute("SELECT converged, info->>'lbfgs_stop', (info->>'max_gradient')::DOUBLE "
                                     "FROM probe_fits ORDER BY anchor").fetchall()
