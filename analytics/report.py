@@ -228,6 +228,8 @@ def _k_sensitivity(figs: _Figures, sweep: pl.DataFrame, run_id: str) -> str:
     right.set_ylabel("share of images")
     right.set_ylim(0, 1)
     right.legend(fontsize=8)
+    for ax in (left, right):  # k is a whole number of anchors
+        ax.set_xticks(sweep["k"].to_list())
     return figs.save(fig, f"{run_id}_k_sensitivity", f"Sensitivity to the stability window k of {run_id}")
 
 
