@@ -2,7 +2,8 @@
 
 Mini-batch SGD gets near a probe's optimum in a few epochs and then crawls: the last stretch of a convex,
 smooth objective is where a quasi-Newton method is fast (it learns the curvature the step-size cuts of SGD
-only guess). So `linear` hands its anchors to this solver at their first plateau when the rows are resident.
+only guess). So `linear:full_batch=1` hands its anchors to this solver, when the rows are resident, once an SGD
+epoch lowers the objective by less than `handoff`.
 
 Each anchor keeps its own curvature pairs, step length and stopping state; only the expensive part, the loss
 and gradient over all rows, is one batched computation for every anchor still running. An anchor stops when
@@ -73,14 +74,14 @@ class SolverState:
 
 
 def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, memory: int = 10,
-             on_evaluation: Callable[[int], None] | None = None) -> tuple[torch.Tensor, list[SolverState]]:
+             on_evaluation: Callable[[], None] | None = None) -> tuple[torch.Tensor, list[SolverState]]:
     """Minimise every anchor's objective from `w` [G, ...]; returns the minimisers and each anchor's state.
-    `on_evaluation(g)` hears of every batched evaluation of g anchors (for a progress bar)."""
+    `on_evaluation()` hears of every batched evaluation, one pass over the rows (for a progress bar)."""
     w = w.clone()
     states = [SolverState() for _ in range(w.shape[0])]
     f, grad = objective(w, torch.arange(w.shape[0], device=w.device))
     if on_evaluation:
-        on_evaluation(w.shape[0])
+        on_evaluation()
     for i, st in enumerate(states):
         st.loss, st.max_gradient = float(f[i]), float(grad[i].abs().max())
         st.stop = "gradient" if st.max_gradient <= gtol else ""
@@ -108,7 +109,7 @@ def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, 
             trial = w.index_select(0, idx) + torch.stack([steps[i] * dirs[i] for i in pending])
             f_new, g_new = objective(trial, idx)
             if on_evaluation:
-                on_evaluation(len(pending))
+                on_evaluation()
             failed = []
             for j, i in enumerate(pending):
                 value = float(f_new[j])

@@ -96,7 +96,7 @@ class Linear(ProbeVariant):
 
 @dataclass(frozen=True)
 class FullBatch:
-    """The L-BFGS finish on resident rows: on or off, its gradient tolerance and its iteration cap."""
+    """The L-BFGS finish on resident rows: on or off, when SGD hands over, its gradient tolerance and cap."""
 
     on: bool = False
     handoff: float = 0.1  # an epoch of SGD lowering the objective by less than this (relative) hands over
@@ -224,7 +224,7 @@ class LinearGroup(ProbeGroup):
         start = torch.cat([self.w.index_select(0, idx), self.b.index_select(0, idx)], dim=1)
         objective = SoftmaxObjective(z, y, self.c, self.wd)
         w, states = minimise(objective, start, self.full_batch.gtol, self.full_batch.max_iterations,
-                             on_evaluation=(lambda g: on_pass()) if on_pass else None)
+                             on_evaluation=on_pass)
         d = self.w.shape[1]
         for j, i in enumerate(rows):
             a, st = self.anchors[i], states[j]
