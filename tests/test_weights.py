@@ -31,15 +31,21 @@ def _logits(model: torch.nn.Module, store: FeatureStore, key: str, image_dir: Pa
         return torch.cat([model.eval()(part) for part in x.split(3)])
 
 
+def _place_in_hub_cache(model: torch.nn.Module, weights, tmp_path: Path, monkeypatch) -> torch.nn.Module:
+    """Put `model`'s state dict where torch's hub looks for the file of `weights` (a fresh hub dir)."""
+    hub = tmp_path / "hub"
+    target = hub / "checkpoints" / os.path.basename(weights.url)
+    target.parent.mkdir(parents=True)
+    torch.save(model.state_dict(), target)
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(hub))
+    return model
+
+
 def test_default_weights_load_from_the_torch_hub_cache(image_dir, tmp_path, monkeypatch):
     """`--weights default` runs torchvision's own download path, which finds a file placed in the hub dir."""
     torch.manual_seed(123)
-    placed = torchvision.models.resnet18(weights=None)
-    hub = tmp_path / "hub"
-    target = hub / "checkpoints" / os.path.basename(ResNet18_Weights.DEFAULT.url)
-    target.parent.mkdir(parents=True)
-    torch.save(placed.state_dict(), target)
-    monkeypatch.setattr(torch.hub, "_hub_dir", str(hub))
+    placed = _place_in_hub_cache(torchvision.models.resnet18(weights=None), ResNet18_Weights.DEFAULT, tmp_path,
+                                 monkeypatch)
     store = tmp_path / "s.zarr"
     run_cli("build", "--model", "resnet18", "--weights", "default", "--data", image_dir, "--store", store, *SMALL)
     fs = FeatureStore(store)
@@ -65,11 +71,8 @@ def test_default_weights_offline_say_where_to_put_the_file(image_dir, tmp_path, 
 def test_paper_weights_are_torchvision_v1_with_the_v1_transform(tmp_path, monkeypatch):
     """Without --weights, the paper's ResNet-50 is IMAGENET1K_V1 (resize 256 -> crop 224), not the library's V2."""
     torch.manual_seed(5)
-    hub = tmp_path / "hub"
-    target = hub / "checkpoints" / os.path.basename(ResNet50_Weights.IMAGENET1K_V1.url)
-    target.parent.mkdir(parents=True)
-    torch.save(torchvision.models.resnet50(weights=None).state_dict(), target)
-    monkeypatch.setattr(torch.hub, "_hub_dir", str(hub))
+    _place_in_hub_cache(torchvision.models.resnet50(weights=None), ResNet50_Weights.IMAGENET1K_V1, tmp_path,
+                        monkeypatch)
     for weights in ("auto", "paper", "IMAGENET1K_V1"):
         loaded = load_model("resnet50", weights)
         assert loaded.weights_id == "torchvision:ResNet50_Weights.IMAGENET1K_V1"
@@ -109,11 +112,8 @@ def test_paper_weights_of_vit_and_convnext_are_imagenet_1k_timm_tags(monkeypatch
 
 def test_info_shows_weights_and_their_published_top1(image_dir, tmp_path, monkeypatch):
     torch.manual_seed(3)
-    hub = tmp_path / "hub"
-    target = hub / "checkpoints" / os.path.basename(ResNet18_Weights.IMAGENET1K_V1.url)
-    target.parent.mkdir(parents=True)
-    torch.save(torchvision.models.resnet18(weights=None).state_dict(), target)
-    monkeypatch.setattr(torch.hub, "_hub_dir", str(hub))
+    _place_in_hub_cache(torchvision.models.resnet18(weights=None), ResNet18_Weights.IMAGENET1K_V1, tmp_path,
+                        monkeypatch)
     store = tmp_path / "s.zarr"
     run_cli("build", "--model", "resnet18", "--data", image_dir, "--store", store, *SMALL)
     out = run_cli("info", store).output
