@@ -22,10 +22,10 @@ import timm
 import torch
 
 from featstore.analytics.queries import query
-from featstore.datasets import ViewDataset, discover
+from featstore.datasets import discover
 from featstore.models import load_model
 from featstore.synthetic import digits_image_folder
-from featstore.views import parse_views
+from featstore.workflows.demo import clean_batch
 from featstore.workflows.zoo import ZooConfig, run_zoo
 
 ARCH, SIZE = "test_vit", 64
@@ -50,8 +50,7 @@ def train(data: Path, target: Path, epochs: int, noise: float, seed: int = 0) ->
     torch.manual_seed(seed)
     prep = load_model(ARCH, weights="none", image_size=SIZE).preprocessing
     images = discover(data)
-    dataset = ViewDataset(images, prep, parse_views("clean"))
-    x = prep.normalize(torch.stack([dataset[i][1][0] for i in range(len(dataset))]))
+    x = clean_batch(images, prep)
     y = torch.from_numpy(images.labels).clone()
     rng = np.random.default_rng(seed)
     flip = torch.from_numpy(rng.random(len(y)) < noise)

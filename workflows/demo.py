@@ -23,10 +23,11 @@ from featstore.analytics.costs import measure_model
 from featstore.analytics.db import record_image_source
 from featstore.analytics.report import write_report
 from featstore.build import BuildConfig, build
-from featstore.datasets import ViewDataset, discover
+from featstore.datasets import ImageSet, ViewDataset, discover
 from featstore.errors import FeatstoreError
 from featstore.layouts import LAYOUTS, LayoutConfig, layout_image_folder
 from featstore.models import load_model
+from featstore.preprocessing import Preprocessing
 from featstore.probing.run import ProbeConfig, probe
 from featstore.probing.split import make_split
 from featstore.synthetic import digits_image_folder
@@ -67,6 +68,13 @@ class DemoResult:
     seconds: dict[str, float]
 
 
+def clean_batch(images: ImageSet, prep: Preprocessing) -> torch.Tensor:
+    """Every image of a set through featstore's own preprocessing, normalised, as one [N, 3, H, W] batch: what
+    the small networks of the demo and the benchmarks train on, in memory."""
+    dataset = ViewDataset(images, prep, parse_views("clean"))
+    return prep.normalize(torch.stack([dataset[i][1][0] for i in range(len(dataset))]))
+
+
 def train_resnet18(data: Path, target: Path, epochs: int, seed: int = 0, progress: bool = True) -> Path:
     """Train torchvision's resnet18 on the train split of an image folder, with featstore's own
     preprocessing at 32 px, and save its state dict. Test images are never trained on."""
@@ -77,8 +85,7 @@ def train_resnet18(data: Path, target: Path, epochs: int, seed: int = 0, progres
     prep = load_model("resnet18", weights="none", seed=seed, image_size=IMAGE_SIZE).preprocessing
     images = discover(data)
     model = torchvision.models.resnet18(weights=None, num_classes=len(images.class_names))
-    dataset = ViewDataset(images, prep, parse_views("clean"))
-    x = prep.normalize(torch.stack([dataset[i][1][0] for i in range(len(dataset))]))
+    x = clean_batch(images, prep)
     y = torch.from_numpy(images.labels)
     train = torch.from_numpy(np.flatnonzero(make_split(images.image_ids, seed) == "train"))
     optimiser = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
