@@ -75,26 +75,22 @@ def clean_batch(images: ImageSet, prep: Preprocessing) -> torch.Tensor:
     return prep.normalize(torch.stack([dataset[i][1][0] for i in range(len(dataset))]))
 
 
-def train_resnet18(data: Path, target: Path, epochs: int, seed: int = 0, progress: bool = True) -> Path:
-    """Train torchvision's resnet18 on the train split of an image folder, with featstore's own
-    preprocessing at 32 px, and save its state dict. Test images are never trained on."""
-    torch.manual_seed(seed)
+def fit_resnet18(x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, num_classes: int, epochs: int,
+                 seed: int = 0, progress: bool = True, desc: str = "training resnet18") -> torch.nn.Module:
+    """Train torchvision's resnet18 from scratch on rows `train` of a normalised in-memory batch (AdamW, one-cycle
+    learning rate to 2e-3, batches of 64): the demo's recipe, shared with bench/demo_depth.py. The weights are
+    initialised from torch's global generator (seed it first); `seed` orders the batches."""
     import torchvision
     from tqdm import tqdm
 
-    prep = load_model("resnet18", weights="none", seed=seed, image_size=IMAGE_SIZE).preprocessing
-    images = discover(data)
-    model = torchvision.models.resnet18(weights=None, num_classes=len(images.class_names))
-    x = clean_batch(images, prep)
-    y = torch.from_numpy(images.labels)
-    train = torch.from_numpy(np.flatnonzero(make_split(images.image_ids, seed) == "train"))
+    model = torchvision.models.resnet18(weights=None, num_classes=num_classes)
     optimiser = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
     per_epoch = -(-len(train) // 64)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=2e-3, total_steps=epochs * per_epoch)
     gen = torch.Generator().manual_seed(seed)
     model.train()
-    bar = tqdm(total=epochs * len(train), unit="img", desc=f"training resnet18 on {data.parent.name}",
-               disable=not progress, dynamic_ncols=True, leave=True)
+    bar = tqdm(total=epochs * len(train), unit="img", desc=desc, disable=not progress, dynamic_ncols=True,
+               leave=True)
     for epoch in range(epochs):
         order = train[torch.randperm(len(train), generator=gen)]
         for i in range(0, len(order), 64):
@@ -107,6 +103,18 @@ def train_resnet18(data: Path, target: Path, epochs: int, seed: int = 0, progres
             bar.update(len(batch))
             bar.set_postfix(epoch=f"{epoch + 1}/{epochs}", loss=f"{loss.item():.3f}", refresh=False)
     bar.close()
+    return model.eval()
+
+
+def train_resnet18(data: Path, target: Path, epochs: int, seed: int = 0, progress: bool = True) -> Path:
+    """Train torchvision's resnet18 on the train split of an image folder, with featstore's own
+    preprocessing at 32 px, and save its state dict. Test images are never trained on."""
+    prep = load_model("resnet18", weights="none", seed=seed, image_size=IMAGE_SIZE).preprocessing  # seeds torch
+    images = discover(data)
+    train = torch.from_numpy(np.flatnonzero(make_split(images.image_ids, seed) == "train"))
+    model = fit_resnet18(clean_batch(images, prep), torch.from_numpy(images.labels), train,
+                         len(images.class_names), epochs, seed, progress,
+                         desc=f"training resnet18 on {data.parent.name}")
     target.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), target)
     return target
