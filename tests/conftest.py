@@ -47,6 +47,21 @@ def fails(*args) -> str:
     return lines[0]
 
 
+def fail_after_inserting(monkeypatch, table: str, message: str) -> None:
+    """Make featstore's DuckDB writer raise OSError(message) right after it has inserted rows into `table`:
+    a crash in the middle of a run's transaction."""
+    from featstore.analytics import db as fsdb
+
+    real_insert = fsdb._insert
+
+    def dying_insert(con, into, data):
+        real_insert(con, into, data)
+        if into == table:
+            raise OSError(message)
+
+    monkeypatch.setattr(fsdb, "_insert", dying_insert)
+
+
 def reference_batch(paths: list[Path], prep: dict) -> torch.Tensor:
     """The eval transform written with torchvision's own transform classes, independent of featstore's."""
     tf = T.Compose([

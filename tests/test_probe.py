@@ -21,7 +21,7 @@ from featstore.probing.split import make_split
 from featstore.store import FeatureStore
 from featstore.synthetic import class_clusters, digits_image_folder, write_feature_store
 
-from conftest import fails, run_cli
+from conftest import fail_after_inserting, fails, run_cli
 
 DIMS = [8, 32, 64, 128]
 
@@ -198,16 +198,7 @@ def test_a_failed_write_leaves_no_partial_run(clusters, tmp_path, monkeypatch):
     store, _, _ = clusters
     db = tmp_path / "f.duckdb"
     run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--no-progress")
-    from featstore.analytics import db as fsdb
-
-    real_insert = fsdb._insert
-
-    def dying_insert(con, table, data):
-        real_insert(con, table, data)
-        if table == "predictions":
-            raise OSError("disk full while writing")
-
-    monkeypatch.setattr(fsdb, "_insert", dying_insert)
+    fail_after_inserting(monkeypatch, "predictions", "disk full while writing")
     with pytest.raises(OSError, match="disk full"):
         run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "projected:dim=16",
                 "--no-progress")

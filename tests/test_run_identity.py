@@ -9,12 +9,11 @@ import duckdb
 import numpy as np
 import pytest
 
-from featstore.analytics import db as fsdb
 from featstore.probing import run as probe_run
 from featstore.store import FeatureStore
 from featstore.synthetic import class_clusters, write_feature_store
 
-from conftest import fails, run_cli
+from conftest import fail_after_inserting, fails, run_cli
 
 DIMS = [8, 16, 32]
 
@@ -120,14 +119,7 @@ def test_store_weights_and_db_rows_commit_together(store, tmp_path, monkeypatch,
 
         monkeypatch.setattr(FeatureStore, "write_probe", dying_write)
     else:
-        real_insert = fsdb._insert
-
-        def dying_insert(con, table, data):
-            real_insert(con, table, data)
-            if table == "predictions":
-                raise OSError("disk full while writing rows")
-
-        monkeypatch.setattr(fsdb, "_insert", dying_insert)
+        fail_after_inserting(monkeypatch, "predictions", "disk full while writing rows")
     with pytest.raises(OSError, match="disk full"):
         probe(store, db, *QUICK)
     after_w, after_p, after_v = _state(store, db)
