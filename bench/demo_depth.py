@@ -26,6 +26,7 @@ import itertools
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -34,19 +35,18 @@ from sklearn.preprocessing import StandardScaler
 
 from featstore.anchors import PRESETS, resolve_anchors
 from featstore.extraction import Tapper
-from featstore.layouts import CUE_COLOURS, LayoutConfig, layout_image
+from featstore.layouts import CUE_COLOURS, LAYOUTS, LayoutConfig, draw_layouts
 from featstore.models import load_model
 from featstore.workflows.demo import fit_resnet18
 
-Design = Callable[[int, np.random.Generator], tuple[np.ndarray, np.ndarray, np.ndarray]]  # -> X, y, cued
+Design = Callable[[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]  # (images, seed) -> X, y, cued
 
 
 def layouts(cfg: LayoutConfig) -> Design:
-    def make(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        y = rng.permutation(np.arange(n) % len(CUE_COLOURS))
-        cued = rng.random(n) < cfg.cue_share
-        images = [layout_image(int(label), bool(c), rng, cfg) for label, c in zip(y, cued, strict=True)]
-        return np.stack(images), y, cued
+    """featstore.layouts' own seeded draw, so that `layouts32` is the very set the demo writes."""
+    def make(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        labels, cued, images = zip(*draw_layouts(replace(cfg, per_class=n // len(LAYOUTS), seed=seed)), strict=True)
+        return np.stack(images), np.array(labels), np.array(cued)
     return make
 
 
@@ -68,7 +68,8 @@ def grey(rng: np.random.Generator) -> np.ndarray:
     return np.full(3, rng.uniform(0.55, 0.9), np.float32)
 
 
-def pointer32(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pointer32(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
     size, kinds = 32, 8
     y = rng.permutation(np.arange(n) % kinds)
     cued = rng.random(n) < 0.5
@@ -90,7 +91,8 @@ def pointer32(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray,
     return out, y, cued
 
 
-def strip288(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def strip288(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
     h, w = 32, 288
     orders = list(itertools.permutations((2, 3, 4)))  # ring, square, disc
     y = rng.permutation(np.arange(n) % len(orders))
@@ -127,7 +129,7 @@ def decision_layers(preds: np.ndarray, k: int) -> np.ndarray:
 def measure(name: str, seed: int = 0) -> None:
     design, n, epochs = DESIGNS[name]
     start = time.perf_counter()
-    images, y, cued = design(n, np.random.default_rng(seed))
+    images, y, cued = design(n, seed)
     prep = load_model("resnet18", weights="none", seed=seed).preprocessing  # seeds torch, as the demo does
     x = prep.normalize(torch.from_numpy(images).permute(0, 3, 1, 2).contiguous())
     order = np.random.default_rng(seed + 1).permutation(n)

@@ -10,6 +10,7 @@ stem and the grey ones later. Generated with a fixed seed: the same arguments wr
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,17 +76,23 @@ def layout_image(label: int, cued: bool, rng: np.random.Generator, cfg: LayoutCo
     return (np.clip(canvas, 0, 1) * 255).round().astype(np.uint8)
 
 
+def draw_layouts(cfg: LayoutConfig = LayoutConfig()) -> Iterator[tuple[int, bool, np.ndarray]]:
+    """The whole seeded set in order, as (label, cued, image): what `layout_image_folder` writes, in memory."""
+    rng = np.random.default_rng(cfg.seed)
+    labels = np.repeat(np.arange(len(LAYOUTS)), cfg.per_class)
+    rng.shuffle(labels)
+    cued = rng.random(len(labels)) < cfg.cue_share
+    for label, cue in zip(labels, cued, strict=True):
+        yield int(label), bool(cue), layout_image(int(label), bool(cue), rng, cfg)
+
+
 def layout_image_folder(root: str | Path, cfg: LayoutConfig = LayoutConfig()) -> Path:
     """Write root/<layout>/<nnnn>.png (cued and uncued images interleaved by the seeded draw); same config,
     same bytes."""
     root = Path(root)
-    rng = np.random.default_rng(cfg.seed)
     names = list(LAYOUTS)
-    labels = np.repeat(np.arange(len(names)), cfg.per_class)
-    rng.shuffle(labels)
-    cued = rng.random(len(labels)) < cfg.cue_share
     for name in names:
         (root / name).mkdir(parents=True, exist_ok=True)
-    for i, (label, cue) in enumerate(zip(labels, cued, strict=True)):
-        Image.fromarray(layout_image(int(label), bool(cue), rng, cfg)).save(root / names[label] / f"{i:04d}.png")
+    for i, (label, _, image) in enumerate(draw_layouts(cfg)):
+        Image.fromarray(image).save(root / names[label] / f"{i:04d}.png")
     return root
