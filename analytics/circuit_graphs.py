@@ -1,8 +1,9 @@
 """Graph views of circuits for the Circuit Shift Score: the top-n edge graph of a circuit, its Laplacian spectrum
 and NetLSD heat trace, and the distances between an ID and an OOD circuit's graphs.
 
-SQL cannot take eigenvalues, so these two distances are computed here and stored in `css_graph`, where the
-`css_grid` / `css` macros read them beside the vector distances they compute themselves.
+SQL cannot take eigenvalues, so these two distances are computed here: `featstore zoo` stores them in `css_graph`,
+where the `css_grid` / `css` macros read them beside the vector distances they compute themselves, and
+`featstore css` computes one pair on the fly without writing.
 
 - Top-n graph: the `top_n` edges by |score| (ties broken by edge order, as the jaccard distance does), undirected
   and unweighted over all nodes of the model's graph; a head's q, k and v inputs are one node (the head).
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import polars as pl
 
 from featstore.analytics import db as fsdb
 from featstore.analytics.queries import query
@@ -64,32 +66,42 @@ def graph_distances(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
             "netlsd": float(np.linalg.norm(heat_trace(a) - heat_trace(b)))}
 
 
+def pair_distances(con: duckdb.DuckDBPyConnection, id_run: str, ood_run: str, top_n: int) -> dict[str, float] | None:
+    """The graph distances of one (ID, OOD) pair of circuit runs, or None when they are not two circuits of one
+    model (css_grid has no row for them either)."""
+    src, dst, x = fsdb.read_edges(con, id_run)
+    src_b, dst_b, y = fsdb.read_edges(con, ood_run)
+    if src != src_b or dst != dst_b or not src:
+        return None
+    nodes = sorted({node_of(n) for n in src + dst})
+    found = graph_distances(top_n_adjacency(src, dst, x, top_n, nodes), top_n_adjacency(src, dst, y, top_n, nodes))
+    return {**found, "n_edges": len(src)}
+
+
 def store_graph_css(con: duckdb.DuckDBPyConnection, pairs: list[tuple[str, str]], top_n: int) -> None:
     """Compute and store (replacing earlier values at this top_n) the graph distances of each (ID, OOD) pair."""
     rows = []
     for id_run, ood_run in pairs:
-        src, dst, x = fsdb.read_edges(con, id_run)
-        src_b, dst_b, y = fsdb.read_edges(con, ood_run)
-        if src != src_b or dst != dst_b or not src:
-            continue  # not two circuits of one model: css_grid has no row for them either
-        nodes = sorted({node_of(n) for n in src + dst})
-        found = graph_distances(top_n_adjacency(src, dst, x, top_n, nodes), top_n_adjacency(src, dst, y, top_n, nodes))
-        rows += [(id_run, ood_run, name, top_n, value, len(src)) for name, value in found.items()]
+        found = pair_distances(con, id_run, ood_run, top_n)
+        if found is not None:
+            rows += [(id_run, ood_run, name, top_n, found[name], found["n_edges"]) for name in GRAPH_DISTANCES]
     fsdb.replace_graph_css(con, pairs, top_n, rows)
 
 
 def circuit_shift(db: str | Path, id_run: str, ood_run: str, distance: str = "srcc", top_n: int = 200):
-    """One CSS value as a frame (id_run, ood_run, distance, css, n_edges); graph distances not yet stored for
-    this pair and top_n are computed and stored first."""
-    if distance in GRAPH_DISTANCES:
-        found = query(db, "SELECT * FROM css(?, ?, distance := ?, top_n := ?)", [id_run, ood_run, distance, top_n])
-        if found.is_empty():
-            con = fsdb.connect(db)
-            try:
-                store_graph_css(con, [(id_run, ood_run)], top_n)
-            finally:
-                con.close()
+    """One CSS value as a frame (id_run, ood_run, distance, css, n_edges). A graph distance that `featstore zoo`
+    has not stored for this pair and top_n is computed here from the edges, and not written: queries never write."""
     frame = query(db, "SELECT * FROM css(?, ?, distance := ?, top_n := ?)", [id_run, ood_run, distance, top_n])
+    if distance in GRAPH_DISTANCES and frame.is_empty():
+        con = fsdb.connect(db, read_only=True)
+        try:
+            found = pair_distances(con, id_run, ood_run, top_n)
+        finally:
+            con.close()
+        if found is not None:
+            frame = pl.DataFrame({"id_run": [id_run], "ood_run": [ood_run], "distance": [distance],
+                                  "css": [found[distance]], "n_edges": [found["n_edges"]]},
+                                 schema=frame.schema)
     if frame.is_empty() or frame["n_edges"][0] == 0:
         raise FeatstoreError(f"no common edges between {id_run!r} and {ood_run!r} in {db}; they must be circuit "
                              f"runs of the same model")

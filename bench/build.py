@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,8 +32,10 @@ from featstore.datasets import ViewDataset, collate, discover
 from featstore.loading import default_workers
 from featstore.models import load_model
 from featstore.runtime import resolve_device, tune_allocator
-from featstore.synthetic import make_image_folder
 from featstore.views import View
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the generated test data
+from synthetic import make_image_folder  # noqa: E402
 
 
 def bare_forward(model: torch.nn.Module, batches: list[torch.Tensor], device: torch.device,

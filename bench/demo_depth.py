@@ -35,9 +35,9 @@ from sklearn.preprocessing import StandardScaler
 
 from featstore.anchors import PRESETS, resolve_anchors
 from featstore.extraction import Tapper
-from featstore.layouts import CUE_COLOURS, LAYOUTS, LayoutConfig, draw_layouts
 from featstore.models import load_model
 from featstore.workflows.demo import fit_resnet18
+from featstore.workflows.layouts import CUE_COLOURS, LAYOUTS, LayoutConfig, draw_layouts
 
 Design = Callable[[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]  # (images, seed) -> X, y, cued
 

@@ -55,8 +55,10 @@ import torch
 from featstore.build import BuildConfig, build
 from featstore.datasets import discover
 from featstore.runtime import resolve_device, tune_allocator
-from featstore.synthetic import class_image
 from featstore.views import parse_views
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the generated test data
+from synthetic import class_image  # noqa: E402
 
 RESNET50_DIMS = [64, 256, 256, 512, 512, 1024, 1024, 1024, 1024, 2048, 2048, 2048]
 SEVEN_VIEWS = "clean,gaussian_noise-1,gaussian_noise-2,gaussian_blur-1,gaussian_blur-2,brightness-1,brightness-2"
@@ -188,7 +190,7 @@ def anchor_agreement(a: Path, b: Path, key: str) -> list[dict]:
 
 def probe_accuracies(store: Path, key: str, db: Path, device: str) -> tuple[list[float], float]:
     from featstore.analytics import db as fsdb
-    from featstore.probing.run import ProbeConfig, probe
+    from featstore.workflows.probe import ProbeConfig, probe
 
     start = time.perf_counter()
     probe(ProbeConfig(store=store, model=key, db=db, device=device, progress=False))
@@ -245,8 +247,9 @@ def reference_key(store: Path) -> str:
 
 
 def synthetic_probe(work: Path, s: Sizes, device: str) -> dict:
-    from featstore.probing.run import ProbeConfig, probe
-    from featstore.synthetic import class_clusters, write_feature_store
+    from synthetic import class_clusters, write_feature_store
+
+    from featstore.workflows.probe import ProbeConfig, probe
 
     start = time.perf_counter()
     feats, labels = class_clusters(s.probe_rows, s.probe_classes, list(s.probe_dims))
@@ -265,7 +268,7 @@ def circuits(data: Path, s: Sizes, device: torch.device) -> dict:
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    cfg = CircuitConfig(model=s.circuit_model, data=str(data), db="", weights="none", image_size=s.crop,
+    cfg = CircuitConfig(model=s.circuit_model, data=str(data), weights="none", image_size=s.crop,
                         limit=s.circuit_images, batch_size=s.circuit_batch, ig_steps=s.circuit_ig_steps,
                         device=str(device), progress=False)
     start = time.perf_counter()

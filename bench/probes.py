@@ -27,11 +27,13 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from featstore.probing.run import ProbeConfig, probe
 from featstore.probing.split import make_split
 from featstore.probing.threads import cores, idle_cores, runnable_elsewhere
 from featstore.runtime import tune_allocator
-from featstore.synthetic import class_clusters, pooled_activations, write_feature_store
+from featstore.workflows.probe import ProbeConfig, probe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the generated test data
+from synthetic import class_clusters, pooled_activations, write_feature_store  # noqa: E402
 
 RESNET50_DIMS = [64, 256, 256, 512, 512, 1024, 1024, 1024, 1024, 2048, 2048, 2048]
 RESNET18_DIMS = [64, 64, 64, 64, 128, 128, 256, 256, 512, 512, 512, 512]

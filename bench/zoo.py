@@ -24,8 +24,7 @@ import torch
 from featstore.analytics.queries import query
 from featstore.datasets import discover
 from featstore.models import load_model
-from featstore.synthetic import digits_image_folder
-from featstore.workflows.demo import clean_batch
+from featstore.workflows.demo import clean_batch, digits_image_folder
 from featstore.workflows.zoo import ZooConfig, run_zoo
 
 ARCH, SIZE = "test_vit", 64

@@ -162,8 +162,8 @@ def build(**options) -> None:
 @user_errors
 def probe(**options) -> None:
     """Train one linear probe per anchor from the store and land every prediction in DuckDB."""
-    from featstore.probing.run import ProbeConfig
-    from featstore.probing.run import probe as run_probe
+    from featstore.workflows.probe import ProbeConfig
+    from featstore.workflows.probe import probe as run_probe
 
     project_dim = options.pop("project_dim")
     if project_dim is not None:
@@ -240,7 +240,7 @@ def report(db: Path, out: Path, ks: list[int], scope: str) -> None:
 def cost(model: str, db: Path, store: Path | None, device: str, batch_sizes: list[int], repeats: int,
          image_size: int | None) -> None:
     """Measure the cost of exiting at each anchor: network prefix + probes, ms and FLOPs, into DuckDB."""
-    from featstore.analytics.costs import measure_model
+    from featstore.workflows.cost import measure_model
 
     for c in measure_model(model, db, store, device, batch_sizes, repeats, image_size):
         click.echo(f"{model} on {c.device}, batch {c.batch_size}: full model {c.ms:.2f} ms, {c.flops / 1e9:.3f} GFLOP")
@@ -321,11 +321,12 @@ def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
 @user_errors
 def circuits(**options) -> None:
     """EAP-IG edge scores of a ViT on one view (label-free) into DuckDB's edges table."""
-    from featstore.analytics.circuits import run_circuits
     from featstore.circuits import CircuitConfig
+    from featstore.workflows.circuits import run_circuits
 
+    db = options.pop("db")
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
-    click.echo(f"wrote circuit {run_circuits(CircuitConfig(**options)).run['run_id']}")
+    click.echo(f"wrote circuit {run_circuits(CircuitConfig(**options), db).run['run_id']}")
 
 
 @cli.command()

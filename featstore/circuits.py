@@ -355,22 +355,6 @@ def eap_ig_scores(graph: ViTGraph, batches: Iterator[torch.Tensor], means: torch
     return pair[src, slot] / (steps * positions)
 
 
-def patched_kl(graph: ViTGraph, images: torch.Tensor, means: torch.Tensor, patched: torch.Tensor) -> torch.Tensor:
-    """Mean KL(clean || patched) when the edges marked in `patched` carry their source's mean."""
-    with torch.no_grad():
-        x0 = graph.embed(images)
-        clean, _ = graph.forward(x0)
-        logits, _ = graph.forward(x0, means, patched)
-        return kl_clean_patched(clean, logits).mean()
-
-
-def edge_count(layers: int, heads: int) -> int:
-    """The graph of docs/design.md §8: per block 3H head inputs and one MLP input read every upstream node;
-    logits read all."""
-    upstream = [1 + layer * (heads + 1) for layer in range(layers)]
-    return sum(3 * heads * u + u + heads for u in upstream) + 1 + layers * (heads + 1)
-
-
 @dataclass
 class CircuitConfig:
     """Everything `featstore circuits` takes; the CLI only fills this in. `name` keys the model in the run id
@@ -379,7 +363,6 @@ class CircuitConfig:
 
     model: str
     data: str
-    db: str
     view: str = "clean"
     labels: str | None = None
     weights: str = "default"
@@ -399,7 +382,7 @@ class CircuitConfig:
 class CircuitResult:
     """One circuit run as data: its `circuit_runs` row, the edges (src, dst, src_layer, dst_layer) in the
     graph's fixed order, their scores, and the model's own top-1 accuracy on the images (from its head, with
-    the image set's labels). `featstore.analytics.circuits` persists it."""
+    the image set's labels). `featstore.workflows.circuits` persists it."""
 
     run: dict
     edges: list[tuple[str, str, int, int]]

@@ -84,11 +84,6 @@ def barrier(ranks: Ranks) -> None:
         torch.distributed.barrier()
 
 
-def shutdown_distributed() -> None:
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
 def make_cuda_deterministic(precision: str) -> None:
     """Settings under which a killed and resumed CUDA build is bit-identical to an uninterrupted one.
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 from PIL import Image
+from synthetic import make_image_folder
 from torchvision import transforms as T
 
 from featstore.cli.main import cli
-from featstore.synthetic import make_image_folder
 
 
 @pytest.fixture(scope="session")

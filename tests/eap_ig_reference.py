@@ -85,3 +85,19 @@ def reference_eap_ig_scores(graph: ViTGraph, batches: Iterator[torch.Tensor], me
         scores += per_pair[src, dst_slot]
         positions += clean_x0.shape[0] * clean_x0.shape[1]
     return scores / positions
+
+
+def patched_kl(graph: ViTGraph, images: torch.Tensor, means: torch.Tensor, patched: torch.Tensor) -> torch.Tensor:
+    """Mean KL(clean || patched) when the edges marked in `patched` carry their source's mean."""
+    with torch.no_grad():
+        x0 = graph.embed(images)
+        clean, _ = graph.forward(x0)
+        logits, _ = graph.forward(x0, means, patched)
+        return kl_clean_patched(clean, logits).mean()
+
+
+def edge_count(layers: int, heads: int) -> int:
+    """The graph of docs/design.md §8: per block 3H head inputs and one MLP input read every upstream node;
+    logits read all."""
+    upstream = [1 + layer * (heads + 1) for layer in range(layers)]
+    return sum(3 * heads * u + u + heads for u in upstream) + 1 + layers * (heads + 1)

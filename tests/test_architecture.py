@@ -17,8 +17,10 @@ from conftest import fails, run_cli
 ROOT = Path(__file__).resolve().parents[1]
 
 # folder -> its package name, lowest layer first; a layer may import only the layers before it
-LAYERS = [("featstore", "featstore"), ("analytics", "featstore.analytics"), ("probing", "featstore.probing"),
+LAYERS = [("featstore", "featstore"), ("probing", "featstore.probing"), ("analytics", "featstore.analytics"),
           ("workflows", "featstore.workflows"), ("cli", "featstore.cli")]
+# the libraries a layer must never import: the core and the probes know no database, analytics knows no network
+FORBIDDEN = {"featstore": ("duckdb",), "probing": ("duckdb",), "analytics": ("torch", "torchvision", "timm")}
 
 
 def _layer_of(module: str) -> int | None:
@@ -28,8 +30,8 @@ def _layer_of(module: str) -> int | None:
     return None
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """Every featstore import of a file, at any depth (function-level imports included)."""
+def _imports(path: Path, prefix: str = "featstore") -> list[tuple[int, str]]:
+    """Every import of a file whose module starts with `prefix`, at any depth (function-level imports included)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -37,7 +39,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
             found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
-    return [(line, name) for line, name in found if name.startswith("featstore")]
+    return [(line, name) for line, name in found if name == prefix or name.startswith(prefix + ".")]
 
 
 def test_imports_run_one_way():
@@ -50,15 +52,54 @@ def test_imports_run_one_way():
                 target = _layer_of(name)
                 if target is not None and target > rank:
                     wrong.append(f"{folder}/{path.name}:{line} imports {name}")
-    assert not wrong, "imports against the layering cli -> workflows -> probing -> analytics -> featstore:\n" + \
+    assert not wrong, "imports against the layering cli -> workflows -> analytics -> probing -> featstore:\n" + \
         "\n".join(wrong)
 
 
 def test_the_layering_test_sees_function_level_imports(tmp_path):
     bad = tmp_path / "x.py"
-    bad.write_text("def f():\n    from featstore.analytics import db\n    return db\n")
-    assert _imports(bad) == [(2, "featstore.analytics"), (2, "featstore.analytics.db")]
-    assert _layer_of("featstore.analytics.db") == 1 and _layer_of("featstore.store") == 0
+    bad.write_text("def f():\n    from featstore.workflows import probe\n    import duckdb\n    return probe\n")
+    assert _imports(bad) == [(2, "featstore.workflows"), (2, "featstore.workflows.probe")]
+    assert _imports(bad, "duckdb") == [(3, "duckdb")]
+    assert _layer_of("featstore.workflows.probe") == 3 and _layer_of("featstore.store") == 0
+
+
+def test_each_layer_keeps_to_its_libraries():
+    wrong = [f"{folder}/{path.name}:{line} imports {name}"
+             for folder, banned in FORBIDDEN.items() for path in sorted((ROOT / folder).glob("*.py"))
+             for library in banned for line, name in _imports(path, library)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_analytics_runs_without_loading_torch():
+    """Not only its own imports: nothing analytics imports from the core may pull in torch either."""
+    import subprocess
+    import sys
+
+    modules = [f"featstore.analytics.{p.stem}" for p in sorted((ROOT / "analytics").glob("*.py"))]
+    code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"
+            "print(sorted(m for m in ('torch', 'torchvision', 'timm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_jobs_that_persist_live_in_workflows():
+    """Only analytics/db.py opens a database for writing, and only workflows/ call it that way; the CLI opens
+    none itself (its query commands go through analytics, read-only)."""
+    writers = []
+    for folder in ("featstore", "probing", "analytics", "workflows", "cli"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            if (folder, path.name) == ("analytics", "db.py"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+                        == "connect"):
+                    continue
+                read_only = any(k.arg == "read_only" and getattr(k.value, "value", None) is True
+                                for k in node.keywords)
+                if folder != "workflows" and not read_only:
+                    writers.append(f"{folder}/{path.name}:{node.lineno}")
+    assert not writers, "writing connections outside workflows/: " + ", ".join(writers)
 
 
 @pytest.mark.parametrize("model", ["resnet18", "timm/vit_tiny_patch16_224"])

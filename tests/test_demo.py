@@ -1,5 +1,5 @@
-"""The demo's generated image set: deterministic, cued as designed, and decided early and late by a trained
-ResNet-18 (the two-humped l*(2) histogram the demo exists to show)."""
+"""The demo's generated image set: deterministic and cued as designed; the demo end to end, with its decision
+layers recomputed by a plain loop."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 from featstore.analytics import queries as q
-from featstore.layouts import CUE_COLOURS, LAYOUTS, LayoutConfig, layout_image_folder
 from featstore.store import FeatureStore
+from featstore.workflows.layouts import CUE_COLOURS, LAYOUTS, LayoutConfig, layout_image_folder
 
 from conftest import fails, run_cli
 
@@ -52,27 +52,22 @@ def demo(tmp_path_factory):
     return out, run_cli("demo", "--out", out, "--no-progress").output  # exactly README command 1
 
 
-@pytest.mark.xfail(strict=True, reason="not reached: at k = 2 the demo decides 81% early, 17% mid, 3% late; "
-                                      "on 32 px images a ResNet-18 reads all it learns by layer3, so only images it "
-                                      "learnt poorly settle in layer4")
-def test_demo_decides_early_and_late_with_a_dip_between(demo):
-    """Bimodal by this criterion: at k = 2 on the clean test split, at least 20% of the images decide early
-    (l* < 0.3T) and at least 20% late (l* >= 0.7T), and the histogram between the two modes dips below half
-    of the smaller mode."""
+def test_the_demos_decision_layers_equal_a_plain_loop(demo):
+    """l*(2) of every clean test image, and the early/late fractions the demo prints, recomputed from the stored
+    timelines by a plain loop. (How far the demo is from a late mode is a measured limit, not a test: README's
+    demo section and bench/demo_depth.py.)"""
     out, _ = demo
     db = out / "layouts" / "featstore.duckdb"
     runs = q.timelines(db, "resnet18/clean/linear").filter(pl.col("split") == "test")
     layers = np.array([_decision_layer(p, 2) for p in runs["preds"].to_list()])
     t = len(runs["preds"][0]) - 1
-    hist = np.bincount(layers, minlength=t + 1) / len(layers)
     early, late = layers < 0.3 * t, layers >= 0.7 * t
-    print("l*(2) histogram:", np.round(hist, 3), "f_early", early.mean(), "f_late", late.mean())
-    assert early.mean() >= 0.2 and late.mean() >= 0.2
-    first, last = int(np.ceil(0.3 * t)) - 1, int(np.ceil(0.7 * t))
-    early_peak, late_peak = hist[: first + 1].max(), hist[last:].max()
-    assert hist[first + 1 : last].min() < 0.5 * min(early_peak, late_peak)
+    stored = q.decision_layers(db, 2).filter(pl.col("run_id") == "resnet18/clean/linear").sort("image_id")
+    assert stored["image_id"].to_list() == runs["image_id"].to_list()
+    assert stored["layer"].to_list() == layers.tolist()
     summary = q.decision_summary(db, 2).filter(pl.col("run_id") == "resnet18/clean/linear").row(0, named=True)
     assert summary["f_early"] == pytest.approx(early.mean()) and summary["f_late"] == pytest.approx(late.mean())
+    assert early.mean() > 0.5  # the colour-cued half settles at the stem (README's demo section)
 
 
 def test_demo_runs_offline_end_to_end_and_caches_the_network(demo):

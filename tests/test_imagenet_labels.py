@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 import torchvision
+from synthetic import class_image
 from timm.data import ImageNetInfo
 
 from featstore.datasets import discover
 from featstore.store import FeatureStore
-from featstore.synthetic import class_image
 
 from conftest import fails, run_cli
 

@@ -11,10 +11,10 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
+from synthetic import class_clusters, write_feature_store
 
 from featstore.probing.lbfgs import SoftmaxObjective, minimise
-from featstore.probing.run import ProbeConfig, probe
-from featstore.synthetic import class_clusters, write_feature_store
+from featstore.workflows.probe import ProbeConfig, probe
 
 
 def _digits() -> tuple[np.ndarray, np.ndarray]:

@@ -16,10 +16,11 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
+from synthetic import class_clusters, write_feature_store
 
 from featstore.probing.split import make_split
 from featstore.store import FeatureStore
-from featstore.synthetic import class_clusters, digits_image_folder, write_feature_store
+from featstore.workflows.demo import digits_image_folder
 
 from conftest import fail_after_inserting, fails, run_cli
 

@@ -11,9 +11,9 @@ import time
 import duckdb
 import numpy as np
 import pytest
+from synthetic import class_clusters, write_feature_store
 
 from featstore.analytics import db as fsdb
-from featstore.synthetic import class_clusters, write_feature_store
 
 from conftest import fails, run_cli
 

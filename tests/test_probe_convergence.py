@@ -10,14 +10,14 @@ import duckdb
 import numpy as np
 import pytest
 import torch
+from synthetic import pooled_activations, write_feature_store
 from test_probe import probe_accuracy, sklearn_accuracy
 
 from featstore.probing import trainer
 from featstore.probing.base import UnconvergedProbe
-from featstore.probing.run import ProbeConfig, probe
 from featstore.probing.split import make_split
 from featstore.probing.threads import cores, fit_threads, idle_cores
-from featstore.synthetic import pooled_activations, write_feature_store
+from featstore.workflows.probe import ProbeConfig, probe
 
 from conftest import fails, run_cli
 

@@ -8,10 +8,10 @@ import json
 import duckdb
 import numpy as np
 import pytest
+from synthetic import class_clusters, write_feature_store
 
 from featstore.probing import run as probe_run
 from featstore.store import FeatureStore
-from featstore.synthetic import class_clusters, write_feature_store
 
 from conftest import fail_after_inserting, fails, run_cli
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import duckdb
 import pytest
 import tomllib
+from synthetic import make_image_folder
 
-from featstore.probing import run as probe_run
-from featstore.synthetic import make_image_folder
+from featstore.workflows import probe as probe_run
 
 from conftest import fails, run_cli
 

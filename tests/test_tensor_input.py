@@ -10,6 +10,7 @@ import torch
 import torchvision
 import zarr
 from PIL import Image
+from synthetic import make_image_folder
 from test_anchors_reference import _fx_node
 from test_resume_ranks import assert_identical
 from torchvision import transforms as T
@@ -19,7 +20,6 @@ from featstore.anchors import PRESETS
 from featstore.datasets import ViewDataset, collate, discover
 from featstore.preprocessing import Preprocessing
 from featstore.store import FeatureStore
-from featstore.synthetic import make_image_folder
 from featstore.tensor_input import EncodedDataset, TensorBatches, device_decodable
 from featstore.views import parse_views
 

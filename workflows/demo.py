@@ -17,24 +17,42 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import torch
+from PIL import Image
 
 from featstore.analytics import queries as q
-from featstore.analytics.costs import measure_model
 from featstore.analytics.db import record_image_source
 from featstore.analytics.report import write_report
 from featstore.build import BuildConfig, build
 from featstore.datasets import ImageSet, ViewDataset, discover
 from featstore.errors import FeatstoreError
-from featstore.layouts import LAYOUTS, LayoutConfig, layout_image_folder
 from featstore.models import load_model
 from featstore.preprocessing import Preprocessing
-from featstore.probing.run import ProbeConfig, probe
 from featstore.probing.split import make_split
-from featstore.synthetic import digits_image_folder
 from featstore.views import parse_views
+from featstore.workflows.cost import measure_model
+from featstore.workflows.layouts import LAYOUTS, LayoutConfig, layout_image_folder
+from featstore.workflows.probe import ProbeConfig, probe
 
 IMAGE_SIZE = 32
 VIEWS = "clean,gaussian_noise-2,gaussian_blur-1"
+
+
+def digits_image_folder(root: str | Path, size: int = 32, limit: int | None = None) -> Path:
+    """scikit-learn's 8x8 handwritten digits (real data that ships offline) as an ImageFolder of PNGs,
+    upsampled to `size` px, grey as RGB. Needs scikit-learn (a dev/demo dependency)."""
+    from sklearn.datasets import load_digits
+
+    root = Path(root)
+    digits = load_digits()
+    images, targets = digits.images, digits.target
+    if limit is not None:
+        images, targets = images[:limit], targets[:limit]
+    for i, (img, y) in enumerate(zip(images, targets, strict=True)):
+        folder = root / f"digit_{int(y)}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = (np.clip(img / 16.0, 0, 1) * 255).astype(np.uint8)
+        Image.fromarray(pixels).convert("RGB").resize((size, size), Image.BILINEAR).save(folder / f"{i:04d}.png")
+    return root
 
 
 @dataclass(frozen=True)

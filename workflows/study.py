@@ -25,8 +25,9 @@ from featstore.analytics.report import write_report
 from featstore.build import BuildConfig, build
 from featstore.errors import FeatstoreError
 from featstore.probing.base import get_variant
-from featstore.probing.run import ProbeConfig, probe, run_id_for
+from featstore.probing.run import run_id_for
 from featstore.store import FeatureStore, model_key
+from featstore.workflows.probe import ProbeConfig, probe
 from featstore.workflows.toml_files import read_toml
 
 # paper_table columns shown beside the published figures; both stable-but-wrong readings face the paper's one

@@ -170,7 +170,7 @@ def run_zoo(cfg: ZooConfig) -> ZooResult:
             rows = []
             for role, image_set in [("id", spec.id)] + [("ood", s) for s in spec.ood]:
                 circuit = compute_circuit(CircuitConfig(
-                    model=model.model, data=image_set.data, db=cfg.db, view=image_set.view, labels=image_set.labels,
+                    model=model.model, data=image_set.data, view=image_set.view, labels=image_set.labels,
                     weights=model.weights, image_size=model.image_size, ig_steps=cfg.ig_steps, limit=cfg.limit,
                     batch_size=cfg.batch_size, device=cfg.device, workers=cfg.workers, seed=cfg.seed,
                     progress=cfg.progress, name=model.name, dataset=image_set.name))

@@ -114,21 +114,3 @@ def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np
             store.commit_chunk(model, view, ChunkData(c, [f[rows] for f in feats], logits[rows],
                                                       np.zeros(rows.stop - rows.start, dtype=bool)))
     return Path(path)
-
-
-def digits_image_folder(root: str | Path, size: int = 32, limit: int | None = None) -> Path:
-    """scikit-learn's 8x8 handwritten digits (real data that ships offline) as an ImageFolder of PNGs,
-    upsampled to `size` px, grey as RGB. Needs scikit-learn (a dev/demo dependency)."""
-    from sklearn.datasets import load_digits
-
-    root = Path(root)
-    digits = load_digits()
-    images, targets = digits.images, digits.target
-    if limit is not None:
-        images, targets = images[:limit], targets[:limit]
-    for i, (img, y) in enumerate(zip(images, targets, strict=True)):
-        folder = root / f"digit_{int(y)}"
-        folder.mkdir(parents=True, exist_ok=True)
-        pixels = (np.clip(img / 16.0, 0, 1) * 255).astype(np.uint8)
-        Image.fromarray(pixels).convert("RGB").resize((size, size), Image.BILINEAR).save(folder / f"{i:04d}.png")
-    return root

@@ -1,5 +1,5 @@
-"""Measured exit costs into DuckDB: read the model's anchors from the store (or the DB), time them with
-`featstore.cost.measure_costs`, and keep them in `anchor_costs` / `model_costs`."""
+"""`featstore cost`: read the model's anchors from the store (or the DB), time them with
+`featstore.cost.measure_costs`, and keep them in DuckDB's `anchor_costs` / `model_costs`."""
 
 from __future__ import annotations
 
