@@ -1,7 +1,8 @@
-"""The DuckDB side: opening the database (read-only for queries), its schema, and atomic run writes.
+"""The DuckDB side: opening the database (read-only for queries), its schema, and atomic writes of records.
 
-All SQL text lives in `sql/`; this module only loads and runs it. Writes of one run happen in a single
-transaction, so a killed `featstore probe` leaves either the old rows of that run or the new ones.
+Every table, view and macro is defined in `sql/`; this module loads them, and keeps only the statements that
+write (inserts of `featstore.records` by column name, the deletes that replace a run) and a few plain lookups.
+Each write runs inside `transaction`, so a killed job leaves either the old rows or the new ones.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ import importlib.resources
 import json
 import re
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import fields
+from datetime import datetime
 from pathlib import Path
 
 import duckdb
@@ -18,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from featstore.errors import FeatstoreError
+from featstore.records import CircuitRun, DatasetInfo, ModelCost, RunRows, ZooRow
 
 _DEFINITION = re.compile(r"CREATE OR REPLACE (MACRO|VIEW) (\w+)")
 
@@ -129,22 +134,42 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0) -> d
     return con
 
 
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Everything inside commits together or not at all (the one place featstore begins a transaction)."""
+    con.execute("BEGIN")
+    try:
+        yield con
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
 def _insert(con: duckdb.DuckDBPyConnection, table: str, data: pa.Table) -> None:
-    """Bulk-insert an Arrow table (columns in the table's order) without a round trip through files."""
+    """Bulk-insert an Arrow table by column name, without a round trip through files; columns the table has and
+    `data` lacks get their default (NULL)."""
     con.register("_featstore_incoming", data)
     try:
-        con.execute(f"INSERT INTO {table} SELECT * FROM _featstore_incoming")
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _featstore_incoming")
     finally:
         con.unregister("_featstore_incoming")
 
 
-@dataclass
-class DatasetInfo:
-    fingerprint: str
-    source: str
-    store: str
-    split_seed: int
-    val_frac: float = 0.1
+def _insert_records(con: duckdb.DuckDBPyConnection, table: str, records: Sequence[object],
+                    **extra: object) -> None:
+    """Insert dataclass records by column name: each field a column (dicts as JSON), plus constant `extra`
+    columns (the key a record of a child table leaves to its parent)."""
+    if not records:
+        return
+    names = [f.name for f in fields(records[0])]
+    columns = {name: [_column_value(getattr(r, name)) for r in records] for name in names}
+    columns.update({name: [value] * len(records) for name, value in extra.items()})
+    _insert(con, table, pa.table(columns))
+
+
+def _column_value(value: object) -> object:
+    return json.dumps(value) if isinstance(value, dict) else value
 
 
 def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo) -> bool:
@@ -164,19 +189,21 @@ def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo)
     return True
 
 
+def _set_meta(con: duckdb.DuckDBPyConnection, items: dict[str, str]) -> None:
+    con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(items.items()))
+
+
 def register_images(con: duckdb.DuckDBPyConnection, info: DatasetInfo, image_id: np.ndarray, path: np.ndarray,
                     label: np.ndarray, split: np.ndarray, class_names: list[str] | None = None) -> None:
     names = [class_names[y] if class_names and 0 <= y < len(class_names) else None for y in label.tolist()]
     table = pa.table({"dataset": pa.array([info.fingerprint] * len(image_id)), "image_id": image_id,
                       "path": pa.array(path.tolist(), pa.string()), "label": label.astype(np.int32),
                       "split": pa.array(split.tolist(), pa.string()), "class_name": pa.array(names, pa.string())})
-    con.execute("BEGIN")
-    con.execute("DELETE FROM images")
-    _insert(con, "images", table)
-    con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                    [("dataset", info.fingerprint), ("source", info.source), ("store", info.store),
-                     ("split_seed", str(info.split_seed)), ("val_frac", str(info.val_frac))])
-    con.execute("COMMIT")
+    with transaction(con):
+        con.execute("DELETE FROM images")
+        _insert(con, "images", table)
+        _set_meta(con, {"dataset": info.fingerprint, "source": info.source, "store": info.store,
+                        "split_seed": str(info.split_seed), "val_frac": str(info.val_frac)})
 
 
 def record_image_source(db: str | Path, root: str | Path, class_names: list[str]) -> None:
@@ -184,64 +211,58 @@ def record_image_source(db: str | Path, root: str | Path, class_names: list[str]
     and class names from the database alone."""
     con = connect(db)
     try:
-        con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                        [("image_root", str(Path(root).resolve())), ("class_names", json.dumps(list(class_names)))])
+        _set_meta(con, {"image_root": str(Path(root).resolve()), "class_names": json.dumps(list(class_names))})
     finally:
         con.close()
 
 
-def register_anchors(con: duckdb.DuckDBPyConnection, model: str, anchors: list) -> None:
-    rows = [(model, a.index, a.name, a.module, a.dim, a.depth_frac, getattr(a, "block", None), getattr(a, "tap", None))
-            for a in anchors]
-    con.execute("BEGIN")
-    con.execute("DELETE FROM anchors WHERE model = ?", [model])
-    con.executemany("INSERT INTO anchors VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
-    con.execute("COMMIT")
+def register_anchors(con: duckdb.DuckDBPyConnection, model: str, anchors: Sequence) -> None:
+    """The anchors of a model (featstore.anchors.Anchor records), replacing an earlier list."""
+    table = pa.table({"model": [model] * len(anchors), "anchor": [a.index for a in anchors],
+                      "name": [a.name for a in anchors], "module": [a.module for a in anchors],
+                      "dim": [a.dim for a in anchors], "depth_frac": [a.depth_frac for a in anchors],
+                      "block": pa.array([getattr(a, "block", None) for a in anchors], pa.int32()),
+                      "tap": pa.array([getattr(a, "tap", None) for a in anchors], pa.string())})
+    with transaction(con):
+        con.execute("DELETE FROM anchors WHERE model = ?", [model])
+        _insert(con, "anchors", table)
 
 
 def replace_model_outputs(con: duckdb.DuckDBPyConnection, model: str, view: str, image_id: np.ndarray,
                           pred: np.ndarray, conf: np.ndarray) -> None:
     table = pa.table({"model": pa.array([model] * len(image_id)), "view": pa.array([view] * len(image_id)),
                       "image_id": image_id, "pred": pred.astype(np.int32), "conf": conf.astype(np.float32)})
-    con.execute("BEGIN")
-    con.execute("DELETE FROM model_outputs WHERE model = ? AND view = ?", [model, view])
-    _insert(con, "model_outputs", table)
-    con.execute("COMMIT")
+    with transaction(con):
+        con.execute("DELETE FROM model_outputs WHERE model = ? AND view = ?", [model, view])
+        _insert(con, "model_outputs", table)
 
 
-def replace_costs(con: duckdb.DuckDBPyConnection, model: str, cost) -> None:
-    """Store one `featstore.cost.ModelCost`, replacing an earlier measurement of the same model, device, batch."""
-    key = [model, cost.device, cost.batch_size]
-    con.execute("BEGIN")
-    for table in ("anchor_costs", "model_costs"):
-        con.execute(f"DELETE FROM {table} WHERE model = ? AND device = ? AND batch_size = ?", key)
-    con.executemany("INSERT INTO anchor_costs VALUES (?, ?, ?, ?, ?, ?, ?, ?, now())",
-                    [key + [a.anchor, a.ms, a.flops, a.probe_ms, a.probe_flops] for a in cost.anchors])
-    con.execute("INSERT INTO model_costs VALUES (?, ?, ?, ?, ?, now())", key + [cost.ms, cost.flops])
-    con.execute("COMMIT")
+def replace_costs(con: duckdb.DuckDBPyConnection, model: str, cost: ModelCost) -> None:
+    """Store one measurement, replacing an earlier one of the same model, device and batch size."""
+    key = {"model": model, "device": cost.device, "batch_size": cost.batch_size}
+    measured_at = datetime.now()
+    with transaction(con):
+        for table in ("anchor_costs", "model_costs"):
+            con.execute(f"DELETE FROM {table} WHERE model = ? AND device = ? AND batch_size = ?", list(key.values()))
+        _insert_records(con, "anchor_costs", cost.anchors, **key, measured_at=measured_at)
+        _insert(con, "model_costs", pa.table({**{k: [v] for k, v in key.items()}, "ms": [cost.ms],
+                                              "flops": [cost.flops], "measured_at": [measured_at]}))
 
 
-def write_circuit(con: duckdb.DuckDBPyConnection, run: dict, edges: list[tuple[str, str, int, int]],
+def write_circuit(con: duckdb.DuckDBPyConnection, run: CircuitRun, edges: list[tuple[str, str, int, int]],
                   scores: np.ndarray) -> None:
     """Replace one circuit run and its edge scores (fixed edge order) in a single transaction."""
     n = len(edges)
-    table = pa.table({"run_id": pa.array([run["run_id"]] * n), "edge": np.arange(n, dtype=np.int32),
+    table = pa.table({"run_id": pa.array([run.run_id] * n), "edge": np.arange(n, dtype=np.int32),
                       "src": pa.array([e[0] for e in edges]), "dst": pa.array([e[1] for e in edges]),
                       "src_layer": np.array([e[2] for e in edges], dtype=np.int16),
                       "dst_layer": np.array([e[3] for e in edges], dtype=np.int16),
                       "score": np.asarray(scores, dtype=np.float64)})
-    try:
-        con.execute("BEGIN")
-        con.execute("DELETE FROM edges WHERE run_id = ?", [run["run_id"]])
-        con.execute("DELETE FROM circuit_runs WHERE run_id = ?", [run["run_id"]])
-        con.execute("INSERT INTO circuit_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, now())",
-                    [run["run_id"], run["model"], run["view"], run["layers"], run["heads"], run["ig_steps"],
-                     run["n_images"], n, json.dumps(run.get("params", {}))])
+    with transaction(con):
+        con.execute("DELETE FROM edges WHERE run_id = ?", [run.run_id])
+        con.execute("DELETE FROM circuit_runs WHERE run_id = ?", [run.run_id])
+        _insert_records(con, "circuit_runs", [run])
         _insert(con, "edges", table)
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
 
 
 def read_edges(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[list[str], list[str], np.ndarray]:
@@ -252,55 +273,35 @@ def read_edges(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[list[str], 
 
 def replace_graph_css(con: duckdb.DuckDBPyConnection, pairs: list[tuple[str, str]], top_n: int,
                       rows: list[tuple]) -> None:
-    """Replace the stored graph distances of these (ID, OOD) pairs at this top_n."""
-    con.execute("BEGIN")
-    con.executemany("DELETE FROM css_graph WHERE id_run = ? AND ood_run = ? AND top_n = ?",
-                    [(a, b, top_n) for a, b in pairs])
-    con.executemany("INSERT INTO css_graph VALUES (?, ?, ?, ?, ?, ?, now())", rows)
-    con.execute("COMMIT")
+    """Replace the stored graph distances of these (ID, OOD) pairs at this top_n; rows are (id_run, ood_run,
+    distance, top_n, value, n_edges)."""
+    columns = ("id_run", "ood_run", "distance", "top_n", "value", "n_edges")
+    with transaction(con):
+        con.executemany("DELETE FROM css_graph WHERE id_run = ? AND ood_run = ? AND top_n = ?",
+                        [(a, b, top_n) for a, b in pairs])
+        if rows:
+            _insert(con, "css_graph", pa.table({**{c: [r[i] for r in rows] for i, c in enumerate(columns)},
+                                                "created_at": [datetime.now()] * len(rows)}))
 
 
-def replace_zoo_runs(con: duckdb.DuckDBPyConnection, study: str, rows: list[tuple]) -> None:
-    """Replace the zoo rows (model, dataset, role, accuracy, n_images, circuit_run) of these models in `study`."""
-    con.execute("BEGIN")
-    con.executemany("DELETE FROM zoo_runs WHERE study = ? AND model = ? AND dataset = ?",
-                    [(study, r[0], r[1]) for r in rows])
-    con.executemany("INSERT INTO zoo_runs VALUES (?, ?, ?, ?, ?, ?, ?, now())", [(study, *r) for r in rows])
-    con.execute("COMMIT")
+def replace_zoo_runs(con: duckdb.DuckDBPyConnection, rows: Sequence[ZooRow]) -> None:
+    """Replace the zoo rows of these (study, model, image set)s."""
+    with transaction(con):
+        con.executemany("DELETE FROM zoo_runs WHERE study = ? AND model = ? AND dataset = ?",
+                        [(r.study, r.model, r.dataset) for r in rows])
+        _insert_records(con, "zoo_runs", rows)
 
 
-@dataclass
-class RunRows:
-    """Everything one run writes: its `runs` row, predictions [n, anchors], folds and per-anchor fits."""
-
-    run: dict
-    image_id: np.ndarray  # [n]
-    pred: np.ndarray  # [n, A] int
-    conf: np.ndarray  # [n, A] float
-    fold: np.ndarray | None  # [n] for cross-fit runs
-    fits: list[tuple[int, int, dict]]  # (fold, anchor, fit record: epochs, converged, losses, ... as JSON)
-
-
-def write_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
-    """Replace one run's rows in a single transaction."""
-    write_runs(con, [rows])
-
-
-def write_runs(con: duckdb.DuckDBPyConnection, runs: list[RunRows]) -> None:
+def write_runs(con: duckdb.DuckDBPyConnection, runs: Sequence[RunRows]) -> None:
     """Replace the rows of several runs (the views one set of probes predicts) in a single transaction."""
-    try:
-        con.execute("BEGIN")
+    with transaction(con):
         for rows in runs:
             _replace_run(con, rows)
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
 
 
 def _replace_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
     n, a = rows.pred.shape
-    run_id = rows.run["run_id"]
+    run_id = rows.run.run_id
     predictions = pa.table({
         "run_id": pa.DictionaryArray.from_arrays(np.zeros(n * a, dtype=np.int32), pa.array([run_id])),
         "image_id": np.repeat(rows.image_id.astype(np.int64), a),
@@ -308,12 +309,9 @@ def _replace_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
         "pred": rows.pred.astype(np.int32).ravel(),
         "conf": rows.conf.astype(np.float32).ravel(),
     })
-    run = rows.run
     for table in ("predictions", "decisions", "folds", "probe_fits", "runs"):
         con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-    con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now())",
-                [run_id, run["model"], run["view"], run["train_view"], run["probe"], json.dumps(run["params"]),
-                 run["cross_fit"], run["seed"], n, a, run["store"]])
+    _insert_records(con, "runs", [rows.run])
     _insert(con, "predictions", predictions)
     if rows.fold is not None:
         _insert(con, "folds", pa.table({"run_id": pa.array([run_id] * n),
@@ -321,7 +319,9 @@ def _replace_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
                                         "fold": rows.fold.astype(np.int16)}))
     con.execute(sql_text("derive_decisions"), {"run_id": run_id})
     if rows.fits:
-        con.executemany("INSERT INTO probe_fits (run_id, fold, anchor, val_accuracy, epochs, converged, "
-                        "train_loss, val_loss, info) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        [(run_id, f, anchor, r.get("val_accuracy"), r.get("epochs"), r.get("converged"),
-                          r.get("train_loss"), r.get("val_loss"), json.dumps(r)) for f, anchor, r in rows.fits])
+        fit = [r for _, _, r in rows.fits]
+        _insert(con, "probe_fits", pa.table({
+            "run_id": [run_id] * len(fit), "fold": pa.array([f for f, _, _ in rows.fits], pa.int16()),
+            "anchor": pa.array([anchor for _, anchor, _ in rows.fits], pa.int16()),
+            **{c: [r.get(c) for r in fit] for c in ("val_accuracy", "epochs", "converged", "train_loss", "val_loss")},
+            "info": [json.dumps(r) for r in fit]}))

@@ -14,6 +14,7 @@ import duckdb
 import polars as pl
 
 from featstore.analytics.db import connect
+from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
 from featstore.analytics.scopes import SCOPES
 from featstore.errors import FeatstoreError
 
@@ -168,45 +169,35 @@ class EarlyExit:
 
 
 def early_exit(db: Db, run_id: str, device: str | None = None, batch_size: int = 1,
-               ks: Sequence[int] = (1, 2, 3, 4), thresholds: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
-               combined: Sequence[float] = (0.5, 0.7, 0.9), scope: str = "auto") -> EarlyExit:
+               policies: ExitPolicies = DEFAULT_POLICIES, scope: str = "auto") -> EarlyExit:
     """Every exit policy's accuracy and cost, and the Pareto front, priced on `device` (default: the only one)."""
     device = exit_device(db, run_id, batch_size, device)
-    args = dict(ks=ks, thresholds=thresholds, combined=combined, scope=scope)
-    return EarlyExit(device, exit_simulation(db, run_id, device, batch_size, **args),
-                     exit_pareto(db, run_id, device, batch_size, **args))
+    return EarlyExit(device, exit_simulation(db, run_id, device, batch_size, policies, scope),
+                     exit_pareto(db, run_id, device, batch_size, policies, scope))
 
 
-def _exit_args(ks: Sequence[int], thresholds: Sequence[float], combined: Sequence[float]) -> list:
-    return [list(ks), [float(t) for t in thresholds], [float(t) for t in combined]]
-
-
-def _exit_table(macro: str, db: Db, run_id: str, device: str, batch_size: int, ks: Sequence[int],
-                thresholds: Sequence[float], combined: Sequence[float], scope: str) -> pl.DataFrame:
+def _exit_table(macro: str, db: Db, run_id: str, device: str, batch_size: int, policies: ExitPolicies,
+                scope: str) -> pl.DataFrame:
     return query(db, f"SELECT * FROM {macro}(?, ?, sim_batch := ?, ks := ?, thresholds := ?, "
                      "combined_thresholds := ?, scope := ?)",
-                 [run_id, device, batch_size, *_exit_args(ks, thresholds, combined), check_scope(scope)])
+                 [run_id, device, batch_size, *policies.args(), check_scope(scope)])
 
 
-def exit_simulation(db: Db, run_id: str, device: str, batch_size: int = 1, ks: Sequence[int] = (1, 2, 3, 4),
-                    thresholds: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
-                    combined: Sequence[float] = (0.5, 0.7, 0.9), scope: str = "auto") -> pl.DataFrame:
+def exit_simulation(db: Db, run_id: str, device: str, batch_size: int = 1, policies: ExitPolicies = DEFAULT_POLICIES,
+                    scope: str = "auto") -> pl.DataFrame:
     """Accuracy and mean cost per image of every exit policy (see sql/exit_simulation.sql)."""
-    return _exit_table("exit_simulation", db, run_id, device, batch_size, ks, thresholds, combined, scope)
+    return _exit_table("exit_simulation", db, run_id, device, batch_size, policies, scope)
 
 
-def exit_pareto(db: Db, run_id: str, device: str, batch_size: int = 1, ks: Sequence[int] = (1, 2, 3, 4),
-                thresholds: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
-                combined: Sequence[float] = (0.5, 0.7, 0.9), scope: str = "auto") -> pl.DataFrame:
+def exit_pareto(db: Db, run_id: str, device: str, batch_size: int = 1, policies: ExitPolicies = DEFAULT_POLICIES,
+                scope: str = "auto") -> pl.DataFrame:
     """The policies of exit_simulation that no other beats on both accuracy and cost."""
-    return _exit_table("exit_pareto", db, run_id, device, batch_size, ks, thresholds, combined, scope)
+    return _exit_table("exit_pareto", db, run_id, device, batch_size, policies, scope)
 
 
-def exit_shares(db: Db, run_id: str, ks: Sequence[int] = (1, 2, 3, 4),
-                thresholds: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
-                combined: Sequence[float] = (0.5, 0.7, 0.9), scope: str = "auto") -> pl.DataFrame:
+def exit_shares(db: Db, run_id: str, policies: ExitPolicies = DEFAULT_POLICIES, scope: str = "auto") -> pl.DataFrame:
     return query(db, "SELECT * FROM exit_shares(?, ks := ?, thresholds := ?, combined_thresholds := ?, scope := ?)",
-                 [run_id, *_exit_args(ks, thresholds, combined), check_scope(scope)])
+                 [run_id, *policies.args(), check_scope(scope)])
 
 
 def tap_grid(db: Db, run_id: str, scope: str = "auto") -> pl.DataFrame:

@@ -59,13 +59,17 @@ class _Figures:
                 f"<figcaption>{html.escape(caption)} ({path.name})</figcaption></figure>")
 
 
-def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = None, scope: str = "auto") -> Path:
-    """Write `out/report.html` (and one PNG per figure) for every run in `db`."""
+def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = None, scope: str = "auto",
+                 k: int | None = None) -> Path:
+    """Write `out/report.html` (and one PNG per figure) for every run in `db`: the k-sweep over `ks`, and the
+    single-k sections (cross-model table, headline, decision mass, gallery) at `k` (default 2, or the first k)."""
     out = Path(out)
     con = connect(db, read_only=True)
     try:
         q.check_scope(scope)
         ks = q.stability_windows(con, ks)
+        if k is not None and k not in ks:
+            ks = sorted({*ks, *q.stability_windows(con, [k])})
         out.mkdir(parents=True, exist_ok=True)
         runs = q.runs(con)
         circuit_runs = q.query(con, "SELECT * FROM circuit_runs ORDER BY run_id")
@@ -80,7 +84,7 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
             return path
         sweep = q.k_sweep(con, ks, scope)
         accuracy = q.probe_accuracy(con, scope)
-        k_mid = 2 if 2 in ks else ks[0]
+        k_mid = k if k is not None else 2 if 2 in ks else ks[0]
         sections = _unconverged(q.unconverged_probes(con)) + [
             "<h2>k-sweep (decision-layer statistics per run)</h2>",
             _table(sweep.drop("model", "probe")),
@@ -364,9 +368,7 @@ def _circuits(figs: _Figures, con, circuit_runs: pl.DataFrame) -> list[str]:
     parts = ["<h2>Circuits (EAP-IG)</h2>"]
     ddb = pl.concat([q.query(con, "SELECT * FROM ddb(variant := ?)", [v]) for v in ("global", "deep", "out")])
     parts.append(_table(ddb.select("run_id", "variant", "tau", "ddb")))
-    css = q.query(con, "SELECT o.run_id AS ood_run, i.run_id AS id_run, s.css FROM circuit_runs o "
-                       "JOIN circuit_runs i ON i.model = o.model AND i.view = 'clean' AND o.view <> 'clean' "
-                       "AND i.ig_steps = o.ig_steps, LATERAL css(i.run_id, o.run_id) s")
+    css = q.query(con, "SELECT * FROM css_vs_clean() ORDER BY ood_run")
     if not css.is_empty():
         parts.append("<h3>Circuit shift score (1 - Spearman, vs the clean circuit)</h3>" + _table(css))
     for run in circuit_runs.iter_rows(named=True):

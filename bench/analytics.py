@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +22,9 @@ import numpy as np
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the generated test data
+from synthetic import run_rows  # noqa: E402
 
 ANCHORS = 12
 
@@ -85,7 +89,7 @@ def main() -> None:
             run = {"run_id": run_id, "model": f"model{m}", "view": f"view{v}", "train_view": "view0",
                    "probe": "linear", "params": {}, "cross_fit": 0, "seed": 0, "store": "-"}
             start = time.perf_counter()
-            fsdb.write_run(con, fsdb.RunRows(run, ids, preds, rng.random(preds.shape), None, []))
+            fsdb.write_runs(con, [run_rows(run, ids, preds, rng.random(preds.shape))])
             write.append(time.perf_counter() - start)
             truth[run_id] = preds
     con.close()

@@ -32,6 +32,7 @@ from featstore.datasets import ViewDataset, collate, discover
 from featstore.loading import default_workers
 from featstore.models import load_model
 from featstore.runtime import resolve_device, tune_allocator
+from featstore.specs import ImageSource, ModelSpec, RunOptions
 from featstore.views import View
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the generated test data
@@ -53,8 +54,8 @@ def bare_forward(model: torch.nn.Module, batches: list[torch.Tensor], device: to
 def featstore_build(data: Path, model: str, device: str, batch: int, workers: int, size: int | None) -> float:
     store = Path(tempfile.mkdtemp()) / "bench.zarr"
     start = time.perf_counter()
-    build(BuildConfig(model=model, data=data, store=store, weights="none", device=device, batch_size=batch,
-                      workers=workers, image_size=size, progress=False))
+    build(BuildConfig(model=ModelSpec(model, "none", size), images=ImageSource(data), store=store,
+                      run=RunOptions(device=device, batch_size=batch, workers=workers, progress=False)))
     seconds = time.perf_counter() - start
     shutil.rmtree(store.parent)
     return seconds

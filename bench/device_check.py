@@ -55,6 +55,7 @@ import torch
 from featstore.build import BuildConfig, build
 from featstore.datasets import discover
 from featstore.runtime import resolve_device, tune_allocator
+from featstore.specs import ImageSource, ModelSpec, RunOptions
 from featstore.views import parse_views
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the generated test data
@@ -127,8 +128,9 @@ def generate_images(root: Path, s: Sizes) -> dict:
 def run_build(data: Path, store: Path, model: str, s: Sizes, device: str, limit: int | None = None,
               **overrides) -> dict:
     """One in-process `featstore build`; img/s over the chunk loop (decode -> forward -> pool -> write)."""
-    cfg = BuildConfig(model=model, data=data, store=store, weights="none", device=device, batch_size=s.batch,
-                      chunk_rows=s.chunk_rows, image_size=s.crop, limit=limit, progress=False, **overrides)
+    cfg = BuildConfig(model=ModelSpec(model, "none", s.crop), images=ImageSource(data, limit=limit), store=store,
+                      chunk_rows=s.chunk_rows, run=RunOptions(device=device, batch_size=s.batch, progress=False),
+                      **overrides)
     start = time.perf_counter()
     result = build(cfg)
     wall = time.perf_counter() - start
@@ -190,10 +192,11 @@ def anchor_agreement(a: Path, b: Path, key: str) -> list[dict]:
 
 def probe_accuracies(store: Path, key: str, db: Path, device: str) -> tuple[list[float], float]:
     from featstore.analytics import db as fsdb
+    from featstore.specs import RunOptions
     from featstore.workflows.probe import ProbeConfig, probe
 
     start = time.perf_counter()
-    probe(ProbeConfig(store=store, model=key, db=db, device=device, progress=False))
+    probe(ProbeConfig(store=store, model=key, db=db, run=RunOptions(device=device, progress=False)))
     seconds = time.perf_counter() - start
     con = fsdb.connect(db, read_only=True)
     accs = [a for (a,) in con.execute("SELECT accuracy FROM probe_accuracy() ORDER BY anchor").fetchall()]
@@ -249,6 +252,7 @@ def reference_key(store: Path) -> str:
 def synthetic_probe(work: Path, s: Sizes, device: str) -> dict:
     from synthetic import class_clusters, write_feature_store
 
+    from featstore.specs import RunOptions
     from featstore.workflows.probe import ProbeConfig, probe
 
     start = time.perf_counter()
@@ -256,8 +260,8 @@ def synthetic_probe(work: Path, s: Sizes, device: str) -> dict:
     write_feature_store(work / "probe.zarr", feats, labels, s.probe_classes)
     setup = time.perf_counter() - start
     start = time.perf_counter()
-    probe(ProbeConfig(store=work / "probe.zarr", model="synthetic", db=work / "probe.duckdb", device=device,
-                      progress=False))
+    probe(ProbeConfig(store=work / "probe.zarr", model="synthetic", db=work / "probe.duckdb",
+                      run=RunOptions(device=device, progress=False)))
     return {"rows": s.probe_rows, "anchors": len(s.probe_dims), "classes": s.probe_classes,
             "dims": list(s.probe_dims), "store_setup_seconds": round(setup, 1),
             "probe_seconds": round(time.perf_counter() - start, 1)}
@@ -268,9 +272,9 @@ def circuits(data: Path, s: Sizes, device: torch.device) -> dict:
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    cfg = CircuitConfig(model=s.circuit_model, data=str(data), weights="none", image_size=s.crop,
-                        limit=s.circuit_images, batch_size=s.circuit_batch, ig_steps=s.circuit_ig_steps,
-                        device=str(device), progress=False)
+    cfg = CircuitConfig(model=ModelSpec(s.circuit_model, "none", s.crop),
+                        images=ImageSource(data, limit=s.circuit_images), ig_steps=s.circuit_ig_steps,
+                        run=RunOptions(device=str(device), batch_size=s.circuit_batch, progress=False))
     start = time.perf_counter()
     result = compute_circuit(cfg)
     seconds = time.perf_counter() - start

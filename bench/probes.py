@@ -30,10 +30,11 @@ import numpy as np
 from featstore.probing.split import make_split
 from featstore.probing.threads import cores, idle_cores, runnable_elsewhere
 from featstore.runtime import tune_allocator
+from featstore.specs import RunOptions
 from featstore.workflows.probe import ProbeConfig, probe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the generated test data
-from synthetic import class_clusters, pooled_activations, write_feature_store  # noqa: E402
+from synthetic import class_clusters, pooled_activations, run_rows, write_feature_store  # noqa: E402
 
 RESNET50_DIMS = [64, 256, 256, 512, 512, 1024, 1024, 1024, 1024, 2048, 2048, 2048]
 RESNET18_DIMS = [64, 64, 64, 64, 128, 128, 256, 256, 512, 512, 512, 512]
@@ -61,8 +62,8 @@ def sklearn_fits(feats, labels, fit, test, standardise: bool) -> tuple[float, li
 def featstore_run(store: Path, db: Path, variant: str, threads: int | None = None) -> tuple[float, list, list]:
     """Seconds end to end, test accuracy per anchor, and (epochs, converged) per anchor."""
     start = time.perf_counter()
-    probe(ProbeConfig(store=store, model="synthetic", db=db, device="cpu", variant=variant, progress=False,
-                      threads=threads))
+    probe(ProbeConfig(store=store, model="synthetic", db=db, variant=variant,
+                      run=RunOptions(device="cpu", progress=False, threads=threads)))
     seconds = time.perf_counter() - start
     con = duckdb.connect(str(db), read_only=True)
     accs = [a for (a,) in con.execute(
@@ -158,11 +159,10 @@ def land_predictions(db: Path, n: int = 50_000, anchors: int = 12) -> float:
 
     rng = np.random.default_rng(0)
     con = fsdb.connect(db)
-    rows = fsdb.RunRows({"run_id": "bench", "model": "m", "view": "clean", "train_view": "clean", "probe": "linear",
-                         "params": {}, "cross_fit": 0, "seed": 0, "store": "-"},
-                        np.arange(n), rng.integers(0, 1000, (n, anchors)), rng.random((n, anchors)), None, [])
+    rows = run_rows({"run_id": "bench", "model": "m", "view": "clean"}, np.arange(n),
+                    rng.integers(0, 1000, (n, anchors)), rng.random((n, anchors)))
     start = time.perf_counter()
-    fsdb.write_run(con, rows)
+    fsdb.write_runs(con, [rows])
     seconds = time.perf_counter() - start
     con.close()
     return seconds

@@ -24,6 +24,7 @@ import torch
 from featstore.analytics.queries import query
 from featstore.datasets import discover
 from featstore.models import load_model
+from featstore.specs import RunOptions
 from featstore.workflows.demo import clean_batch, digits_image_folder
 from featstore.workflows.zoo import ZooConfig, run_zoo
 
@@ -93,8 +94,8 @@ def main() -> None:
     db = args.out / "zoo.duckdb"
     db.unlink(missing_ok=True)
     start = time.perf_counter()
-    result = run_zoo(ZooConfig(str(config), str(db), ig_steps=args.ig_steps, limit=args.limit, batch_size=50,
-                               device="cpu", workers=0, progress=False))
+    result = run_zoo(ZooConfig(config, db, ig_steps=args.ig_steps, limit=args.limit,
+                               run=RunOptions(device="cpu", workers=0, batch_size=50, progress=False)))
     scored = time.perf_counter() - start
     pl.Config.set_tbl_rows(100)
     pl.Config.set_tbl_cols(12)

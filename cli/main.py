@@ -9,8 +9,15 @@ from pathlib import Path
 
 import click
 
-from featstore.analytics.scopes import SCOPES
+from featstore.cli.options import (
+    image_source_options,
+    model_spec_options,
+    option,
+    options,
+    run_options,
+)
 from featstore.errors import FeatstoreError
+from featstore.specs import ImageSource, ModelSpec, RunOptions, split_options
 
 
 def user_errors(fn):
@@ -25,50 +32,6 @@ def user_errors(fn):
             sys.exit(2)
 
     return wrapper
-
-
-def _list_parser(kind: str, example: str, minimum: int):
-    """A click callback turning '1,2,3' into sorted distinct ints >= minimum, with an error of its own kind."""
-
-    def parse(_ctx, param, text: str) -> list[int]:
-        try:
-            values = sorted({int(v) for v in text.split(",") if v.strip()})
-        except ValueError:
-            raise click.BadParameter(f"{text!r}: give {kind} such as {example}", param=param) from None
-        if not values or values[0] < minimum:
-            raise click.BadParameter(f"{text!r}: {kind} are whole numbers >= {minimum}", param=param)
-        return values
-
-    return parse
-
-
-def _threshold_parser(_ctx, param, text: str) -> list[float]:
-    """'0.5:0.99:0.01' (start:stop:step, stop included) or '0.5,0.9' -> confidence thresholds."""
-    try:
-        if ":" in text:
-            start, stop, step = (float(v) for v in text.split(":"))
-            count = int(round((stop - start) / step)) + 1
-            values = [round(start + i * step, 10) for i in range(count)]
-        else:
-            values = [float(v) for v in text.split(",") if v.strip()]
-    except (ValueError, ZeroDivisionError):
-        raise click.BadParameter(f"{text!r}: give start:stop:step (e.g. 0.5:0.99:0.01) or a comma list",
-                                 param=param) from None
-    if not values or not all(0 <= v <= 1 for v in values):
-        raise click.BadParameter(f"{text!r}: confidences lie in [0, 1]", param=param)
-    return values
-
-
-def db_option(help: str = "A database filled by featstore probe."):
-    return click.option("--db", required=True, type=click.Path(path_type=Path), help=help)
-
-
-format_option = click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
-                             help="Output format.")
-scope_option = click.option("--scope", type=click.Choice(SCOPES), default="auto",
-                            help="Images counted: auto = the test split, or all images of cross-fit runs.")
-ks_option = click.option("--k", "ks", default="1,2,3,4", callback=_list_parser("stability windows", "1,2,3,4", 1),
-                         help="Stability windows k (k anchors after the first).")
 
 
 class _OneLineErrors(click.Group):
@@ -94,40 +57,20 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--model", required=True, help="torchvision or timm model name (timm/NAME forces timm).")
-@click.option("--data", required=True, type=click.Path(path_type=Path), help="ImageFolder root, or flat folder.")
-@click.option("--store", required=True, type=click.Path(path_type=Path), help="Zarr store to create or extend.")
-@click.option("--labels", type=click.Path(path_type=Path), help="CSV filename,label for a flat folder.")
-@click.option("--views", default="clean", help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, brightness-S.")
-@click.option("--weights", default="auto", help="auto (paper for the paper's five models, else default) | paper | "
-              "default | a torchvision weights name or timm pretrained tag | PATH | none.")
-@click.option("--anchors", help="Comma list of module names (X.mid inside ResNet blocks); default: preset.")
-@click.option("--taps", help="Transformer module taps per block: all, or a list of ln1,attn,resid_mid,ln2,fc1,act,"
-              "fc2,resid (timm ViTs); anchors become (block, tap) pairs.")
-@click.option("--pool", type=click.Choice(["cls", "mean"]), help="Token pooling for ViTs [default: cls; mean "
-              "with --taps].")
-@click.option("--image-size", type=int, help="Crop size override; resizes to S*256/224 first.")
-@click.option("--limit", type=int, help="Deterministic subset of N images (ids stay those of the full set).")
-@click.option("--chunk-rows", default=1024, help="Store chunk size along images; the unit of resume.")
-@click.option("--batch-size", default=64, help="Images per forward pass.")
-@click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
-@click.option("--workers", type=int, help="Decoders [default: a thread per core on CPU, taking turns with the forward; "
-              "up to 8 DataLoader processes overlapping it on CUDA]; 0 decodes serially.")
-@click.option("--precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",
-              help="auto = fp16 autocast on CUDA, fp32 on CPU.")
-@click.option("--decode", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", help="auto = gpu on CUDA: "
-              "decode, crop and views on the device; cpu = PIL in the loader (the reference).")
-@click.option("--skip-bad", is_flag=True, help="Record corrupt images as skipped instead of stopping.")
-@click.option("--seed", default=0, help="Seed for random init, --limit and noise views.")
-@click.option("--name", help="Store group for this model config [default: the model name].")
-@click.option("--progress/--no-progress", default=True)
+@model_spec_options()
+@image_source_options()
+@option("--store", "create")
+@options(option("--views"), option("--anchors"), option("--taps"), option("--pool"), option("--chunk-rows"))
+@run_options("batch_size", "device", "workers", "seed", "progress")
+@options(option("--precision"), option("--decode"), option("--skip-bad"), option("--name"))
 @user_errors
-def build(**options) -> None:
+def build(**given) -> None:
     """Extract pooled anchor activations (and logits) of MODEL over DATA into STORE; resumable."""
     from featstore.build import BuildConfig
     from featstore.build import build as run_build
 
-    result = run_build(BuildConfig(**options))
+    (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
+    result = run_build(BuildConfig(model=model, images=images, run=run, **rest))
     if result.damaged:
         click.echo(f"re-did {len(result.damaged)} damaged chunk(s) found by the integrity check: "
                    f"{'; '.join(result.damaged[:3])}{' …' if len(result.damaged) > 3 else ''}", err=True)
@@ -140,37 +83,26 @@ def build(**options) -> None:
 
 
 @cli.command()
-@click.option("--store", required=True, type=click.Path(path_type=Path), help="A store made by featstore build.")
-@click.option("--model", required=True, help="Model (store group) whose anchors to probe.")
-@db_option("DuckDB file to create or extend.")
-@click.option("--view", default="clean", help="View(s) to predict: a name, a comma list, or all.")
-@click.option("--variant", default="linear", help="linear | paper | projected[:dim=N] (or a registered one).")
-@click.option("--train-on-view", help="Train the probes on this view [default: clean].")
-@click.option("--cross-fit", default=0, help="K >= 2: K folds, every image predicted out of sample.")
-@click.option("--project-dim", type=int, help="Capacity control: the projected variant at this width (a seeded "
-              "random projection of wider anchors); results coexist with the raw variant's.")
-@click.option("--seed", default=0, help="Probe seed (initialisation, shuffling, projections); runs of several "
-              "seeds land side by side (macro seed_spread).")
-@click.option("--split-seed", default=0, help="Seed of the train/val/test split and cross-fit folds (fixed per "
-              "database).")
-@click.option("--val-frac", default=0.1, help="Share of the train split carved out as val (fixed per database).")
-@click.option("--memory-budget", default="4GB", help="Keep features in memory up to this size, else stream chunks.")
-@click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads for fitting [default: the cores idle "
-              "when the fit starts]; recorded per fit in probe_fits.")
-@click.option("--progress/--no-progress", default=True)
+@option("--store", "read")
+@option("--model", "group")
+@option("--db", "write")
+@options(option("--view", "predict"), option("--variant", "probe"), option("--train-on-view"), option("--cross-fit"),
+         option("--project-dim"))
+@run_options("seed", "device", "threads", "progress")
+@options(option("--split-seed"), option("--val-frac"), option("--memory-budget"))
 @user_errors
-def probe(**options) -> None:
+def probe(**given) -> None:
     """Train one linear probe per anchor from the store and land every prediction in DuckDB."""
     from featstore.workflows.probe import ProbeConfig
     from featstore.workflows.probe import probe as run_probe
 
-    project_dim = options.pop("project_dim")
+    (run,), rest = split_options(given, RunOptions)
+    project_dim = rest.pop("project_dim")
     if project_dim is not None:
-        if options["variant"] != "linear":
+        if rest["variant"] != "linear":
             raise FeatstoreError("--project-dim and --variant exclude each other (it means projected:dim=D)")
-        options["variant"] = f"projected:dim={project_dim}"
-    for run_id in run_probe(ProbeConfig(**options)):
+        rest["variant"] = f"projected:dim={project_dim}"
+    for run_id in run_probe(ProbeConfig(run=run, **rest)):
         click.echo(f"wrote run {run_id}")
 
 
@@ -188,9 +120,9 @@ def print_frame(frame, fmt: str = "table") -> None:
 
 
 @cli.command()
-@db_option()
+@option("--db", "read")
 @click.argument("statement")
-@format_option
+@option("--format")
 @user_errors
 def sql(db: Path, statement: str, fmt: str) -> None:
     """Run STATEMENT on the database, read-only (macros: decision_summary(k), decision_layers(k), …)."""
@@ -200,10 +132,8 @@ def sql(db: Path, statement: str, fmt: str) -> None:
 
 
 @cli.command()
-@db_option()
-@ks_option
-@scope_option
-@format_option
+@option("--db", "read")
+@options(option("--k"), option("--scope"), option("--format"))
 @user_errors
 def timeline(db: Path, ks: list[int], scope: str, fmt: str) -> None:
     """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong."""
@@ -214,10 +144,9 @@ def timeline(db: Path, ks: list[int], scope: str, fmt: str) -> None:
 
 
 @cli.command()
-@db_option()
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Folder for report.html and PNGs.")
-@ks_option
-@scope_option
+@option("--db", "read")
+@option("--out", "report")
+@options(option("--k"), option("--scope"))
 @user_errors
 def report(db: Path, out: Path, ks: list[int], scope: str) -> None:
     """One self-contained HTML page of plots and tables of every run in the database."""
@@ -228,14 +157,13 @@ def report(db: Path, out: Path, ks: list[int], scope: str) -> None:
 
 
 @cli.command()
-@click.option("--model", required=True, help="Model (store group / DB model) to measure.")
-@db_option("DuckDB file to keep the costs in.")
-@click.option("--store", type=click.Path(path_type=Path), help="Read anchors, crop and head width from this store.")
-@click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
-@click.option("--batch-size", "batch_sizes", default="1,64", callback=_list_parser("batch sizes", "1,64", 1),
-              help="Batch sizes: latency (1) and throughput.")
-@click.option("--repeats", default=20, help="Timed runs per measurement (median), after 3 warm-up runs.")
-@click.option("--image-size", type=int, help="Input crop when no --store is given [default: the model's].")
+@option("--model", "measured")
+@option("--db", "costs")
+@option("--store", "optional")
+@run_options("device")
+@option("--batch-size", "measured")
+@option("--repeats")
+@option("--image-size")
 @user_errors
 def cost(model: str, db: Path, store: Path | None, device: str, batch_sizes: list[int], repeats: int,
          image_size: int | None) -> None:
@@ -250,25 +178,21 @@ def cost(model: str, db: Path, store: Path | None, device: str, batch_sizes: lis
 
 
 @cli.command("exit-sim")
-@db_option()
-@click.option("--run", "run_id", required=True, help="A run id (see `featstore sql \"SELECT run_id FROM runs\"`).")
-@ks_option
-@click.option("--thresholds", default="0.5:0.99:0.01", callback=_threshold_parser,
-              help="Confidence thresholds: start:stop:step or a list.")
-@click.option("--combined-thresholds", default="0.5,0.7,0.9", callback=_threshold_parser,
-              help="Thresholds of the stability AND confidence gate.")
-@click.option("--device", help="Device the costs were measured on [default: the only one in the DB].")
-@click.option("--batch-size", default=1, help="Which measured batch size prices the exits.")
-@scope_option
-@format_option
+@option("--db", "read")
+@option("--run", "probe")
+@options(option("--k"), option("--thresholds"), option("--combined-thresholds"))
+@option("--device", "measured")
+@option("--batch-size", "price")
+@options(option("--scope"), option("--format"))
 @user_errors
 def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], combined_thresholds: list[float],
              device: str | None, batch_size: int, scope: str, fmt: str) -> None:
     """Simulate early exit from stored predictions: stability, confidence, combined gates, oracle, Pareto front."""
+    from featstore.analytics.exit_policies import ExitPolicies
     from featstore.analytics.queries import early_exit
 
-    result = early_exit(db, run_id, device, batch_size, ks=ks, thresholds=thresholds,
-                        combined=combined_thresholds, scope=scope)
+    policies = ExitPolicies(tuple(ks), tuple(thresholds), tuple(combined_thresholds))
+    result = early_exit(db, run_id, device, batch_size, policies, scope)
     if fmt != "table":
         print_frame(result.simulation, fmt)
         return
@@ -279,10 +203,9 @@ def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], comb
 
 
 @cli.command()
-@db_option()
-@click.option("--run", "run_id", required=True, help="A run of a store built with --taps.")
-@scope_option
-@format_option
+@option("--db", "read")
+@option("--run", "taps")
+@options(option("--scope"), option("--format"))
 @user_errors
 def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
     """Layer x module probing: accuracy grid (block x tap), best pairs, act@100 / ln2@60 and gain recovered."""
@@ -304,36 +227,26 @@ def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
 
 
 @cli.command()
-@click.option("--model", required=True, help="A timm VisionTransformer name (any depth/heads).")
-@click.option("--data", required=True, type=click.Path(path_type=Path))
-@db_option("DuckDB file to create or extend.")
-@click.option("--view", default="clean", help="clean or a corruption view (the OOD set).")
-@click.option("--labels", type=click.Path(path_type=Path), help="CSV filename,label for a flat folder.")
-@click.option("--weights", default="default", help="default | PATH | none.")
-@click.option("--image-size", type=int)
-@click.option("--ig-steps", default=5, help="m: integrated-gradient steps (left Riemann sum).")
-@click.option("--limit", default=500, help="Images (a seeded subset with stable ids).")
-@click.option("--batch-size", default=32)
-@click.option("--device", default="auto")
-@click.option("--workers", type=int)
-@click.option("--seed", default=0)
-@click.option("--progress/--no-progress", default=True)
+@model_spec_options("vit", "timm")
+@image_source_options()
+@option("--db", "write")
+@options(option("--view", "circuit"), option("--ig-steps"))
+@run_options("batch_size", "device", "workers", "seed", "progress")
 @user_errors
-def circuits(**options) -> None:
+def circuits(**given) -> None:
     """EAP-IG edge scores of a ViT on one view (label-free) into DuckDB's edges table."""
     from featstore.circuits import CircuitConfig
     from featstore.workflows.circuits import run_circuits
 
-    db = options.pop("db")
-    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
-    click.echo(f"wrote circuit {run_circuits(CircuitConfig(**options), db).run['run_id']}")
+    (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
+    db = rest.pop("db")
+    result = run_circuits(CircuitConfig(model=model, images=images, run=run, **rest), db)
+    click.echo(f"wrote circuit {result.run.run_id}")
 
 
 @cli.command()
-@db_option("A database filled by featstore circuits.")
-@click.option("--tau", default=0.3, help="Shallow = blocks < tau L, deep = blocks >= (1 - tau) L.")
-@click.option("--variant", type=click.Choice(["global", "deep", "out"]), default="global")
-@format_option
+@option("--db", "circuits")
+@options(option("--tau", "ddb"), option("--variant", "ddb"), option("--format"))
 @user_errors
 def ddb(db: Path, tau: float, variant: str, fmt: str) -> None:
     """Dependency Depth Bias of every circuit run (higher: the model leans on deep computation)."""
@@ -343,13 +256,8 @@ def ddb(db: Path, tau: float, variant: str, fmt: str) -> None:
 
 
 @cli.command()
-@db_option("A database filled by featstore circuits.")
-@click.option("--id", "id_run", required=True, help="Circuit run on in-distribution images.")
-@click.option("--ood", "ood_run", required=True, help="Circuit run of the same model on shifted images.")
-@click.option("--distance", type=click.Choice(["srcc", "cosine", "l2", "jaccard", "laplacian", "netlsd"]),
-              default="srcc")
-@click.option("--top-n", default=200, help="Edges of the top-n graphs (jaccard, laplacian, netlsd).")
-@format_option
+@option("--db", "circuits")
+@options(option("--id"), option("--ood"), option("--distance"), option("--top-n"), option("--format"))
 @user_errors
 def css(db: Path, id_run: str, ood_run: str, distance: str, top_n: int, fmt: str) -> None:
     """Circuit Shift Score between an ID and an OOD circuit of one model."""
@@ -360,7 +268,7 @@ def css(db: Path, id_run: str, ood_run: str, distance: str, top_n: int, fmt: str
 
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@option("--json")
 @user_errors
 def info(store: Path, as_json: bool) -> None:
     """What STORE holds: images, models, views, anchors, dims and completeness."""
@@ -398,8 +306,8 @@ def format_info(summary: dict) -> str:
 
 
 @cli.command()
-@click.option("--model", required=True, help="torchvision or timm model name.")
-@click.option("--all", "show_all", is_flag=True, help="List every name --anchors (and --taps) accepts instead.")
+@option("--model", "network")
+@option("--all")
 @user_errors
 def anchors(model: str, show_all: bool) -> None:
     """The anchors MODEL gets by default, or (with --all) every name --anchors accepts, one per line."""
@@ -410,15 +318,9 @@ def anchors(model: str, show_all: bool) -> None:
 
 
 @cli.command()
-@click.option("--out", type=click.Path(path_type=Path), default=Path("featstore-demo"),
-              help="Folder for the images, the cached network, the store, the database and the report "
-                   "(one subfolder per --dataset).")
-@click.option("--dataset", default="layouts", show_default=True,
-              help="layouts: generated dot layouts, class colour in half the images (decided at the stem or "
-                   "later); digits: scikit-learn's 8x8 digits (nearly all decided at the stem).")
-@click.option("--epochs", type=int, help="Training epochs of the ResNet-18 (cached per value; default per dataset).")
-@click.option("--limit", type=int, help="Use only about N images (a quick run, e.g. in CI).")
-@click.option("--progress/--no-progress", default=True)
+@option("--out", "demo")
+@options(option("--dataset"), option("--epochs"), option("--limit", "demo"))
+@run_options("progress")
 @user_errors
 def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, progress: bool) -> None:
     """The whole pipeline offline: images -> trained ResNet-18 -> store -> probes -> DuckDB -> k-sweep, report."""
@@ -438,8 +340,8 @@ def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, progres
 
 @cli.command()
 @click.argument("store", type=click.Path(path_type=Path))
-@click.option("--model", help="Check only this model (store group) [default: every model].")
-@click.option("--quick", is_flag=True, help="Only look for missing chunk files (no chunk is read).")
+@option("--model", "only")
+@option("--quick")
 @user_errors
 def verify(store: Path, model: str | None, quick: bool) -> None:
     """Check that every chunk marked done can be trusted: its files present and decodable, no NaN in rows that
@@ -458,33 +360,26 @@ def verify(store: Path, model: str | None, quick: bool) -> None:
 
 @cli.command()
 @click.argument("config", type=click.Path(path_type=Path))
-@db_option("DuckDB file to create or extend.")
-@click.option("--ig-steps", default=5, help="m: integrated-gradient steps (left Riemann sum).")
-@click.option("--limit", default=500, help="Images per set (a seeded subset with stable ids).")
-@click.option("--batch-size", default=32, help="Images per EAP-IG batch (memory grows linearly with it).")
-@click.option("--device", default="auto", help="auto | cpu | cuda | cuda:N.")
-@click.option("--workers", type=int, help="Image decoders [default: as featstore circuits].")
-@click.option("--seed", default=0, help="Seed for --limit, noise views and random-init models.")
-@click.option("--tau", default=0.3, help="DDB's shallow/deep split in the printed table (zoo_tau_sweep: all).")
-@click.option("--top-n", default=200, help="Edges of the top-n graphs (jaccard, laplacian, netlsd).")
-@format_option
-@click.option("--progress/--no-progress", default=True)
+@option("--db", "write")
+@options(option("--ig-steps"), option("--limit"))
+@run_options("batch_size", "device", "workers", "seed")
+@options(option("--tau", "zoo"), option("--top-n"), option("--format"))
+@run_options("progress")
 @user_errors
-def zoo(config: Path, fmt: str, **options) -> None:
+def zoo(config: Path, fmt: str, **given) -> None:
     """A model zoo's ID/OOD accuracies and circuits, then how well DDB and CSS predict OOD accuracy and the
     accuracy drop (CONFIG: a TOML file of models and image sets)."""
     from featstore.workflows.zoo import ZooConfig, run_zoo
 
-    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()}
-    print_frame(run_zoo(ZooConfig(config=str(config), **options)).table, fmt)
+    (run,), rest = split_options(given, RunOptions)
+    print_frame(run_zoo(ZooConfig(config=config, run=run, **rest)).table, fmt)
 
 
 @cli.command()
 @click.argument("study_file", type=click.Path(path_type=Path))
-@click.option("--data", type=click.Path(path_type=Path), help="Image folder [default: the study's data.path].")
-@click.option("--out", type=click.Path(path_type=Path), help="Folder for the store, database, report and study "
-              "state [default: ./study-<name>].")
-@click.option("--progress/--no-progress", default=True)
+@option("--data", "override")
+@option("--out", "study")
+@run_options("progress")
 @user_errors
 def study(study_file: Path, data: Path | None, out: Path | None, progress: bool) -> None:
     """Run a declared grid (models x weights x views x probes, a TOML file) end to end; reruns skip finished steps."""

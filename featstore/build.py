@@ -21,7 +21,7 @@ import torch
 
 from featstore import __version__
 from featstore.anchors import anchor_names_for, tap_anchor_names
-from featstore.datasets import IMAGENET_CLASSES, ImageSet, check_labels, discover
+from featstore.datasets import IMAGENET_CLASSES, ImageSet, check_labels
 from featstore.errors import FeatstoreError
 from featstore.extraction import Tapper, describe_anchors
 from featstore.locks import locked
@@ -35,38 +35,40 @@ from featstore.runtime import (
     resolve_device,
     tune_allocator,
 )
+from featstore.specs import ImageSource, ModelSpec, RunOptions
 from featstore.store import ChunkData, FeatureStore, check_store_path, model_key
+from featstore.store_config import StoreConfig
 from featstore.tensor_input import decoder_name, input_batches, resolve_decode
 from featstore.views import View, parse_views
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 
 
-@dataclass
-class BuildConfig:
-    """Everything `featstore build` takes; the CLI only fills this in."""
+BATCH_SIZE = 64  # images per forward when RunOptions.batch_size is not given
 
-    model: str
-    data: Path
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything `featstore build` takes; the CLI only fills this in. `run.seed` seeds random init, the --limit
+    subset and the noise views."""
+
+    model: ModelSpec
+    images: ImageSource
     store: Path
     views: str = "clean"
-    labels: Path | None = None
-    weights: str = "auto"
     anchors: str | None = None
     taps: str | None = None
     pool: str | None = None
-    image_size: int | None = None
-    limit: int | None = None
     chunk_rows: int = 1024
-    batch_size: int = 64
-    device: str = "auto"
-    workers: int | None = None
     precision: str = "auto"
     decode: str = "auto"
     skip_bad: bool = False
-    seed: int = 0
     name: str | None = None
-    progress: bool = True
+    run: RunOptions = field(default_factory=RunOptions)
+
+    @property
+    def batch_size(self) -> int:
+        return self.run.batch(BATCH_SIZE)
 
 
 @dataclass
@@ -98,23 +100,41 @@ def preferred_memory_format(model: torch.nn.Module) -> torch.memory_format:
     return torch.channels_last if has_conv else torch.contiguous_format
 
 
+@dataclass
+class BuildJob:
+    """One resolved build, as every step after the set-up needs it: the config, where this process sits among the
+    ranks, the images, the loaded model and its tapper, how it runs (device, layout, precision, decoder) and the
+    store config it writes."""
+
+    cfg: BuildConfig
+    ranks: Ranks
+    key: str
+    images: ImageSet
+    views: list[View]
+    loaded: LoadedModel
+    tapper: Tapper
+    device: torch.device
+    memory_format: torch.memory_format
+    precision: str
+    decode: str
+    config: StoreConfig
+
+
 def build(cfg: BuildConfig) -> BuildResult:
     """Build (or resume) one model's views in a store; see the module docstring for the guarantees."""
     tune_allocator()
-    if cfg.chunk_rows < 1 or cfg.batch_size < 1:
-        raise FeatstoreError("--chunk-rows and --batch-size must be positive")
-    if cfg.workers is not None and cfg.workers < 0:
-        raise FeatstoreError(f"--workers {cfg.workers}: give 0 (decode serially) or a positive number of decoders")
+    if cfg.chunk_rows < 1:
+        raise FeatstoreError(f"--chunk-rows {cfg.chunk_rows}: give a positive number of images per chunk")
     check_store_path(Path(cfg.store))
     ranks = ranks_from_env()
-    device = resolve_device(cfg.device, ranks.local_rank)
+    device = resolve_device(cfg.run.device, ranks.local_rank)
     precision = resolve_precision(cfg.precision, device)
     decode = resolve_decode(cfg.decode, device)
     if device.type == "cuda":
         make_cuda_deterministic(precision)
     views = parse_views(cfg.views)
-    images = discover(cfg.data, cfg.labels, cfg.limit, cfg.seed)
-    loaded = load_model(cfg.model, cfg.weights, cfg.seed, cfg.image_size)
+    images = cfg.images.discover(cfg.run.seed)
+    loaded = load_model(cfg.model.model, cfg.model.weights, cfg.run.seed, cfg.model.image_size)
     memory_format = preferred_memory_format(loaded.module)
     model = loaded.module.to(device, memory_format=memory_format)
     if cfg.taps and cfg.anchors:
@@ -128,49 +148,46 @@ def build(cfg: BuildConfig) -> BuildResult:
     if num_classes != IMAGENET_CLASSES:  # WNID labels mean ImageNet-1k indices only to a 1000-way head
         images = images.with_folder_ranks()
     check_labels(images, num_classes)
-    tapper = Tapper(model, anchors, pool_kind)
-    key = model_key(cfg.name or cfg.model)
-    config = {
-        "model": cfg.model, "library": loaded.library, "weights_id": loaded.weights_id,
-        "preprocessing": loaded.preprocessing.to_dict(), "token_pool": pool_kind, "num_classes": num_classes,
-        "chunk_rows": cfg.chunk_rows, "batch_size": cfg.batch_size, "precision": precision,
-        "memory_format": str(memory_format).removeprefix("torch."), "decoder": decoder_name(decode, device),
-        "anchors": [a.to_dict() for a in anchors], "images_fingerprint": images.fingerprint(),
-    }
+    config = StoreConfig(
+        model=cfg.model.model, library=loaded.library, weights_id=loaded.weights_id,
+        preprocessing=loaded.preprocessing, token_pool=pool_kind, num_classes=num_classes,
+        chunk_rows=cfg.chunk_rows, batch_size=cfg.batch_size, precision=precision, anchors=tuple(anchors),
+        images_fingerprint=images.fingerprint(), memory_format=str(memory_format).removeprefix("torch."),
+        decoder=decoder_name(decode, device))
+    job = BuildJob(cfg, ranks, model_key(cfg.name or cfg.model.model), images, views, loaded,
+                   Tapper(model, anchors, pool_kind), device, memory_format, precision, decode, config)
     init_distributed(ranks, device)
     with ExitStack() as held:
-        store, damaged = _prepare_store(cfg, ranks, images, key, config, views, anchors, num_classes, held)
-        return _build_chunks(cfg, ranks, store, key, images, loaded, tapper, device, memory_format, precision,
-                             decode, views, damaged)
+        store, damaged = _prepare_store(job, held)
+        return _build_chunks(job, store, damaged)
 
 
-def _build_chunks(cfg, ranks, store, key, images, loaded, tapper, device, memory_format, precision, decode, views,
-                  damaged) -> BuildResult:
-    done = {v.name: store.done(key, v.name) for v in views}
+def _build_chunks(job: BuildJob, store: FeatureStore, damaged: list[str]) -> BuildResult:
+    key, ranks = job.key, job.ranks
+    done = {v.name: store.done(key, v.name) for v in job.views}
     barrier(ranks)  # every rank has read the same bitmap before any rank commits a chunk
-    todo_views = [v for v in views if not done[v.name].all()]
-    n_chunks = math.ceil(len(images) / cfg.chunk_rows)
+    todo_views = [v for v in job.views if not done[v.name].all()]
+    n_chunks = math.ceil(len(job.images) / job.cfg.chunk_rows)
     todo = [c for c in range(n_chunks) if any(not done[v.name][c] for v in todo_views)]
     mine = todo[ranks.rank :: ranks.world]
-    result = BuildResult(key, len(images), chunks_skipped=n_chunks - len(todo), damaged=damaged)
+    result = BuildResult(key, len(job.images), chunks_skipped=n_chunks - len(todo), damaged=damaged)
     start = time.perf_counter()
     if mine:
-        _run_chunks(cfg, ranks, store, key, images, loaded, tapper, device, memory_format, precision, decode,
-                    todo_views, done, mine, result)
-    tapper.close()
+        _run_chunks(job, store, todo_views, done, mine, result)
+    job.tapper.close()
     result.seconds = time.perf_counter() - start
     barrier(ranks)
     return result
 
 
-def _prepare_store(cfg: BuildConfig, ranks: Ranks, images: ImageSet, key: str, config: dict,
-                   views: list[View], anchors, num_classes: int, held: ExitStack) -> tuple[FeatureStore, list[str]]:
+def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[FeatureStore, list[str]]:
     """Rank 0 creates or checks the store's groups; the other ranks wait, then check.
 
     Against other processes: groups are created only under the store's lock (held briefly), and the model's
     lock, taken under it and held by `held` until the build ends, makes a second build of the same model
     refuse with one line instead of writing the same chunks. Done chunks that fail `check_view` are marked
     not done here, so that this build makes exactly those again."""
+    cfg, ranks, images, key, config = job.cfg, job.ranks, job.images, job.key, job.config
     damaged: list[str] = []
     if ranks.is_main:
         if not Path(cfg.store).exists():
@@ -181,10 +198,10 @@ def _prepare_store(cfg: BuildConfig, ranks: Ranks, images: ImageSet, key: str, c
                 store.check_images(images)
             else:
                 store.write_images(images)
-            store.prepare_model(key, config, _versions(config["library"]))
+            store.prepare_model(key, config, _versions(config.library))
             held.enter_context(locked(store.path / key, wait=False, what=f"model {key!r} of store {cfg.store}"))
-            for v in views:
-                store.prepare_view(key, v.to_dict(), anchors, num_classes, cfg.chunk_rows)
+            for v in job.views:
+                store.prepare_view(key, v.to_dict(), config.anchors, config.num_classes, cfg.chunk_rows)
                 problems = store.check_view(key, v.name)
                 store.undo_chunks(key, v.name, sorted({p.chunk for p in problems}))
                 damaged += [str(p) for p in problems]
@@ -192,7 +209,7 @@ def _prepare_store(cfg: BuildConfig, ranks: Ranks, images: ImageSet, key: str, c
     if not ranks.is_main:
         store = FeatureStore(cfg.store, mode="a")
         store.check_images(images)
-        store.prepare_model(key, config, _versions(config["library"]))
+        store.prepare_model(key, config, _versions(config.library))
     return store, damaged
 
 
@@ -214,8 +231,9 @@ def chunk_batches(rows: range, batch_size: int) -> list[list[int]]:
     return [list(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
 
 
-def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tapper, device, memory_format, precision,
-                decode: str, views: list[View], done: dict, mine: list[int], result: BuildResult) -> None:
+def _run_chunks(job: BuildJob, store: FeatureStore, views: list[View], done: dict, mine: list[int],
+                result: BuildResult) -> None:
+    cfg, images, loaded, device, precision = job.cfg, job.images, job.loaded, job.device, job.precision
     n = len(images)
 
     def rows_of_chunk(c: int) -> range:
@@ -227,11 +245,11 @@ def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tap
         for b in chunk_batches(rows_of_chunk(c), cfg.batch_size):
             batches.append(b)
             chunk_of_batch.append(c)
-    batches_in = input_batches(decode, images, loaded.preprocessing, views, batches, device, cfg.workers)
-    writer = _ChunkWriter(store, key)
+    batches_in = input_batches(job.decode, images, loaded.preprocessing, views, batches, device, cfg.run.workers)
+    writer = _ChunkWriter(store, job.key)
     autocast = (torch.autocast(device.type, dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
                 if precision in ("fp16", "bf16") else nullcontext())
-    bar = _progress(cfg, ranks, sum(len(b) for b in batches), key, views)
+    bar = _progress(job, sum(len(b) for b in batches), views)
     buffers: dict[str, list] = {}
     current = None
     try:
@@ -254,7 +272,7 @@ def _run_chunks(cfg, ranks, store, key, images, loaded: LoadedModel, tapper: Tap
                                        else torch.float32) for v in views]
             with torch.inference_mode(), autocast:
                 for v, x in zip(views, stacked, strict=True):
-                    feats, logits = _forward(tapper, loaded, x, device, memory_format)
+                    feats, logits = _forward(job.tapper, loaded, x, device, job.memory_format)
                     if bad:
                         for f in feats + [logits]:
                             f[bad] = np.nan
@@ -323,12 +341,13 @@ class _ChunkWriter:
             raise self.error
 
 
-def _progress(cfg: BuildConfig, ranks: Ranks, total: int, key: str, views: list[View]):
-    if not cfg.progress or not ranks.is_main:
+def _progress(job: BuildJob, total: int, views: list[View]):
+    ranks = job.ranks
+    if not job.cfg.run.progress or not ranks.is_main:
         return None
     from tqdm import tqdm
 
-    label = f"{key} [{','.join(v.name for v in views)}]"
+    label = f"{job.key} [{','.join(v.name for v in views)}]"
     if ranks.world > 1:
         label += f" rank 0/{ranks.world}"
     return tqdm(total=total, unit="img", desc=label, dynamic_ncols=True, smoothing=0.1)

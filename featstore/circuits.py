@@ -22,13 +22,15 @@ for the block structure it mirrors, every run first checks that the rewrite repr
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from torch import nn
 
 from featstore.errors import FeatstoreError
+from featstore.records import CircuitRun
+from featstore.specs import ImageSource, ModelSpec, RunOptions
 
 try:  # timm's LayerNorm subclass only changes how it is called, not what it computes
     from timm.layers import LayerNorm as _TimmLayerNorm
@@ -355,27 +357,28 @@ def eap_ig_scores(graph: ViTGraph, batches: Iterator[torch.Tensor], means: torch
     return pair[src, slot] / (steps * positions)
 
 
-@dataclass
+CIRCUIT_LIMIT = 500  # images per circuit run when ImageSource.limit is not given: EAP-IG is costly
+BATCH_SIZE = 32  # images per EAP-IG batch when RunOptions.batch_size is not given (memory grows with it)
+
+
+@dataclass(frozen=True)
 class CircuitConfig:
     """Everything `featstore circuits` takes; the CLI only fills this in. `name` keys the model in the run id
     (default: the model name; a zoo gives each checkpoint its own), `dataset` names the image set in it
-    (default: the view's name)."""
+    (default: the view's name). `run.seed` seeds the --limit subset, the noise views and random init."""
 
-    model: str
-    data: str
+    model: ModelSpec
+    images: ImageSource
     view: str = "clean"
-    labels: str | None = None
-    weights: str = "default"
-    image_size: int | None = None
     ig_steps: int = 5
-    limit: int | None = 500
-    batch_size: int = 32
-    device: str = "auto"
-    workers: int | None = None
-    seed: int = 0
-    progress: bool = True
     name: str | None = None
     dataset: str | None = None
+    run: RunOptions = field(default_factory=RunOptions)
+
+    @property
+    def source(self) -> ImageSource:
+        """The image source with the circuits' default subset size."""
+        return self.images if self.images.limit is not None else replace(self.images, limit=CIRCUIT_LIMIT)
 
 
 @dataclass
@@ -384,27 +387,26 @@ class CircuitResult:
     graph's fixed order, their scores, and the model's own top-1 accuracy on the images (from its head, with
     the image set's labels). `featstore.workflows.circuits` persists it."""
 
-    run: dict
+    run: CircuitRun
     edges: list[tuple[str, str, int, int]]
     scores: np.ndarray
     accuracy: float
 
 
-def load_graph(model: str, weights: str = "default", seed: int = 0, image_size: int | None = None,
-               device: str = "auto", name: str | None = None):
+def load_graph(spec: ModelSpec, seed: int = 0, device: str = "auto", name: str | None = None):
     """The model, its preprocessing and its graph on the chosen device (structure checked, not yet run)."""
     from featstore.models import load_model
     from featstore.runtime import resolve_device
 
-    loaded = load_model(model, weights, seed, image_size)
-    graph = ViTGraph(loaded.module.to(resolve_device(device)), name or model)
+    loaded = load_model(spec.model, spec.weights, seed, spec.image_size)
+    graph = ViTGraph(loaded.module.to(resolve_device(device)), name or spec.model)
     return loaded, graph
 
 
 def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
     """Mean activations over the image set (the first batch checks the rewrite against the model), then
     EAP-IG edge scores; nothing is written."""
-    from featstore.datasets import ViewDataset, discover
+    from featstore.datasets import ViewDataset
     from featstore.loading import iterate_batches
     from featstore.runtime import tune_allocator
     from featstore.views import parse_view
@@ -413,15 +415,16 @@ def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
     if cfg.ig_steps < 1:
         raise FeatstoreError("--ig-steps must be at least 1")
     view = parse_view(cfg.view)
-    images = discover(cfg.data, cfg.labels, cfg.limit, cfg.seed)
-    loaded, graph = load_graph(cfg.model, cfg.weights, cfg.seed, cfg.image_size, cfg.device, cfg.name)
+    images = cfg.source.discover(cfg.run.seed)
+    loaded, graph = load_graph(cfg.model, cfg.run.seed, cfg.run.device, cfg.name)
     device = next(graph.model.parameters()).device
     dataset = ViewDataset(images, loaded.preprocessing, [view])
-    plan = [list(range(i, min(len(images), i + cfg.batch_size))) for i in range(0, len(images), cfg.batch_size)]
+    batch = cfg.run.batch(BATCH_SIZE)
+    plan = [list(range(i, min(len(images), i + batch))) for i in range(0, len(images), batch)]
 
     def batches(label: str):
-        stream = iterate_batches(dataset, plan, device, cfg.workers)
-        if cfg.progress:
+        stream = iterate_batches(dataset, plan, device, cfg.run.workers)
+        if cfg.run.progress:
             from tqdm import tqdm
 
             stream = tqdm(stream, total=len(plan), desc=label, unit="batch", leave=False)
@@ -434,14 +437,14 @@ def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
     means, logits = node_means(graph, batches("means"))
     accuracy = float((logits.argmax(dim=1).cpu().numpy() == images.labels).mean())
     scores = eap_ig_scores(graph, batches(f"EAP-IG m={cfg.ig_steps}"), means, cfg.ig_steps)
-    key = (cfg.name or cfg.model).replace("/", "_")
+    key = (cfg.name or cfg.model.model).replace("/", "_")
     dataset_name = cfg.dataset or view.name
     names = [(graph.nodes[e.src].name, graph.nodes[e.dst].name + ("" if e.kind in ("mlp", "logits")
                                                                   else f".{e.kind}"),
               graph.nodes[e.src].layer, graph.nodes[e.dst].layer) for e in graph.edges]
-    run = {"run_id": f"{key}/{dataset_name}/eap-ig{cfg.ig_steps}", "model": key, "view": dataset_name,
-           "layers": graph.layers, "heads": graph.heads, "ig_steps": cfg.ig_steps, "n_images": len(images),
-           "params": {"weights_id": loaded.weights_id, "arch": cfg.model, "source": images.source,
-                      "view": view.name, "limit": cfg.limit, "preprocessing": loaded.preprocessing.to_dict(),
-                      "seed": cfg.seed, "accuracy": accuracy}}
+    params = {"weights_id": loaded.weights_id, "arch": cfg.model.model, "source": images.source, "view": view.name,
+              "limit": cfg.source.limit, "preprocessing": loaded.preprocessing.to_dict(), "seed": cfg.run.seed,
+              "accuracy": accuracy}
+    run = CircuitRun(f"{key}/{dataset_name}/eap-ig{cfg.ig_steps}", key, dataset_name, graph.layers, graph.heads,
+                     cfg.ig_steps, len(images), len(names), params)
     return CircuitResult(run, names, scores.cpu().numpy(), accuracy)

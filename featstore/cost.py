@@ -12,7 +12,6 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,28 +19,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from featstore.anchors import Anchor
 from featstore.extraction import hook_anchor, pool
+from featstore.records import AnchorCost, ModelCost
 
 
 class _Stop(Exception):
     pass
-
-
-@dataclass
-class AnchorCost:
-    anchor: int
-    ms: float  # network prefix up to this anchor's output
-    flops: int
-    probe_ms: float  # pooling + this anchor's linear probe + softmax
-    probe_flops: int
-
-
-@dataclass
-class ModelCost:
-    device: str
-    batch_size: int
-    ms: float  # the whole model, head included, no probes
-    flops: int
-    anchors: list[AnchorCost]
 
 
 def device_name(device: torch.device) -> str:

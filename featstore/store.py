@@ -15,7 +15,6 @@ chunk that is marked done is always complete (zarr's LocalStore writes each file
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import tempfile
@@ -30,6 +29,7 @@ from featstore.anchors import Anchor
 from featstore.datasets import ImageSet
 from featstore.errors import FeatstoreError
 from featstore.models import published_top1
+from featstore.store_config import StoreConfig
 
 FORMAT = 1
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -149,30 +149,30 @@ class FeatureStore:
                                  f"build it with `featstore build --model {key}`")
         return dict(self.root[key].attrs)
 
+    def config(self, key: str) -> StoreConfig:
+        """What the model group was built with (read through `StoreConfig.from_dict`, which knows older shapes)."""
+        return StoreConfig.from_dict(self.model_attrs(key)["config"])
+
     def anchors(self, key: str) -> list[Anchor]:
-        return [Anchor.from_dict(a) for a in self.model_attrs(key)["config"]["anchors"]]
+        return list(self.config(key).anchors)
 
     def views(self, key: str) -> list[str]:
         return sorted(k for k, _ in self.root[key].groups() if k != "probes")
 
-    def prepare_model(self, key: str, config: dict, versions: dict) -> None:
+    def prepare_model(self, key: str, config: StoreConfig, versions: dict) -> None:
         """Create the model group, or check that an existing one was built with the same config."""
         if key in self.root and "config" not in self.root[key].attrs:
             del self.root[key]  # interrupted while being created: nothing in it was committed
         if key in self.root:
-            old = dict(dict(self.root[key].attrs).get("config", {}))
-            if "anchors" in old:  # stores written before anchors had a hook side compare as they are now
-                old["anchors"] = [Anchor.from_dict(a).to_dict() for a in old["anchors"]]
-            old.setdefault("decoder", "pil")  # stores written before the decoder was recorded: all PIL
-            if _canonical(old) != _canonical(config):
-                diff = sorted(k for k in set(old) | set(config) if _canonical(old.get(k)) != _canonical(config.get(k)))
+            diff = self.config(key).differences(config)
+            if diff:
                 raise FeatstoreError(
                     f"store {self.path} already holds {key!r} built with a different {', '.join(diff)}; "
                     f"rebuild with the same settings, pass --name to store this config beside it, or use a "
                     f"new --store")
             return
         g = self.root.create_group(key)
-        g.attrs.update({"config": config, "versions": versions})
+        g.attrs.update({"config": config.to_dict(), "versions": versions})
 
     def prepare_view(self, key: str, view: dict, anchors: Sequence[Anchor], num_classes: int,
                      chunk_rows: int) -> None:
@@ -204,7 +204,7 @@ class FeatureStore:
         return self.root[key][view]
 
     def chunk_rows(self, key: str) -> int:
-        return int(self.model_attrs(key)["config"]["chunk_rows"])
+        return self.config(key).chunk_rows
 
     def done(self, key: str, view: str) -> np.ndarray:
         """The commit bitmap; an entry whose file cannot be decoded counts as not done (it is made again)."""
@@ -344,7 +344,7 @@ class FeatureStore:
                              "label_space": a.get("label_space", "folder-rank")}
         for key in self.models():
             attrs = self.model_attrs(key)
-            cfg = attrs["config"]
+            cfg = self.config(key)
             views = {}
             for v in self.views(key):
                 if "done" not in self.root[key][v]:
@@ -355,11 +355,11 @@ class FeatureStore:
                             "damaged_chunks": sorted({p.chunk for p in self.check_view(key, v, deep=False)})}
             probes = sorted(k for k, _ in self.root[key]["probes"].groups()) if "probes" in self.root[key] else []
             out["models"][key] = {
-                "model": cfg["model"], "weights": cfg["weights_id"],
-                "published_top1": published_top1(cfg["weights_id"]), "preprocessing": cfg["preprocessing"],
-                "token_pool": cfg.get("token_pool"), "num_classes": cfg["num_classes"],
-                "chunk_rows": cfg["chunk_rows"],
-                "anchors": [(a["index"], a["name"], a["module"], a["dim"]) for a in cfg["anchors"]],
+                "model": cfg.model, "weights": cfg.weights_id,
+                "published_top1": published_top1(cfg.weights_id),
+                "preprocessing": None if cfg.preprocessing is None else cfg.preprocessing.to_dict(),
+                "token_pool": cfg.token_pool, "num_classes": cfg.num_classes, "chunk_rows": cfg.chunk_rows,
+                "anchors": [(a.index, a.name, a.module, a.dim) for a in cfg.anchors],
                 "views": views, "probes": probes, "versions": attrs.get("versions", {}),
             }
         return out
@@ -376,5 +376,3 @@ def _brief(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:160]
 
 
-def _canonical(value) -> str:
-    return json.dumps(value, sort_keys=True, default=str)

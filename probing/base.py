@@ -218,6 +218,11 @@ VARIANTS: dict[str, type[ProbeVariant]] = {}
 
 
 def register(cls: type[ProbeVariant]) -> type[ProbeVariant]:
+    """Make a variant known by its `name`; a second variant of the same name is refused (it would silently
+    replace the first, and runs named after it would mean something else)."""
+    if cls.name in VARIANTS and VARIANTS[cls.name] is not cls:
+        raise ValueError(f"a probe variant named {cls.name!r} is already registered ({VARIANTS[cls.name].__module__}."
+                         f"{VARIANTS[cls.name].__qualname__}); give {cls.__qualname__} another name")
     VARIANTS[cls.name] = cls
     return cls
 

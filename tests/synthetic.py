@@ -90,6 +90,7 @@ def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np
     from featstore.anchors import Anchor
     from featstore.datasets import ImageSet
     from featstore.store import ChunkData, FeatureStore
+    from featstore.store_config import StoreConfig
 
     n = len(labels)
     images = ImageSet(Path(path), np.arange(n, dtype=np.int64), [f"img_{i:07d}.png" for i in range(n)],
@@ -100,10 +101,9 @@ def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np
     last = max(1, len(features) - 1)
     anchors = [Anchor(i, f"anchor{i:02d}", f"anchor{i:02d}", int(f.shape[1]), i / last)
                for i, f in enumerate(features)]
-    config = {"model": model, "library": "synthetic", "weights_id": "synthetic", "preprocessing": None,
-              "token_pool": None, "num_classes": n_classes, "chunk_rows": chunk_rows, "batch_size": chunk_rows,
-              "precision": "fp32", "anchors": [a.to_dict() for a in anchors],
-              "images_fingerprint": images.fingerprint()}
+    config = StoreConfig(model=model, library="synthetic", weights_id="synthetic", preprocessing=None,
+                         token_pool=None, num_classes=n_classes, chunk_rows=chunk_rows, batch_size=chunk_rows,
+                         precision="fp32", anchors=tuple(anchors), images_fingerprint=images.fingerprint())
     store.prepare_model(model, config, {})
     for view, feats in {"clean": features, **(views or {})}.items():
         store.prepare_view(model, {"name": view}, anchors, n_classes, chunk_rows)
@@ -114,3 +114,14 @@ def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np
             store.commit_chunk(model, view, ChunkData(c, [f[rows] for f in feats], logits[rows],
                                                       np.zeros(rows.stop - rows.start, dtype=bool)))
     return Path(path)
+
+
+def run_rows(run: dict, image_id, pred, conf, fold=None):
+    """One probe run's rows from the plain fields a test writes by hand (defaults for the rest: a linear probe
+    trained on clean, no cross-fit, seed 0)."""
+    from featstore.records import ProbeRun, RunRows
+
+    pred, conf = np.asarray(pred), np.asarray(conf)
+    fields = {"train_view": "clean", "probe": "linear", "params": {}, "cross_fit": 0, "seed": 0, "store": "-", **run}
+    return RunRows(ProbeRun(**fields, n_images=pred.shape[0], n_anchors=pred.shape[1]), np.asarray(image_id), pred,
+                   conf, fold)

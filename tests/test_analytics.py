@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from synthetic import run_rows
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
@@ -62,7 +63,7 @@ def world(tmp_path_factory):
         probe_name = "linear-cf3@clean" if cross_fit else "linear@clean"
         run = {"run_id": run_id, "model": model, "view": view, "train_view": "clean", "probe": "linear",
                "params": {"probe_name": probe_name}, "cross_fit": cross_fit, "seed": 0, "store": "-"}
-        fsdb.write_run(con, fsdb.RunRows(run, image_id[keep], preds, rng.random(preds.shape), None, []))
+        fsdb.write_runs(con, [run_rows(run, image_id[keep], preds, rng.random(preds.shape))])
         runs[run_id] = SimpleNamespace(t=t, cross_fit=cross_fit, model=model, view=view, ids=image_id[keep],
                                        preds=preds, labels=labels[keep], split=split[keep])
     con.close()

@@ -222,3 +222,52 @@ def test_a_store_written_before_anchors_had_a_side_still_resumes(image_dir, tmp_
     group.attrs["config"] = config
     assert "0 chunk(s) written, 1 already done" in run_cli(*args).output
     assert FeatureStore(store).anchors("timm_vit_tiny_patch16_224")[0].side == "input"
+
+
+def _sql_strings(path: Path) -> list[tuple[int, str]]:
+    """The SQL text of every execute/executemany/query/sql call in a file (string literals, f-strings and
+    concatenations of them as the first argument)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        name = getattr(node.func, "attr", getattr(node.func, "id", None))
+        if name not in ("execute", "executemany", "query", "sql"):
+            continue
+        arg = node.args[1] if name == "query" and len(node.args) > 1 else node.args[0]
+        text = "".join(str(n.value) for n in ast.walk(arg) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+        if text:
+            found.append((node.lineno, text))
+    return found
+
+
+def test_analytical_sql_lives_in_sql_files():
+    """Python keeps inserts, deletes, plain lookups and macro calls; anything with a JOIN, a GROUP BY or a window
+    is a macro in sql/."""
+    import re
+
+    analytical = re.compile(r"\bJOIN\b|\bGROUP\s+BY\b|\bOVER\s*\(|\bLATERAL\b", re.IGNORECASE)
+    wrong = [f"{folder}/{path.name}:{line}: {text[:80]}" for folder, _ in LAYERS
+             for path in sorted((ROOT / folder).glob("*.py")) for line, text in _sql_strings(path)
+             if analytical.search(text)]
+    assert not wrong, "\n".join(wrong)
+    assert _sql_strings(Path(__file__))  # the scan sees calls (this file has some)
+
+
+def test_every_option_is_declared_once():
+    """One `click.option` call in the whole CLI (cli/options.py's `option`), every option name one entry of its
+    table, and options that fill a record take the record's default."""
+    from featstore.cli.options import OPTIONS, RUN_FLAGS
+    from featstore.specs import ImageSource, ModelSpec, RunOptions
+
+    calls = [(path.name, node.lineno) for path in sorted((ROOT / "cli").glob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "option"
+             and getattr(node.func.value, "id", None) == "click"]
+    assert len(calls) == 1 and calls[0][0] == "options.py", calls
+    for record, flags in ((RunOptions, RUN_FLAGS), (ModelSpec, {"weights": "--weights", "image_size": "--image-size"}),
+                          (ImageSource, {"labels": "--labels", "limit": "--limit"})):
+        for field, flag in flags.items():
+            default = getattr(record(**({"model": "m"} if record is ModelSpec else
+                                        {"data": "d"} if record is ImageSource else {})), field)
+            assert OPTIONS[flag][next(iter(OPTIONS[flag]))][1].get("default") == default, flag

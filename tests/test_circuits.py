@@ -16,6 +16,7 @@ from featstore.analytics import db as fsdb
 from featstore.analytics.queries import query
 from featstore.circuits import ViTGraph, eap_ig_scores, node_means
 from featstore.errors import FeatstoreError
+from featstore.records import CircuitRun
 
 from conftest import fails, run_cli
 
@@ -139,8 +140,7 @@ def edge_db(tmp_path_factory):
     shifted[:5] = score[:5]  # some ties in the ranks
     names = [(f"s{i}", f"d{i}", int(a), int(b)) for i, (a, b) in enumerate(zip(src_layer, dst_layer, strict=True))]
     for view, values in (("clean", score), ("noise", shifted)):
-        run = {"run_id": f"vit/{view}/eap-ig5", "model": "vit", "view": view, "layers": layers, "heads": 2,
-               "ig_steps": 5, "n_images": 10}
+        run = CircuitRun(f"vit/{view}/eap-ig5", "vit", view, layers, 2, 5, 10, len(names), {})
         fsdb.write_circuit(con, run, names, values)
     con.close()
     return db, layers, src_layer, dst_layer, score, shifted

@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 import torch
 import torchvision
+from synthetic import run_rows
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
@@ -46,7 +47,7 @@ def db(tmp_path_factory):
                                      for a in range(5)])
     run = {"run_id": "m/clean/linear", "model": "m", "view": "clean", "train_view": "clean", "probe": "linear",
            "params": {}, "cross_fit": 0, "seed": 0, "store": "-"}
-    fsdb.write_run(con, fsdb.RunRows(run, ids, np.array(PREDS), np.array(CONFS), None, []))
+    fsdb.write_runs(con, [run_rows(run, ids, np.array(PREDS), np.array(CONFS))])
     fsdb.replace_model_outputs(con, "m", "clean", ids, np.array(HEAD), np.full(5, 0.9))
     for batch in (1, 4):  # batch 4 costs 4x per batch: the same per image
         anchors = [AnchorCost(a, ms * batch, PREFIX_FLOPS[a] * batch, PROBE_MS * batch, PROBE_FLOPS * batch)
@@ -86,9 +87,9 @@ CASES = ([("stability", k, None) for k in (1, 2, 3, 4)] + [("confidence", None, 
 
 @pytest.mark.parametrize("batch", [1, 4])
 def test_every_policy_matches_a_plain_simulation(db, batch):
-    sim = q.exit_simulation(db, "m/clean/linear", DEVICE, batch, ks=[1, 2, 3, 4], thresholds=[0.5, 0.8, 0.96],
-                            combined=[0.5, 0.9])
-    shares = q.exit_shares(db, "m/clean/linear", ks=[1, 2, 3, 4], thresholds=[0.5, 0.8, 0.96], combined=[0.5, 0.9])
+    sim = q.exit_simulation(db, "m/clean/linear", DEVICE, batch, q.ExitPolicies((1, 2, 3, 4), (0.5, 0.8, 0.96),
+                                                                                     (0.5, 0.9)))
+    shares = q.exit_shares(db, "m/clean/linear", q.ExitPolicies((1, 2, 3, 4), (0.5, 0.8, 0.96), (0.5, 0.9)))
     assert len(sim) == len(CASES)
     for policy, k, theta in CASES:
         events = simulate(policy, k, theta) if policy != "full depth" else [(None, h) for h in HEAD]
@@ -106,8 +107,9 @@ def test_every_policy_matches_a_plain_simulation(db, batch):
 
 
 def test_pareto_front_is_the_undominated_set(db):
-    sim = q.exit_simulation(db, "m/clean/linear", DEVICE, thresholds=[0.5, 0.8, 0.96], combined=[0.5, 0.9])
-    front = q.exit_pareto(db, "m/clean/linear", DEVICE, thresholds=[0.5, 0.8, 0.96], combined=[0.5, 0.9])
+    policies = q.ExitPolicies(thresholds=(0.5, 0.8, 0.96), combined=(0.5, 0.9))
+    sim = q.exit_simulation(db, "m/clean/linear", DEVICE, policies=policies)
+    front = q.exit_pareto(db, "m/clean/linear", DEVICE, policies=policies)
     rows = sim.filter(pl.col("policy") != "oracle").select("accuracy", "mean_ms").rows()  # the oracle is no policy
     expected = {(a, m) for a, m in rows if not any(b >= a and n <= m and (b > a or n < m) for b, n in rows)}
     assert set(front.select("accuracy", "mean_ms").rows()) == expected

@@ -14,6 +14,7 @@ from sklearn.preprocessing import StandardScaler
 from synthetic import class_clusters, write_feature_store
 
 from featstore.probing.lbfgs import SoftmaxObjective, minimise
+from featstore.specs import RunOptions
 from featstore.workflows.probe import ProbeConfig, probe
 
 
@@ -72,7 +73,7 @@ def test_resident_fits_finish_by_lbfgs_and_streamed_ones_by_sgd(tmp_path):
     for budget in ("4GB", "0"):
         db = tmp_path / f"{budget}.duckdb"
         probe(ProbeConfig(store=store, model="synthetic", db=db, memory_budget=budget, variant="linear:full_batch=1",
-                          progress=False))
+                          run=RunOptions(progress=False)))
         con = duckdb.connect(str(db), read_only=True)
         stops[budget] = con.execute("SELECT converged, info->>'lbfgs_stop', (info->>'max_gradient')::DOUBLE "
                                     "FROM probe_fits ORDER BY anchor").fetchall()

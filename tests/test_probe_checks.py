@@ -11,7 +11,7 @@ import time
 import duckdb
 import numpy as np
 import pytest
-from synthetic import class_clusters, write_feature_store
+from synthetic import class_clusters, run_rows, write_feature_store
 
 from featstore.analytics import db as fsdb
 
@@ -32,7 +32,7 @@ def small(tmp_path_factory):
     run = {"run_id": "r", "model": "synthetic", "view": "clean", "train_view": "clean", "probe": "linear",
            "params": {}, "cross_fit": 0, "seed": 0, "store": str(store)}
     pred = np.stack([np.roll(labels, 1), labels, labels], axis=1)
-    fsdb.write_run(con, fsdb.RunRows(run, ids, pred, np.full(pred.shape, 0.5), None, []))
+    fsdb.write_runs(con, [run_rows(run, ids, pred, np.full(pred.shape, 0.5))])
     con.close()
     return store, db
 

@@ -17,6 +17,7 @@ from featstore.probing import trainer
 from featstore.probing.base import UnconvergedProbe
 from featstore.probing.split import make_split
 from featstore.probing.threads import cores, fit_threads, idle_cores
+from featstore.specs import RunOptions
 from featstore.workflows.probe import ProbeConfig, probe
 
 from conftest import fails, run_cli
@@ -46,7 +47,7 @@ def test_1000_classes_match_standardised_sklearn_and_converge(imagenet_shaped, t
     db = tmp_path / "f.duckdb"
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnconvergedProbe)
-        probe(ProbeConfig(store=store, model="synthetic", db=db, progress=False))
+        probe(ProbeConfig(store=store, model="synthetic", db=db, run=RunOptions(progress=False)))
     split = make_split(np.arange(len(labels)))
     ours = probe_accuracy(db, "synthetic/clean/linear")
     theirs = [sklearn_accuracy(x, labels, split, standardise=True) for x in feats]
@@ -64,7 +65,8 @@ def test_a_capped_probe_is_reported_unconverged(imagenet_shaped, tmp_path):
     store, _, _ = imagenet_shaped
     db = tmp_path / "f.duckdb"
     with pytest.warns(UnconvergedProbe, match="max_epochs"):
-        probe(ProbeConfig(store=store, model="synthetic", db=db, variant="linear:max_epochs=2", progress=False))
+        probe(ProbeConfig(store=store, model="synthetic", db=db, variant="linear:max_epochs=2",
+                          run=RunOptions(progress=False)))
     assert [(epochs, converged) for _, epochs, converged, *_ in fits_table(db)] == [(2, False)] * len(DIMS)
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM unconverged_probes").fetchone() == (len(DIMS),)
@@ -83,7 +85,7 @@ def test_anchors_of_one_width_train_as_one_group(imagenet_shaped, tmp_path, monk
     monkeypatch.setattr(Linear, "make_group", lambda self, ctxs: made.append([c.anchor for c in ctxs])
                         or real_make(self, ctxs))
     monkeypatch.setattr(trainer, "_bar", lambda label: bars.append(real_bar(label)) or bars[-1])
-    probe(ProbeConfig(store=store, model="synthetic", db=tmp_path / "f.duckdb", progress=True))
+    probe(ProbeConfig(store=store, model="synthetic", db=tmp_path / "f.duckdb"))
     assert made == [[0, 1], [2]]
     assert len(bars) == 1 and bars[0].total is None  # no total: a probe stops by its criterion, not at the cap
     assert bars[0].n > 2 * 7000  # rows of every epoch, on one bar

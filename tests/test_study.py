@@ -55,15 +55,15 @@ def test_study_runs_resumes_and_prints_beside_the_paper(tiny, tmp_path, monkeypa
     calls = []
 
     def dies_on_the_second_seed(cfg):
-        calls.append(cfg.seed)
-        if cfg.seed == 1:
+        calls.append(cfg.run.seed)
+        if cfg.run.seed == 1:
             raise OSError("killed")
         return real_probe(cfg)
 
     monkeypatch.setattr("featstore.workflows.study.probe", dies_on_the_second_seed)
     with pytest.raises(OSError, match="killed"):
         run_cli("study", tiny, "--out", out, "--no-progress")
-    monkeypatch.setattr("featstore.workflows.study.probe", lambda cfg: calls.append(cfg.seed) or real_probe(cfg))
+    monkeypatch.setattr("featstore.workflows.study.probe", lambda cfg: calls.append(cfg.run.seed) or real_probe(cfg))
     calls.clear()
     first = run_cli("study", tiny, "--out", out, "--no-progress").output
     assert calls == [1]  # build and the seed-0 probes were done: only the failed step reruns

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+from synthetic import run_rows
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
@@ -94,7 +95,7 @@ def grid_db(tmp_path_factory):
         preds[: counts[a.block, GRID_TAPS.index(a.tap)], a.index] = 0  # ... except for the first counts images
     run = {"run_id": "vit/clean/linear", "model": "vit", "view": "clean", "train_view": "clean", "probe": "linear",
            "params": {}, "cross_fit": 0, "seed": 0, "store": "-"}
-    fsdb.write_run(con, fsdb.RunRows(run, ids, preds, np.full(preds.shape, 0.5), None, []))
+    fsdb.write_runs(con, [run_rows(run, ids, preds, np.full(preds.shape, 0.5))])
     con.close()
     return db, counts / N, preds
 
@@ -162,7 +163,7 @@ def test_gains_without_a_resid_tap_keep_their_rows(tmp_path):
         preds[: a + 1, a] = 0
     run = {"run_id": "r", "model": "vit", "view": "clean", "train_view": "clean", "probe": "linear", "params": {},
            "cross_fit": 0, "seed": 0, "store": "-"}
-    fsdb.write_run(con, fsdb.RunRows(run, np.arange(10), preds, np.full(preds.shape, 0.5), None, []))
+    fsdb.write_runs(con, [run_rows(run, np.arange(10), preds, np.full(preds.shape, 0.5))])
     con.close()
     gains = q.tap_gains(db, "r")
     assert gains["strategy"].to_list() == ["oracle", "act@100", "ln2@60", "best@0", "best@1", "best@2"]

@@ -13,6 +13,7 @@ from scipy.stats import kendalltau, linregress, spearmanr
 from featstore.analytics import db as fsdb
 from featstore.analytics.circuit_graphs import HEAT_TIMES, graph_distances, store_graph_css, top_n_adjacency
 from featstore.analytics.queries import query
+from featstore.records import CircuitRun, ZooRow
 
 from conftest import fails, reference_batch, run_cli
 
@@ -37,12 +38,11 @@ def zoo_db(tmp_path_factory):
         rows = []
         for dataset, shift in (("id", 0.0), ("blur", 0.3 + 0.1 * i), ("noise", 0.6)):
             scores = base + rng.normal(0, shift, n) if shift else base
-            run = {"run_id": f"{model}/{dataset}/eap-ig5", "model": model, "view": dataset, "layers": layers,
-                   "heads": 2, "ig_steps": 5, "n_images": 10}
+            run = CircuitRun(f"{model}/{dataset}/eap-ig5", model, dataset, layers, 2, 5, 10, len(names), {})
             fsdb.write_circuit(con, run, names, scores)
-            rows.append((model, dataset, "id" if dataset == "id" else "ood", accuracy[dataset][i], 10,
-                         run["run_id"]))
-        fsdb.replace_zoo_runs(con, "hand", rows)
+            rows.append(ZooRow("hand", model, dataset, "id" if dataset == "id" else "ood", accuracy[dataset][i], 10,
+                               run.run_id))
+        fsdb.replace_zoo_runs(con, rows)
     pairs = [(f"{m}/id/eap-ig5", f"{m}/{d}/eap-ig5") for m in MODELS for d in ("blur", "noise")]
     store_graph_css(con, pairs, 12)
     con.close()

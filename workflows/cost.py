@@ -25,10 +25,13 @@ def measure_model(key: str, db: str | Path, store: str | Path | None = None, dev
     try:
         if store is not None:
             fs = FeatureStore(store)
-            cfg = fs.model_attrs(key)["config"]
-            name, anchors, pool_kind = cfg["model"], fs.anchors(key), cfg.get("token_pool") or "cls"
-            crop = image_size or cfg["preprocessing"]["crop"]
-            head, probe_classes = cfg["num_classes"], len(fs.image_attrs().get("class_names", [])) or cfg["num_classes"]
+            cfg = fs.config(key)
+            name, anchors, pool_kind = cfg.model, list(cfg.anchors), cfg.token_pool or "cls"
+            if image_size is None and cfg.preprocessing is None:
+                raise FeatstoreError(f"store {store} holds features of {key!r} written without images (no crop "
+                                     f"size recorded); pass --image-size")
+            crop = image_size or cfg.preprocessing.crop
+            head, probe_classes = cfg.num_classes, len(fs.image_attrs().get("class_names", [])) or cfg.num_classes
         else:
             names = [n for (n,) in con.execute("SELECT name FROM anchors WHERE model = ? ORDER BY anchor",
                                                [key]).fetchall()]

@@ -28,6 +28,7 @@ from featstore.errors import FeatstoreError
 from featstore.models import load_model
 from featstore.preprocessing import Preprocessing
 from featstore.probing.split import make_split
+from featstore.specs import ImageSource, ModelSpec, RunOptions
 from featstore.views import parse_views
 from featstore.workflows.cost import measure_model
 from featstore.workflows.layouts import LAYOUTS, LayoutConfig, layout_image_folder
@@ -162,11 +163,11 @@ def run_demo(out: Path, dataset: str = "layouts", epochs: int | None = None, lim
     if not weights.exists():  # cached: a second demo run skips training
         timed("train", lambda: train_resnet18(data, weights, epochs, progress=progress))
     store, db = home / "store.zarr", home / "featstore.duckdb"
-    timed("build", lambda: build(BuildConfig(model="resnet18", data=data, store=store, weights=str(weights),
-                                             image_size=IMAGE_SIZE, views=VIEWS, chunk_rows=256,
-                                             progress=progress)))
-    timed("probe", lambda: probe(ProbeConfig(store=store, model="resnet18", db=db, view="all",
-                                             progress=progress)))
+    run = RunOptions(progress=progress)
+    timed("build", lambda: build(BuildConfig(model=ModelSpec("resnet18", str(weights), IMAGE_SIZE),
+                                             images=ImageSource(data), store=store, views=VIEWS, chunk_rows=256,
+                                             run=run)))
+    timed("probe", lambda: probe(ProbeConfig(store=store, model="resnet18", db=db, view="all", run=run)))
     record_image_source(db, data, discover(data).class_names)
     timed("cost", lambda: measure_model("resnet18", db, store, device="cpu", batch_sizes=(1,), repeats=5))
     report = home / "report"

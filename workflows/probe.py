@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from featstore import __version__
@@ -30,28 +30,33 @@ from featstore.probing.run import (
     run_id_for,
     save_probes,
 )
+from featstore.records import DatasetInfo, ProbeRun, RunRows
 from featstore.runtime import resolve_device
+from featstore.specs import RunOptions
 from featstore.store import FeatureStore, model_key
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProbeConfig:
-    """Everything `featstore probe` takes; the CLI only fills this in."""
+    """Everything `featstore probe` takes; the CLI only fills this in. `run.seed` is the probe seed
+    (initialisation, shuffling, projections); `run.threads` the CPU threads for fitting (None: the cores idle
+    when the fit starts); `run.progress` one bar per probe fit."""
 
     store: Path
-    model: str
+    model: str  # the store group
     db: Path
     view: str = "clean"
     variant: str = "linear"
     train_on_view: str | None = None
     cross_fit: int = 0
-    seed: int = 0  # probe seed: initialisation, shuffling, projections
     split_seed: int = 0  # train/val/test split and cross-fit folds, fixed per database
     val_frac: float = 0.1
     memory_budget: str = "4GB"
-    device: str = "auto"
-    progress: bool = True  # one progress bar per probe fit
-    threads: int | None = None  # CPU threads for fitting; None: the cores idle at the start (probing/threads.py)
+    run: RunOptions = field(default_factory=RunOptions)
+
+    @property
+    def settings(self) -> ProbeSettings:
+        return ProbeSettings(self.cross_fit, self.run.seed, self.split_seed, self.val_frac)
 
 
 WRITE_WAIT_S = 120.0  # how long the final writes wait for readers (`featstore sql`) to let go of the database
@@ -65,7 +70,7 @@ def probe(cfg: ProbeConfig) -> list[str]:
     FeatureStore(cfg.store)  # a missing store is an error, not a new empty one
     store = FeatureStore(cfg.store, mode="a")
     key = model_key(cfg.model)
-    attrs = store.model_attrs(key)
+    store.model_attrs(key)  # an unknown model is a one-line error
     views = store.views(key) if cfg.view == "all" else [v.strip() for v in cfg.view.split(",") if v.strip()]
     train_view = cfg.train_on_view or ("clean" if "clean" in store.views(key) else views[0])
     for v in dict.fromkeys([train_view, *views]):
@@ -73,15 +78,14 @@ def probe(cfg: ProbeConfig) -> list[str]:
     if cfg.cross_fit == 1 or cfg.cross_fit < 0:
         raise FeatstoreError("--cross-fit K needs K >= 2 (or 0 for the single 70/30 split)")
     variant = get_variant(cfg.variant)
-    settings = ProbeSettings(cfg.cross_fit, cfg.seed, cfg.split_seed, cfg.val_frac)
     data = ProbeData(store, key, store.anchors(key), list(dict.fromkeys([train_view, *views])),
-                     resolve_device(cfg.device), parse_bytes(cfg.memory_budget), settings)
+                     resolve_device(cfg.run.device), parse_bytes(cfg.memory_budget), cfg.settings)
     store.check_writable(key)
     if cfg.cross_fit > len(data.valid) // 2:
         raise FeatstoreError(f"--cross-fit {cfg.cross_fit}: the store has {len(data.valid)} usable images, so at "
                              f"most {len(data.valid) // 2} folds (each fold must hold out at least 2 images)")
     image_attrs = store.image_attrs()
-    info = fsdb.DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store),
+    info = DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store),
                             cfg.split_seed, cfg.val_frac)
     con = fsdb.connect(cfg.db)
     try:
@@ -89,21 +93,21 @@ def probe(cfg: ProbeConfig) -> list[str]:
     finally:
         con.close()
 
-    fits = fit_all(data, variant, train_view, cfg.progress, cfg.threads)
+    fits = fit_all(data, variant, train_view, cfg.run.progress, cfg.run.threads)
     probe_id = variant.canonical_id
-    probe_name = probe_name_for(probe_id, train_view, cfg.cross_fit, cfg.seed)
+    seed = cfg.run.seed
+    probe_name = probe_name_for(probe_id, train_view, cfg.cross_fit, seed)
     version = time.strftime("v%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8]
     params = {**variant.params, "probe_id": probe_id, "probe_name": probe_name, "probe_version": version,
               "split_seed": cfg.split_seed, "val_frac": cfg.val_frac, "featstore": __version__,
-              "weights_id": attrs["config"]["weights_id"]}
+              "weights_id": store.config(key).weights_id}
     outputs = []
     for view in views:
         predicted = predict_view(data, fits, view)
-        run = {"run_id": run_id_for(key, view, probe_id, train_view, cfg.cross_fit, cfg.seed), "model": key,
-               "view": view, "train_view": train_view, "probe": variant.name, "params": params,
-               "cross_fit": cfg.cross_fit, "seed": cfg.seed, "store": str(cfg.store)}
-        rows = fsdb.RunRows(run, data.table["image_id"][data.valid], predicted.pred, predicted.conf, predicted.fold,
-                            predicted.fit_records)
+        run = ProbeRun(run_id_for(key, view, probe_id, train_view, cfg.cross_fit, seed), key, view, train_view,
+                       variant.name, params, cfg.cross_fit, seed, len(data.valid), len(data.anchors), str(cfg.store))
+        rows = RunRows(run, data.table["image_id"][data.valid], predicted.pred, predicted.conf, predicted.fold,
+                       predicted.fit_records)
         outputs.append((rows, model_outputs(data, view)))
         data.release(view)
     table, labels = data.table, data.table["label"]
@@ -126,7 +130,7 @@ def probe(cfg: ProbeConfig) -> list[str]:
     try:
         store.make_probe_current(key, probe_name, version)
         for rows, (pred, conf) in outputs:
-            fsdb.replace_model_outputs(con, key, rows.run["view"], table["image_id"][data.valid], pred, conf)
+            fsdb.replace_model_outputs(con, key, rows.run.view, table["image_id"][data.valid], pred, conf)
     finally:
         con.close()
-    return [rows.run["run_id"] for rows, _ in outputs]
+    return [rows.run.run_id for rows, _ in outputs]

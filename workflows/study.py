@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import duckdb
@@ -26,9 +26,10 @@ from featstore.build import BuildConfig, build
 from featstore.errors import FeatstoreError
 from featstore.probing.base import get_variant
 from featstore.probing.run import run_id_for
+from featstore.specs import ImageSource, ModelSpec, RunOptions
 from featstore.store import FeatureStore, model_key
 from featstore.workflows.probe import ProbeConfig, probe
-from featstore.workflows.toml_files import read_toml
+from featstore.workflows.toml_files import local_path, read_toml, section
 
 # paper_table columns shown beside the published figures; both stable-but-wrong readings face the paper's one
 COMPARED = {"last_anchor_accuracy": "last_anchor_accuracy", "mean_layer": "mean_layer", "f_early": "f_early",
@@ -37,32 +38,36 @@ COMPARED = {"last_anchor_accuracy": "last_anchor_accuracy", "mean_layer": "mean_
             "corruption_delta": "corruption_delta"}
 
 
-@dataclass
-class ModelSpec:
-    name: str  # as --model takes it
-    weights: str
-    key: str  # store group and DuckDB model
-    image_size: int | None = None
+@dataclass(frozen=True)
+class StudyModel:
+    """One model x weights of the study: the network, its key in the store and database, its anchors."""
+
+    spec: ModelSpec
+    key: str
     anchors: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Study:
+    """A study file, checked: the image set, the models, the views, how to build and how to probe."""
+
     name: str
     file: Path
-    data: Path
-    labels: Path | None
-    limit: int | None
+    images: ImageSource
     out: Path
     views: list[str]
-    models: list[ModelSpec]
+    models: list[StudyModel]
     variants: list[str]
     seeds: list[int]
     split_seed: int = 0
     cross_fit: int = 0
     k: int = 2
-    build: dict = field(default_factory=dict)  # batch_size, chunk_rows, device, workers, precision
-    probe: dict = field(default_factory=dict)  # device, memory_budget, val_frac
+    chunk_rows: int = 1024
+    precision: str = "auto"
+    build_run: RunOptions = field(default_factory=RunOptions)  # batch_size, device, workers
+    probe_run: RunOptions = field(default_factory=RunOptions)  # device
+    memory_budget: str = "4GB"
+    val_frac: float = 0.1
     published: dict = field(default_factory=dict)  # model name -> {statistic: value}
     published_source: str = ""
 
@@ -87,61 +92,68 @@ class StudyResult:
     published_source: str
 
 
-BUILD_KEYS = ("batch_size", "chunk_rows", "device", "workers", "precision")
-PROBE_KEYS = ("device", "memory_budget", "val_frac")
+KEYS = {"": ({"models"}, {"name", "k", "published", "data", "build", "probe"}),
+        "data": (set(), {"path", "labels", "limit"}),
+        "build": (set(), {"views", "batch_size", "chunk_rows", "device", "workers", "precision"}),
+        "probe": (set(), {"variants", "seeds", "split_seed", "cross_fit", "device", "memory_budget", "val_frac"}),
+        "models": ({"name"}, {"weights", "image_size", "anchors"})}
 
 
 def load_study(path: str | Path, data: str | Path | None = None, out: str | Path | None = None) -> Study:
-    """Read and check a study file; `data` and `out` override its data.path and the default output folder."""
+    """Read and check a study file; `data` and `out` override its data.path and the default output folder.
+    Every key is checked: an unknown one (a typo such as `seed = ...`) is one line naming it and the file."""
     path = Path(path)
     spec = read_toml(path, f"study file {path} does not exist; see studies/paper.toml for the format",
                      f"study file {path}")
+    where = f"study file {path}"
+    section(where, spec, *KEYS[""])
+    tables = {name: section(f"{where} [{name}]", spec.get(name, {}), *KEYS[name]) for name in ("data", "build",
+                                                                                               "probe")}
     name = str(spec.get("name") or path.stem)
-    section = spec.get("data", {})
-    where = data or section.get("path")
-    if not where:
+    section_data, build_section, probe_section = tables["data"], tables["build"], tables["probe"]
+    located = data or section_data.get("path")
+    if not located:
         raise FeatstoreError(f"study file {path} names no images: give --data or [data] path")
     base = path.parent
-    labels = section.get("labels")
+    labels = section_data.get("labels")
+    images = ImageSource(local_path(located, base if not data else Path.cwd()),
+                         local_path(labels, base) if labels else None, section_data.get("limit"))
     models = []
-    for m in spec.get("models", []):
-        if "name" not in m:
-            raise FeatstoreError(f"study file {path}: every [[models]] entry needs a name")
+    entries = spec["models"] if isinstance(spec["models"], list) else [spec["models"]]
+    for i, m in enumerate(entries):
+        section(f"{where} [[models]] #{i + 1}", m, *KEYS["models"])
         weights = m.get("weights", "auto")
         for w in [weights] if isinstance(weights, str) else weights:
             key = model_key(m["name"]) if isinstance(weights, str) else model_key(f"{m['name']}.{w}")
-            models.append(ModelSpec(m["name"], str(w), key, m.get("image_size"), m.get("anchors")))
+            models.append(StudyModel(ModelSpec(m["name"], str(w), m.get("image_size")), key, m.get("anchors")))
     if not models:
         raise FeatstoreError(f"study file {path} lists no [[models]]")
-    probe_section = spec.get("probe", {})
     variants = list(probe_section.get("variants", ["linear"]))
     for v in variants:
         get_variant(v)  # unknown variants fail before anything runs
-    build_section = spec.get("build", {})
     views = list(build_section.get("views", ["clean"]))
     if "clean" not in views:
         raise FeatstoreError(f"study file {path}: views must include clean (probes train on it)")
     published, source = _published(spec, base)
+    build_run = RunOptions(**{k: build_section[k] for k in ("batch_size", "device", "workers") if k in build_section},
+                           progress=False)
+    probe_run = RunOptions(**{k: probe_section[k] for k in ("device",) if k in probe_section}, progress=False)
+    optional = {k: v for k, v in {"chunk_rows": build_section.get("chunk_rows"),
+                                  "precision": build_section.get("precision"),
+                                  "memory_budget": probe_section.get("memory_budget"),
+                                  "val_frac": probe_section.get("val_frac")}.items() if v is not None}
     return Study(
-        name=name, file=path, data=_resolve(where, base if not data else Path.cwd()),
-        labels=_resolve(labels, base) if labels else None, limit=section.get("limit"),
-        out=Path(out) if out else Path.cwd() / f"study-{name}", views=views, models=models, variants=variants,
-        seeds=[int(s) for s in probe_section.get("seeds", [0])], split_seed=int(probe_section.get("split_seed", 0)),
-        cross_fit=int(probe_section.get("cross_fit", 0)), k=int(spec.get("k", 2)),
-        build={k: build_section[k] for k in BUILD_KEYS if k in build_section},
-        probe={k: probe_section[k] for k in PROBE_KEYS if k in probe_section},
-        published=published, published_source=source)
-
-
-def _resolve(p: str | Path, base: Path) -> Path:
-    p = Path(p).expanduser()
-    return p if p.is_absolute() else base / p
+        name=name, file=path, images=images, out=Path(out) if out else Path.cwd() / f"study-{name}", views=views,
+        models=models, variants=variants, seeds=[int(s) for s in probe_section.get("seeds", [0])],
+        split_seed=int(probe_section.get("split_seed", 0)), cross_fit=int(probe_section.get("cross_fit", 0)),
+        k=int(spec.get("k", 2)), build_run=build_run, probe_run=probe_run, published=published,
+        published_source=source, **optional)
 
 
 def _published(spec: dict, base: Path) -> tuple[dict, str]:
     if not spec.get("published"):
         return {}, ""
-    figures = _resolve(spec["published"], base)
+    figures = local_path(spec["published"], base)
     table = read_toml(figures, f"published figures {figures} do not exist; fix `published` in the study file",
                       f"published figures {figures}")
     return table.get("models", {}), table.get("source", str(figures))
@@ -152,29 +164,37 @@ def plan(study: Study) -> list[Step]:
     store, db = study.out / "store.zarr", study.out / "featstore.duckdb"
     steps = []
     for m in study.models:
-        cfg = BuildConfig(model=m.name, data=study.data, store=store, views=",".join(study.views),
-                          labels=study.labels, weights=m.weights, anchors=m.anchors, image_size=m.image_size,
-                          limit=study.limit, name=m.key if m.key != model_key(m.name) else None, progress=False,
-                          **study.build)
-        params = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items() if k != "progress"}
+        cfg = BuildConfig(model=m.spec, images=study.images, store=store, views=",".join(study.views),
+                          anchors=m.anchors, chunk_rows=study.chunk_rows, precision=study.precision,
+                          name=m.key if m.key != model_key(m.spec.model) else None, run=study.build_run)
+        params = _params(cfg)
         steps.append(Step(f"build {m.key}", params, f"build {m.key} [{len(study.views)} views]",
                           lambda cfg=cfg: build(cfg), lambda key=m.key: _built(store, key, study.views)))
     for m in study.models:
         for variant in study.variants:
             for seed in study.seeds:
                 cfg = ProbeConfig(store=store, model=m.key, db=db, view=",".join(study.views), variant=variant,
-                                  cross_fit=study.cross_fit, seed=seed, split_seed=study.split_seed,
-                                  progress=False, **study.probe)
+                                  cross_fit=study.cross_fit, split_seed=study.split_seed, val_frac=study.val_frac,
+                                  memory_budget=study.memory_budget, run=replace(study.probe_run, seed=seed))
                 runs = [run_id_for(m.key, v, get_variant(variant).canonical_id, "clean", study.cross_fit, seed)
                         for v in study.views]
-                params = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()
-                          if k != "progress"}
+                params = _params(cfg)
                 steps.append(Step(f"probe {runs[0]}", params, f"probe {m.key} {variant} seed {seed}",
                                   lambda cfg=cfg: probe(cfg), lambda runs=runs: _probed(db, runs)))
     report = study.out / "report"
-    steps.append(Step("report", {"k": study.k}, "report", lambda: write_report(db, report),
+    steps.append(Step("report", {"k": study.k}, "report", lambda: write_report(db, report, k=study.k),
                       lambda: (report / "report.html").is_file()))
     return steps
+
+
+def _params(cfg: BuildConfig | ProbeConfig) -> dict:
+    """What a step's record keeps of its config: every field that changes its output (not progress bars), in the
+    shape the state file has always had (flat, paths as strings)."""
+    flat = {}
+    for k, v in asdict(cfg).items():
+        flat.update(v if isinstance(v, dict) else {k: v})
+    flat.pop("progress", None)
+    return {k: str(v) if isinstance(v, Path) else v for k, v in flat.items()}
 
 
 def _built(store: Path, key: str, views: list[str]) -> bool:
@@ -201,8 +221,8 @@ def run_study(path: str | Path, data: str | Path | None = None, out: str | Path 
               progress: bool = True) -> StudyResult:
     """Run every unfinished step of the study, then return the paper-shaped table beside the published one."""
     study = load_study(path, data, out)
-    if not study.data.is_dir():
-        raise FeatstoreError(f"image folder {study.data} does not exist; pass --data or fix [data] path")
+    if not study.images.data.is_dir():
+        raise FeatstoreError(f"image folder {study.images.data} does not exist; pass --data or fix [data] path")
     study.out.mkdir(parents=True, exist_ok=True)
     state_file = study.out / "study-state.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}
@@ -244,10 +264,10 @@ def beside_paper(study: Study, db: Path) -> pl.DataFrame:
     for m in study.models:
         run_id = run_id_for(m.key, "clean", variant, "clean", study.cross_fit, study.seeds[0])
         found = ours.filter(pl.col("run_id") == run_id).to_dicts()
-        paper = study.published.get(m.name, {})
+        paper = study.published.get(m.spec.model, {})
         for column, figure in COMPARED.items():
             value = found[0].get(column) if found else None
-            rows.append({"model": m.key, "weights": m.weights, "statistic": column,
+            rows.append({"model": m.key, "weights": m.spec.weights, "statistic": column,
                          "featstore": None if value is None else float(value),
                          "paper": None if figure not in paper else float(paper[figure])})
     return pl.DataFrame(rows, schema={"model": pl.String, "weights": pl.String, "statistic": pl.String,

@@ -25,7 +25,7 @@ The zoo is a TOML file; relative paths are relative to it:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -34,26 +34,29 @@ from featstore.analytics import db as fsdb
 from featstore.analytics.circuit_graphs import store_graph_css
 from featstore.analytics.queries import query
 from featstore.circuits import CircuitConfig, compute_circuit, load_graph
-from featstore.datasets import ViewDataset, discover
+from featstore.datasets import ViewDataset
 from featstore.errors import FeatstoreError
+from featstore.records import ZooRow
+from featstore.specs import ImageSource, ModelSpec, RunOptions
 from featstore.views import parse_view
-from featstore.workflows.toml_files import read_toml
+from featstore.workflows.toml_files import local_path, read_toml, section
 
 
 @dataclass(frozen=True)
 class ImageSetSpec:
+    """One image set of the zoo: its name in the runs, where its images are, and the view applied to them."""
+
     name: str
-    data: str
+    images: ImageSource
     view: str = "clean"
-    labels: str | None = None
 
 
 @dataclass(frozen=True)
 class ZooModel:
+    """One model of the zoo: its key in the database and the network."""
+
     name: str
-    model: str
-    weights: str = "default"
-    image_size: int | None = None
+    model: ModelSpec
 
 
 @dataclass(frozen=True)
@@ -64,72 +67,54 @@ class ZooSpec:
     models: list[ZooModel]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ZooConfig:
-    """Everything `featstore zoo` takes; the CLI only fills this in."""
+    """Everything `featstore zoo` takes; the CLI only fills this in. `limit` caps every image set (default: the
+    circuits' 500)."""
 
-    config: str
-    db: str
+    config: Path
+    db: Path
     ig_steps: int = 5
-    limit: int | None = 500
-    batch_size: int = 32
-    device: str = "auto"
-    workers: int | None = None
-    seed: int = 0
+    limit: int | None = None
     tau: float = 0.3
     top_n: int = 200
-    progress: bool = True
+    run: RunOptions = field(default_factory=RunOptions)
 
 
 @dataclass
 class ZooResult:
     study: str
-    runs: list[tuple] = field(default_factory=list)  # (model, dataset, role, accuracy, n_images, circuit_run)
+    runs: list[ZooRow] = field(default_factory=list)
     table: object = None  # polars frame of zoo_eval for this study
-
-
-def _section(where: str, table: dict, required: set[str], optional: set[str]) -> dict:
-    if not isinstance(table, dict):
-        raise FeatstoreError(f"{where} must be a table of keys")
-    unknown = set(table) - required - optional
-    if unknown:
-        raise FeatstoreError(f"{where}: unknown key {sorted(unknown)[0]!r} (allowed: "
-                             f"{', '.join(sorted(required | optional))})")
-    missing = required - set(table)
-    if missing:
-        raise FeatstoreError(f"{where}: missing key {sorted(missing)[0]!r}")
-    return table
 
 
 def read_zoo(path: str | Path) -> ZooSpec:
     """Parse and check a zoo TOML file; every problem is one line naming the file and the entry."""
     path = Path(path)
     doc = read_toml(path, f"no zoo file at {path}; write a TOML file with [id], [[ood]] and [[models]]", str(path))
-    _section(str(path), doc, {"id", "ood", "models"}, {"study"})
+    section(str(path), doc, {"id", "ood", "models"}, {"study"})
     base = path.parent
 
-    def local(p: str) -> str:
-        return str(p if Path(p).expanduser().is_absolute() else base / p)
-
-    def image_set(where: str, entry: dict, default_name: str | None, default_data: str | None) -> ImageSetSpec:
-        entry = _section(where, entry, set() if default_data else {"data"}, {"name", "data", "view", "labels"})
+    def image_set(where: str, entry: dict, default_name: str | None, default_data: Path | None) -> ImageSetSpec:
+        entry = section(where, entry, set() if default_data else {"data"}, {"name", "data", "view", "labels"})
         name = entry.get("name", default_name)
         if not name:
             raise FeatstoreError(f"{where}: give each OOD set a name")
         parse_view(entry.get("view", "clean"))  # a bad view name fails here, before any model runs
-        return ImageSetSpec(str(name), local(entry["data"]) if "data" in entry else default_data,
-                            entry.get("view", "clean"), local(entry["labels"]) if "labels" in entry else None)
+        source = ImageSource(local_path(entry["data"], base) if "data" in entry else default_data,
+                             local_path(entry["labels"], base) if "labels" in entry else None)
+        return ImageSetSpec(str(name), source, entry.get("view", "clean"))
 
     id_set = image_set(f"{path} [id]", doc["id"], "id", None)
     ood = doc["ood"] if isinstance(doc["ood"], list) else [doc["ood"]]
-    oods = [image_set(f"{path} [[ood]] #{i + 1}", o, None, id_set.data) for i, o in enumerate(ood)]
+    oods = [image_set(f"{path} [[ood]] #{i + 1}", o, None, id_set.images.data) for i, o in enumerate(ood)]
     models = []
     for i, entry in enumerate(doc["models"] if isinstance(doc["models"], list) else [doc["models"]]):
-        entry = _section(f"{path} [[models]] #{i + 1}", entry, {"name", "model"}, {"weights", "image_size"})
+        entry = section(f"{path} [[models]] #{i + 1}", entry, {"name", "model"}, {"weights", "image_size"})
         weights = str(entry.get("weights", "default"))
-        models.append(ZooModel(str(entry["name"]), str(entry["model"]),
-                               weights if weights in ("default", "none") else local(weights),
-                               entry.get("image_size")))
+        models.append(ZooModel(str(entry["name"]), ModelSpec(
+            str(entry["model"]), weights if weights in ("default", "none") else str(local_path(weights, base)),
+            entry.get("image_size"))))
     names = [s.name for s in [id_set, *oods]]
     for what, values in (("image set", names), ("model", [m.name for m in models])):
         repeated = {v for v in values if values.count(v) > 1}
@@ -144,9 +129,9 @@ def check_zoo(spec: ZooSpec, cfg: ZooConfig) -> None:
     """Before any circuit runs: every model loads, its head covers the image sets' classes, and its rewritten
     graph reproduces it on a few ID images (the self-check every circuits run repeats)."""
     sets = [spec.id, *spec.ood]
-    images = {s.name: discover(s.data, s.labels, cfg.limit, cfg.seed) for s in sets}
+    images = {s.name: _circuit_config(cfg, model=None, image_set=s).source.discover(cfg.run.seed) for s in sets}
     for model in spec.models:
-        loaded, graph = load_graph(model.model, model.weights, cfg.seed, model.image_size, cfg.device, model.name)
+        loaded, graph = load_graph(model.model, cfg.run.seed, cfg.run.device, model.name)
         for s in sets:
             classes = int(images[s.name].labels.max()) + 1
             if classes > loaded.num_classes:
@@ -169,21 +154,25 @@ def run_zoo(cfg: ZooConfig) -> ZooResult:
         for model in spec.models:
             rows = []
             for role, image_set in [("id", spec.id)] + [("ood", s) for s in spec.ood]:
-                circuit = compute_circuit(CircuitConfig(
-                    model=model.model, data=image_set.data, view=image_set.view, labels=image_set.labels,
-                    weights=model.weights, image_size=model.image_size, ig_steps=cfg.ig_steps, limit=cfg.limit,
-                    batch_size=cfg.batch_size, device=cfg.device, workers=cfg.workers, seed=cfg.seed,
-                    progress=cfg.progress, name=model.name, dataset=image_set.name))
+                circuit = compute_circuit(_circuit_config(cfg, model, image_set))
                 fsdb.write_circuit(con, circuit.run, circuit.edges, circuit.scores)
-                rows.append((circuit.run["model"], image_set.name, role, circuit.accuracy, circuit.run["n_images"],
-                             circuit.run["run_id"]))
-            fsdb.replace_zoo_runs(con, spec.study, rows)
+                rows.append(ZooRow(spec.study, circuit.run.model, image_set.name, role, circuit.accuracy,
+                                   circuit.run.n_images, circuit.run.run_id))
+            fsdb.replace_zoo_runs(con, rows)
             result.runs += rows
-        pairs = [(next(r[5] for r in result.runs if r[0] == m and r[2] == "id"), run)
-                 for m, _, role, _, _, run in result.runs if role == "ood"]
+        id_run = {r.model: r.circuit_run for r in result.runs if r.role == "id"}
+        pairs = [(id_run[r.model], r.circuit_run) for r in result.runs if r.role == "ood"]
         store_graph_css(con, pairs, cfg.top_n)
     finally:
         con.close()
     result.table = query(cfg.db, "SELECT * FROM zoo_eval(tau := ?, top_n := ?) WHERE study = ?",
                          [cfg.tau, cfg.top_n, spec.study])
     return result
+
+
+def _circuit_config(cfg: ZooConfig, model: ZooModel | None, image_set: ImageSetSpec) -> CircuitConfig:
+    """The circuit run of one zoo model on one image set (`model` None: only its image source is used)."""
+    images = replace(image_set.images, limit=cfg.limit)
+    return CircuitConfig(model=model.model if model else ModelSpec("none"), images=images, view=image_set.view,
+                         ig_steps=cfg.ig_steps, name=model.name if model else None, dataset=image_set.name,
+                         run=cfg.run)

@@ -1,0 +1,257 @@
+"""Every option of the `featstore` command, declared once.
+
+`OPTIONS` maps an option name to its declaration; a name that means different things in different commands
+(`--model` is a network for `build` and a store group for `probe`) has one declaration per role, side by side
+here. Options that fill a record take their default from the record (`featstore.specs`, `ExitPolicies`), so the
+library and the CLI cannot disagree. Commands get options only through `option` and the record decorators
+below; tests/test_architecture.py checks that no other `click.option` call exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+
+import click
+
+from featstore.analytics.exit_policies import DEFAULT_POLICIES
+from featstore.analytics.scopes import SCOPES
+from featstore.specs import ImageSource, ModelSpec, RunOptions
+
+PATH = click.Path(path_type=Path)
+
+
+def _default(record: type, name: str):
+    return next(f.default for f in fields(record) if f.name == name)
+
+
+def _list_parser(kind: str, example: str, minimum: int):
+    """A click callback turning '1,2,3' into sorted distinct ints >= minimum, with an error of its own kind."""
+
+    def parse(_ctx, param, text: str) -> list[int]:
+        try:
+            values = sorted({int(v) for v in text.split(",") if v.strip()})
+        except ValueError:
+            raise click.BadParameter(f"{text!r}: give {kind} such as {example}", param=param) from None
+        if not values or values[0] < minimum:
+            raise click.BadParameter(f"{text!r}: {kind} are whole numbers >= {minimum}", param=param)
+        return values
+
+    return parse
+
+
+def _threshold_parser(_ctx, param, text: str) -> list[float]:
+    """'0.5:0.99:0.01' (start:stop:step, stop included) or '0.5,0.9' -> confidence thresholds."""
+    try:
+        if ":" in text:
+            start, stop, step = (float(v) for v in text.split(":"))
+            count = int(round((stop - start) / step)) + 1
+            values = [round(start + i * step, 10) for i in range(count)]
+        else:
+            values = [float(v) for v in text.split(",") if v.strip()]
+    except (ValueError, ZeroDivisionError):
+        raise click.BadParameter(f"{text!r}: give start:stop:step (e.g. 0.5:0.99:0.01) or a comma list",
+                                 param=param) from None
+    if not values or not all(0 <= v <= 1 for v in values):
+        raise click.BadParameter(f"{text!r}: confidences lie in [0, 1]", param=param)
+    return values
+
+
+def _thresholds_text(values: tuple[float, ...]) -> str:
+    """The command-line spelling of a threshold list: start:stop:step when evenly spaced."""
+    steps = {round(b - a, 10) for a, b in zip(values, values[1:], strict=False)}
+    if len(values) > 5 and len(steps) == 1:
+        return f"{values[0]:g}:{values[-1]:g}:{steps.pop():g}"
+    return ",".join(f"{v:g}" for v in values)
+
+
+D = RunOptions  # record defaults below read from here and from ModelSpec / ImageSource
+
+# name -> role -> (extra declarations, click keyword arguments); role "" when the name has one meaning
+OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
+    # ModelSpec
+    "--model": {
+        "network": ((), dict(required=True, help="torchvision or timm model name (timm/NAME forces timm).")),
+        "vit": ((), dict(required=True, help="A timm VisionTransformer name (any depth/heads).")),
+        "group": ((), dict(required=True, help="Model (store group) whose anchors to use.")),
+        "measured": ((), dict(required=True, help="Model (store group / DB model) to measure.")),
+        "only": ((), dict(help="Check only this model (store group) [default: every model].")),
+    },
+    "--weights": {
+        "auto": ((), dict(default=_default(ModelSpec, "weights"), help="auto (paper for the paper's five models, "
+                          "else default) | paper | default | a torchvision weights name or timm pretrained tag | "
+                          "PATH | none.")),
+        "timm": ((), dict(default="default", help="default | PATH | none.")),
+    },
+    "--image-size": {"": ((), dict(type=int, default=_default(ModelSpec, "image_size"),
+                                   help="Crop size override; resizes to S*256/224 first [default: the model's, or the "
+                                        "store's].")),
+                     },
+    # ImageSource
+    "--data": {
+        "": ((), dict(required=True, type=PATH, help="ImageFolder root, or flat folder (with --labels).")),
+        "override": ((), dict(type=PATH, help="Image folder [default: the study's data.path].")),
+    },
+    "--labels": {"": ((), dict(type=PATH, default=_default(ImageSource, "labels"),
+                               help="CSV filename,label for a flat folder."))},
+    "--limit": {
+        "": ((), dict(type=int, default=_default(ImageSource, "limit"),
+                      help="Deterministic subset of N images (ids stay those of the full set) [default: all; "
+                           "circuits and zoo: 500].")),
+        "demo": ((), dict(type=int, help="Use only about N images (a quick run, e.g. in CI).")),
+    },
+    # RunOptions
+    "--device": {
+        "": ((), dict(default=D.device, help="auto | cpu | cuda | cuda:N.")),
+        "measured": ((), dict(help="Device the costs were measured on [default: the only one in the DB].")),
+    },
+    "--workers": {"": ((), dict(type=int, default=D.workers, help="Image decoders [default: a thread per core on CPU, "
+                                "taking turns with the compute; up to 8 DataLoader processes on CUDA]; 0 decodes "
+                                "serially."))},
+    "--batch-size": {
+        "": ((), dict(type=int, default=D.batch_size, help="Images per forward pass [default: 64; EAP-IG: 32, its "
+                      "memory grows linearly with it].")),
+        "measured": (("batch_sizes",), dict(default="1,64", callback=_list_parser("batch sizes", "1,64", 1),
+                                            help="Batch sizes to measure: latency (1) and throughput.")),
+        "price": ((), dict(default=1, help="Which measured batch size prices the exits.")),
+    },
+    "--seed": {"": ((), dict(default=D.seed, help="Seed of everything random the command does: random init, the "
+                             "--limit subset and noise views; for probes, initialisation, shuffling and projections "
+                             "(runs of several probe seeds land side by side: macro seed_spread)."))},
+    "--threads": {"": ((), dict(type=click.IntRange(min=1), default=D.threads,
+                                help="CPU threads for the compute [default: the cores idle when it starts]; recorded "
+                                     "with the results."))},
+    "--progress/--no-progress": {"": ((), dict(default=D.progress, help="Progress bars on stderr."))},
+    # stores and databases
+    "--store": {
+        "create": ((), dict(required=True, type=PATH, help="Zarr store to create or extend.")),
+        "read": ((), dict(required=True, type=PATH, help="A store made by featstore build.")),
+        "optional": ((), dict(type=PATH, help="Read anchors, crop and head width from this store.")),
+    },
+    "--db": {
+        "read": ((), dict(required=True, type=PATH, help="A database filled by featstore probe.")),
+        "circuits": ((), dict(required=True, type=PATH, help="A database filled by featstore circuits.")),
+        "write": ((), dict(required=True, type=PATH, help="DuckDB file to create or extend.")),
+        "costs": ((), dict(required=True, type=PATH, help="DuckDB file to keep the costs in.")),
+    },
+    "--format": {"": (("fmt",), dict(type=click.Choice(["table", "csv", "json"]), default="table",
+                                     help="Output format."))},
+    "--scope": {"": ((), dict(type=click.Choice(SCOPES), default="auto",
+                              help="Images counted: auto = the test split, or all images of cross-fit runs."))},
+    "--k": {"": (("ks",), dict(default=",".join(map(str, DEFAULT_POLICIES.ks)),
+                               callback=_list_parser("stability windows", "1,2,3,4", 1),
+                               help="Stability windows k (k anchors after the first)."))},
+    "--out": {
+        "report": ((), dict(required=True, type=PATH, help="Folder for report.html and PNGs.")),
+        "demo": ((), dict(type=PATH, default=Path("featstore-demo"), help="Folder for the images, the cached network, "
+                          "the store, the database and the report (one subfolder per --dataset).")),
+        "study": ((), dict(type=PATH, help="Folder for the store, database, report and study state "
+                           "[default: ./study-<name>].")),
+    },
+    # build
+    "--views": {"": ((), dict(default="clean", help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, "
+                              "brightness-S."))},
+    "--anchors": {"": ((), dict(help="Comma list of module names (X.mid inside ResNet blocks); default: preset."))},
+    "--taps": {"": ((), dict(help="Transformer module taps per block: all, or a list of ln1,attn,resid_mid,ln2,fc1,"
+                             "act,fc2,resid (timm ViTs); anchors become (block, tap) pairs."))},
+    "--pool": {"": ((), dict(type=click.Choice(["cls", "mean"]), help="Token pooling for ViTs [default: cls; mean "
+                             "with --taps]."))},
+    "--chunk-rows": {"": ((), dict(default=1024, help="Store chunk size along images; the unit of resume."))},
+    "--precision": {"": ((), dict(type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",
+                                  help="auto = fp16 autocast on CUDA, fp32 on CPU."))},
+    "--decode": {"": ((), dict(type=click.Choice(["auto", "cpu", "gpu"]), default="auto", help="auto = gpu on CUDA: "
+                               "decode, crop and views on the device; cpu = PIL in the loader (the reference)."))},
+    "--skip-bad": {"": ((), dict(is_flag=True, help="Record corrupt images as skipped instead of stopping."))},
+    "--name": {"": ((), dict(help="Store group for this model config [default: the model name]."))},
+    # probe
+    "--view": {
+        "predict": ((), dict(default="clean", help="View(s) to predict: a name, a comma list, or all.")),
+        "circuit": ((), dict(default="clean", help="clean or a corruption view (the OOD set).")),
+    },
+    "--variant": {
+        "probe": ((), dict(default="linear", help="linear | paper | projected[:dim=N] (or a registered one).")),
+        "ddb": ((), dict(type=click.Choice(["global", "deep", "out"]), default="global")),
+    },
+    "--train-on-view": {"": ((), dict(help="Train the probes on this view [default: clean]."))},
+    "--cross-fit": {"": ((), dict(default=0, help="K >= 2: K folds, every image predicted out of sample."))},
+    "--project-dim": {"": ((), dict(type=int, help="Capacity control: the projected variant at this width (a seeded "
+                                    "random projection of wider anchors); results coexist with the raw variant's."))},
+    "--split-seed": {"": ((), dict(default=0, help="Seed of the train/val/test split and cross-fit folds (fixed per "
+                                   "database)."))},
+    "--val-frac": {"": ((), dict(default=0.1, help="Share of the train split carved out as val (fixed per "
+                                 "database)."))},
+    "--memory-budget": {"": ((), dict(default="4GB", help="Keep features in memory up to this size, else stream "
+                                      "chunks."))},
+    # cost and early exit
+    "--repeats": {"": ((), dict(default=20, help="Timed runs per measurement (median), after 3 warm-up runs."))},
+    "--run": {
+        "probe": (("run_id",), dict(required=True, help="A run id (see `featstore sql \"SELECT run_id FROM "
+                                    "runs\"`).")),
+        "taps": (("run_id",), dict(required=True, help="A run of a store built with --taps.")),
+    },
+    "--thresholds": {"": ((), dict(default=_thresholds_text(DEFAULT_POLICIES.thresholds),
+                                   callback=_threshold_parser,
+                                   help="Confidence thresholds: start:stop:step or a list."))},
+    "--combined-thresholds": {"": ((), dict(default=_thresholds_text(DEFAULT_POLICIES.combined),
+                                            callback=_threshold_parser,
+                                            help="Thresholds of the stability AND confidence gate."))},
+    # circuits
+    "--ig-steps": {"": ((), dict(default=5, help="m: integrated-gradient steps (left Riemann sum)."))},
+    "--tau": {
+        "ddb": ((), dict(default=0.3, help="Shallow = blocks < tau L, deep = blocks >= (1 - tau) L.")),
+        "zoo": ((), dict(default=0.3, help="DDB's shallow/deep split in the printed table (zoo_tau_sweep: all).")),
+    },
+    "--top-n": {"": ((), dict(default=200, help="Edges of the top-n graphs (jaccard, laplacian, netlsd)."))},
+    "--id": {"": (("id_run",), dict(required=True, help="Circuit run on in-distribution images."))},
+    "--ood": {"": (("ood_run",), dict(required=True, help="Circuit run of the same model on shifted images."))},
+    "--distance": {"": ((), dict(type=click.Choice(["srcc", "cosine", "l2", "jaccard", "laplacian", "netlsd"]),
+                                 default="srcc"))},
+    # store inspection
+    "--json": {"": (("as_json",), dict(is_flag=True, help="Machine-readable output."))},
+    "--all": {"": (("show_all",), dict(is_flag=True, help="List every name --anchors (and --taps) accepts "
+                                       "instead."))},
+    "--quick": {"": ((), dict(is_flag=True, help="Only look for missing chunk files (no chunk is read)."))},
+    # demo
+    "--dataset": {"": ((), dict(default="layouts", help="layouts: generated dot layouts, class colour in half the "
+                                "images (decided at the stem or later); digits: scikit-learn's 8x8 digits (nearly all "
+                                "decided at the stem)."))},
+    "--epochs": {"": ((), dict(type=int, help="Training epochs of the ResNet-18 (cached per value; default per "
+                               "dataset)."))},
+}
+
+
+def option(name: str, role: str = "") -> Callable:
+    """The declaration of option `name` (in `role`, where its meaning depends on the command)."""
+    extra, kwargs = OPTIONS[name][role]
+    return click.option(name, *extra, **kwargs)
+
+
+def options(*decorators: Callable) -> Callable:
+    """Several option decorators as one, listed in the order `--help` shows them."""
+
+    def apply(fn: Callable) -> Callable:
+        for decorator in reversed(decorators):
+            fn = decorator(fn)
+        return fn
+
+    return apply
+
+
+def model_spec_options(model_role: str = "network", weights_role: str = "auto") -> Callable:
+    """--model, --weights, --image-size: a `ModelSpec`."""
+    return options(option("--model", model_role), option("--weights", weights_role), option("--image-size"))
+
+
+def image_source_options(data_role: str = "") -> Callable:
+    """--data, --labels, --limit: an `ImageSource`."""
+    return options(option("--data", data_role), option("--labels"), option("--limit"))
+
+
+RUN_FLAGS = {"device": "--device", "workers": "--workers", "batch_size": "--batch-size", "seed": "--seed",
+             "threads": "--threads", "progress": "--progress/--no-progress"}
+
+
+def run_options(*names: str) -> Callable:
+    """The `RunOptions` fields a command takes (all by default), declared as above."""
+    return options(*(option(RUN_FLAGS[n]) for n in names or RUN_FLAGS))

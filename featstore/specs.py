@@ -1,0 +1,94 @@
+"""What a job is asked to run on: the records every job's config composes, each declared once.
+
+- `ModelSpec`: which network (a torchvision/timm name, its weights, a crop-size override);
+- `ImageSource`: which images (a folder, an optional labels file, an optional deterministic subset);
+- `RunOptions`: how to run (device, decoders, batch size, seed, CPU threads, progress bars).
+
+`featstore build`, `circuits`, `cost`, `probe`, `zoo` and `study` configs hold these instead of copies of their
+fields, the CLI has one option decorator per record (`featstore.cli.options`), and study/zoo TOML entries map onto
+the same records (`featstore.workflows.toml_files`). Fields a job does not use are left at their defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from featstore.errors import FeatstoreError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A network: `model` as `--model` takes it ('resnet50', 'timm/NAME'), `weights` as `--weights` takes it."""
+
+    model: str
+    weights: str = "auto"
+    image_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.image_size is not None and self.image_size < 1:
+            raise FeatstoreError(f"--image-size {self.image_size}: give a positive crop size in pixels")
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """An ImageFolder tree (or a flat folder with a labels CSV), optionally a seeded subset of `limit` images
+    whose ids stay those of the whole set."""
+
+    data: Path
+    labels: Path | None = None
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", Path(self.data))
+        if self.labels is not None:
+            object.__setattr__(self, "labels", Path(self.labels))
+        if self.limit is not None and self.limit <= 0:
+            raise FeatstoreError(f"--limit {self.limit}: give a positive number of images")
+
+    def discover(self, seed: int = 0):
+        """The images (featstore.datasets.ImageSet); `seed` draws the --limit subset."""
+        from featstore.datasets import discover
+
+        return discover(self.data, self.labels, self.limit, seed)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a job runs. `batch_size` None means the job's own default (build 64, circuits 32); `threads` None
+    means the CPU thread policy decides; `workers` None means the loader's default."""
+
+    device: str = "auto"
+    workers: int | None = None
+    batch_size: int | None = None
+    seed: int = 0
+    threads: int | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 0:
+            raise FeatstoreError(f"--workers {self.workers}: give 0 (decode serially) or a positive number of "
+                                 f"decoders")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise FeatstoreError(f"--batch-size {self.batch_size}: give a positive number of images")
+        if self.threads is not None and self.threads < 1:
+            raise FeatstoreError(f"--threads {self.threads}: give a positive number of CPU threads")
+
+    def batch(self, default: int) -> int:
+        return self.batch_size if self.batch_size is not None else default
+
+
+def field_names(record: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(record))
+
+
+def split_options(options: dict[str, Any], *records: type) -> tuple[list[Any], dict[str, Any]]:
+    """Take each record's fields out of a flat option dict (what click hands a command): the records built from
+    them, and what is left. A record none of whose fields is present gets all its defaults."""
+    rest = dict(options)
+    built = []
+    for record in records:
+        mine = {name: rest.pop(name) for name in field_names(record) if name in rest}
+        built.append(record(**mine))
+    return built, rest
