@@ -320,18 +320,6 @@ class FeatureStore:
         if version in g and g.attrs.get("current") != version:
             del g[version]
 
-    def read_probe(self, key: str, name: str, anchor: str,
-                   version: str | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
-        """One anchor's probe: the current version, or the `version` a database run records."""
-        try:
-            g = self.root[key]["probes"][name]
-            g = g[anchor] if version is None and "current" not in g.attrs else g[version or g.attrs["current"]][anchor]
-            # (stores probed before versions existed keep <name>/<anchor>)
-        except KeyError as e:
-            raise FeatstoreError(f"store {self.path} has no probe {name!r}{f' version {version}' if version else ''} "
-                                 f"for {key}/{anchor}; train it with `featstore probe`") from e
-        return g["weight"][:], g["bias"][:], dict(g.attrs)
-
     # -- summary ------------------------------------------------------------------------------------
 
     def info(self) -> dict:

@@ -125,3 +125,13 @@ def run_rows(run: dict, image_id, pred, conf, fold=None):
     fields = {"train_view": "clean", "probe": "linear", "params": {}, "cross_fit": 0, "seed": 0, "store": "-", **run}
     return RunRows(ProbeRun(**fields, n_images=pred.shape[0], n_anchors=pred.shape[1]), np.asarray(image_id), pred,
                    conf, fold)
+
+
+def read_probe(store, key: str, name: str, anchor: str) -> tuple[np.ndarray, np.ndarray, dict]:
+    """One anchor's current probe weights, biases and attrs, read from the Zarr arrays directly (featstore itself
+    never reads them back: predictions come from the fit)."""
+    import zarr
+
+    group = zarr.open_group(str(getattr(store, "path", store)), mode="r")[key]["probes"][name]
+    g = group[group.attrs["current"]][anchor] if "current" in group.attrs else group[anchor]
+    return g["weight"][:], g["bias"][:], dict(g.attrs)

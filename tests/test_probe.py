@@ -16,7 +16,7 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
-from synthetic import class_clusters, write_feature_store
+from synthetic import class_clusters, read_probe, write_feature_store
 
 from featstore.probing.split import make_split
 from featstore.store import FeatureStore
@@ -93,7 +93,7 @@ def assert_predictions_recompute(store_path, key: str, view: str, db, run_id: st
     ids = fs.image_table()["image_id"]
     fold = np.array([folds.get(int(i), 0) for i in ids])
     for anchor in anchors:
-        w, b, _ = fs.read_probe(key, probe_name, anchor.name)
+        w, b, _ = read_probe(fs, key, probe_name, anchor.name)
         x = fs.read(key, view, anchor.name).astype(np.float64)
         logits = np.einsum("nd,ncd->nc", x, w[fold].astype(np.float64)) + b[fold]
         top2 = np.sort(logits, axis=1)[:, -2:]
@@ -151,7 +151,7 @@ def test_cross_fit_predicts_every_image_once_out_of_sample(clusters, tmp_path):
     con.close()
     assert_predictions_recompute(store, "synthetic", "clean", db, run_id, "linear-cf3@clean")
     # each fold's probe never saw its own images: refitting on them would make it far better than out-of-sample
-    w, b, attrs = FeatureStore(store).read_probe("synthetic", "linear-cf3@clean", "anchor00")
+    w, b, attrs = read_probe(store, "synthetic", "linear-cf3@clean", "anchor00")
     assert w.shape[0] == 3 and len(attrs["folds"]) == 3
 
 
@@ -183,13 +183,13 @@ def test_paper_variant_stops_with_patience_and_projected_folds_back(clusters, tm
     store, _, _ = clusters
     db = tmp_path / "f.duckdb"
     run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "paper", "--no-progress")
-    _, _, attrs = FeatureStore(store).read_probe("synthetic", "paper@clean", "anchor03")
+    _, _, attrs = read_probe(store, "synthetic", "paper@clean", "anchor03")
     info = attrs["folds"][0]
     assert info["epochs"] <= 100 and info["epochs"] - 1 - info["best_epoch"] <= 10 and info["converged"]
     assert info["val_accuracy"] == max(info["val_accuracy_history"])
     run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "projected:dim=16",
             "--no-progress")
-    w, _, attrs = FeatureStore(store).read_probe("synthetic", "projected16@clean", "anchor03")
+    w, _, attrs = read_probe(store, "synthetic", "projected16@clean", "anchor03")
     assert w.shape == (1, 8, 128) and attrs["folds"][0]["projected_to"] == 16
     assert np.linalg.matrix_rank(w[0].astype(np.float64)) <= 8
     assert_predictions_recompute(store, "synthetic", "clean", db, "synthetic/clean/projected16", "projected16@clean")

@@ -8,7 +8,7 @@ import json
 import duckdb
 import numpy as np
 import pytest
-from synthetic import class_clusters, write_feature_store
+from synthetic import class_clusters, read_probe, write_feature_store
 
 from featstore.probing import run as probe_run
 from featstore.store import FeatureStore
@@ -54,8 +54,8 @@ def test_parameters_name_runs_and_reruns_replace_only_their_own(store, tmp_path)
         "linear@clean", "linear:max_epochs=3@clean", "linear:max_epochs=3-seed1@clean", "projected8@clean"}
     params = json.loads(rows(db, "SELECT params FROM runs WHERE run_id = 'synthetic/clean/linear:max_epochs=3'")[0][0])
     assert params["probe_id"] == "linear:max_epochs=3" and params["max_epochs"] == 3 and params["split_seed"] == 0
-    short = fs.read_probe("synthetic", "linear:max_epochs=3@clean", "anchor02")[0]
-    default = fs.read_probe("synthetic", "linear@clean", "anchor02")[0]
+    short = read_probe(fs, "synthetic", "linear:max_epochs=3@clean", "anchor02")[0]
+    default = read_probe(fs, "synthetic", "linear@clean", "anchor02")[0]
     assert not np.allclose(short, default)  # the default run was not overwritten by the shorter one
 
 
@@ -89,7 +89,7 @@ NAME = "linear:tol=0.02@clean"
 
 def _state(store, db):
     fs = FeatureStore(store)
-    weights = [fs.read_probe("synthetic", NAME, f"anchor{a:02d}")[0] for a in range(len(DIMS))]
+    weights = [read_probe(fs, "synthetic", NAME, f"anchor{a:02d}")[0] for a in range(len(DIMS))]
     preds = rows(db, "SELECT image_id, anchor, pred FROM predictions ORDER BY ALL")
     version = json.loads(rows(db, "SELECT params FROM runs")[0][0])["probe_version"]
     return weights, preds, version
@@ -133,7 +133,7 @@ def test_store_weights_and_db_rows_commit_together(store, tmp_path, monkeypatch,
     probe(store, db, *QUICK)  # the same rerun, now succeeding: both sides move together
     new_w, new_p, new_v = _state(store, db)
     assert new_v != version and [k for k, _ in group.groups()] == [new_v]
-    bias = FeatureStore(store).read_probe("synthetic", NAME, "anchor00")[1]
+    bias = read_probe(store, "synthetic", NAME, "anchor00")[1]
     assert bias[0, 0] > 50  # the current weights are the ones that produced the new rows
     assert new_p != preds and all(p == 0 for _, _, p in new_p)  # bias +100 on class 0: every prediction is 0
 
@@ -144,5 +144,5 @@ def test_probes_stored_before_versions_existed_are_still_read(tmp_path):
     old = fs.root["synthetic"].require_group("probes").require_group("linear@clean").require_group("anchor00")
     old.create_array("weight", shape=(1, 3, 4), dtype="float32")[:] = 1.0
     old.create_array("bias", shape=(1, 3), dtype="float32")[:] = 2.0
-    weight, bias, _ = fs.read_probe("synthetic", "linear@clean", "anchor00")
+    weight, bias, _ = read_probe(fs, "synthetic", "linear@clean", "anchor00")
     assert weight.sum() == 12 and bias.sum() == 6

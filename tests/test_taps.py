@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import timm
 import torch
-from synthetic import run_rows
+from synthetic import read_probe, run_rows
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
@@ -145,7 +145,7 @@ def test_taps_command_and_projected_probes(image_dir, tmp_path):
     out = run_cli("taps", "--db", db, "--run", f"{MODEL}/clean/linear").output
     assert "block x tap" in out and "act@100" in out and "ln2@60" in out
     assert "act@100" in run_cli("taps", "--db", db, "--run", f"{MODEL}/clean/projected64").output
-    w, _, attrs = FeatureStore(store).read_probe(MODEL, "projected64@clean", "blocks.3.act")
+    w, _, attrs = read_probe(store, MODEL, "projected64@clean", "blocks.3.act")
     assert w.shape[-1] == 768 and attrs["folds"][0]["projected_to"] == 64
     assert "no (block, tap) anchors" in fails("taps", "--db", db, "--run", "nope")
 
