@@ -72,6 +72,14 @@ def install_macros(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> N
         con.execute(text)
 
 
+def schema_tables() -> tuple[str, ...]:
+    """The tables sql/schema.sql creates, in its order."""
+    return tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _without_comments(sql_text("schema"))))
+
+
+WRITE_WAIT_S = 120.0  # how long a job's final writes wait for readers (`featstore sql`) to let go of the database
+
+
 def _stand_in_for_newer_tables(con: duckdb.DuckDBPyConnection) -> None:
     """A featstore file opened read-only that predates a table (say css_graph) gets an empty TEMP one, so the
     macros that read it still bind; files without featstore's `meta` table are left as they are."""
@@ -90,12 +98,14 @@ READ_ONLY_CONFIG = {"enable_external_access": False, "autoload_known_extensions"
                     "autoinstall_known_extensions": False, "lock_configuration": True}
 
 
-def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0) -> duckdb.DuckDBPyConnection:
+def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
+            sealed: bool = True) -> duckdb.DuckDBPyConnection:
     """Open a featstore database; a lock held by another process becomes a one-line error, after retrying for
     `wait_s` seconds (readers such as `featstore sql` hold it only for one query).
 
     Read-only connections are sealed by DuckDB itself (see READ_ONLY_CONFIG), so that no SQL text a user types
-    into `featstore sql` can change the database or the file system."""
+    into `featstore sql` can change the database or the file system; `sealed=False` is for featstore's own jobs
+    that read a database and write files (`featstore export`)."""
     path = Path(path)
     if read_only and not path.exists():
         raise FeatstoreError(f"no database at {path}; fill one with `featstore probe --db {path}`")
@@ -103,7 +113,8 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0) -> d
     try:
         while True:
             try:
-                con = duckdb.connect(str(path), read_only=read_only, config=READ_ONLY_CONFIG if read_only else {})
+                config = READ_ONLY_CONFIG if read_only and sealed else {}
+                con = duckdb.connect(str(path), read_only=read_only, config=config)
                 break
             except duckdb.IOException as e:
                 if "lock" not in str(e).lower() or time.monotonic() >= deadline:
@@ -131,6 +142,56 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0) -> d
             raise
         raise FeatstoreError(f"{path} is not a featstore database ({str(e).splitlines()[0]}); pass the --db "
                              f"that featstore probe filled") from e
+    return con
+
+
+# tables several databases hold the same copy of (one image set, one anchor list per model): read once
+SHARED_TABLES = ("meta", "images")
+DEDUPLICATED_TABLES = ("anchors", "model_outputs")
+
+
+def connect_several(paths: Sequence[str | Path]) -> duckdb.DuckDBPyConnection:
+    """One sealed read-only connection over several featstore databases of one image set, as if they were one:
+    each is attached read-only (as its file name, `db_2` ... where names repeat), every featstore table is a TEMP
+    view over all of them, and the macros read those views. Refused in one line: a file that is not a featstore
+    database, databases of other image sets, and a run id held by two of them."""
+    paths = [Path(p) for p in paths]
+    for p in paths:
+        connect(p, read_only=True).close()  # each one exists and is a featstore database
+    con = duckdb.connect(":memory:", config={k: v for k, v in READ_ONLY_CONFIG.items()
+                                             if k not in ("enable_external_access", "lock_configuration")})
+    aliases: list[str] = []
+    for p in paths:
+        alias = re.sub(r"\W", "_", p.stem)
+        if not re.match(r"[A-Za-z_]", alias) or alias in aliases or alias in ("memory", "temp", "system", "main"):
+            alias = f"db_{len(aliases) + 1}"
+        con.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [str(p)])
+        aliases.append(alias)
+    for key, value in READ_ONLY_CONFIG.items():  # sealed from here on, as every read-only connection
+        if key in ("enable_external_access", "lock_configuration"):
+            con.execute(f"SET {key} = {str(value).lower()}")
+    present = {(d, t) for d, t in con.execute("SELECT database_name, table_name FROM duckdb_tables()").fetchall()}
+    fingerprints = {}
+    for alias, p in zip(aliases, paths, strict=True):
+        found = con.execute(f"SELECT value FROM {alias}.meta WHERE key = 'dataset'").fetchone()
+        if found:
+            fingerprints[found[0]] = p
+    if len(fingerprints) > 1:
+        a, b = list(fingerprints.values())[:2]
+        raise FeatstoreError(f"databases {a} and {b} hold different image sets; query them one at a time")
+    images_from = next((a for a, p in zip(aliases, paths, strict=True) if p in fingerprints.values()), aliases[0])
+    for table in schema_tables():
+        parts = [f"SELECT * FROM {a}.{table}" for a in ([images_from] if table in SHARED_TABLES else aliases)
+                 if (a, table) in present]
+        body = " UNION ALL BY NAME ".join(parts) if parts else f"SELECT * FROM {aliases[0]}.{table} LIMIT 0"
+        if table in DEDUPLICATED_TABLES:
+            body = f"SELECT DISTINCT * FROM ({body})"
+        con.execute(f"CREATE TEMP VIEW {table} AS {body}")
+    install_macros(con, temporary=True)
+    for kind, run_id, copies in con.execute("SELECT * FROM duplicate_runs()").fetchall():
+        con.close()
+        raise FeatstoreError(f"{kind} {run_id!r} is held by {copies} of the databases; query them one at a time "
+                             f"or fold them with `featstore merge` (which checks that both are the same)")
     return con
 
 

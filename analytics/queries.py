@@ -13,13 +13,22 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from featstore.analytics.db import connect
+from featstore.analytics.db import connect, connect_several
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
 from featstore.analytics.scopes import SCOPES
 from featstore.errors import FeatstoreError
 
-Db = str | Path | duckdb.DuckDBPyConnection
+Db = str | Path | Sequence[str | Path] | duckdb.DuckDBPyConnection  # a database, several, or an open connection
 READ_WAIT_S = 30.0  # a probe holds the write lock only for its final transaction: wait that out
+
+
+def open_read_only(db: str | Path | Sequence[str | Path]) -> duckdb.DuckDBPyConnection:
+    """A sealed read-only connection to one database, or to several as if they were one (`connect_several`)."""
+    if isinstance(db, str | Path):
+        return connect(db, read_only=True, wait_s=READ_WAIT_S)
+    if len(db) == 1:
+        return connect(db[0], read_only=True, wait_s=READ_WAIT_S)
+    return connect_several(db)
 
 
 def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFrame:
@@ -32,7 +41,7 @@ def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFra
         raise FeatstoreError(f"SQL error: {str(e).splitlines()[0]}") from e
     if count != 1:
         raise FeatstoreError(f"give exactly one SQL statement (got {count}); run several with one call each")
-    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True, wait_s=READ_WAIT_S)
+    con = db if isinstance(db, duckdb.DuckDBPyConnection) else open_read_only(db)
     try:
         relation = con.sql(sql, params=params or None)
         return pl.DataFrame() if relation is None else relation.pl()

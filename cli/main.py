@@ -120,15 +120,44 @@ def print_frame(frame, fmt: str = "table") -> None:
 
 
 @cli.command()
-@option("--db", "read")
+@option("--db", "several")
 @click.argument("statement")
 @option("--format")
 @user_errors
-def sql(db: Path, statement: str, fmt: str) -> None:
-    """Run STATEMENT on the database, read-only (macros: decision_summary(k), decision_layers(k), …)."""
+def sql(dbs: tuple[Path, ...], statement: str, fmt: str) -> None:
+    """Run STATEMENT on the database(s), read-only (macros: decision_summary(k), decision_layers(k), …)."""
     from featstore.analytics.queries import query
 
-    print_frame(query(db, statement), fmt)
+    print_frame(query(list(dbs), statement), fmt)
+
+
+@cli.command()
+@option("--db", "target")
+@click.argument("sources", nargs=-1, type=click.Path(path_type=Path))
+@option("--replace")
+@user_errors
+def merge(db: Path, sources: tuple[Path, ...], replace: bool) -> None:
+    """Fold SOURCES (databases of jobs that ran at the same time) into DB, all or nothing; merging a source twice
+    changes nothing. Refuses sources of another image set, split or anchor list, and results that differ."""
+    from featstore.workflows.merge import merge as run_merge
+
+    result = run_merge(db, list(sources), replace)
+    replaced = f"; replaced {len(result.replaced)} result(s)" if result.replaced else ""
+    click.echo(f"{db}: {len(sources)} source(s) folded in, {result.runs} probe run(s) and {result.circuit_runs} "
+               f"circuit run(s) now{replaced}")
+
+
+@cli.command()
+@option("--db", "read")
+@option("--to")
+@user_errors
+def export(db: Path, to: Path) -> None:
+    """Every table of DB as Parquet under TO: per-image rows partitioned by run (run_id=...), the rest one file
+    each, for any engine (DuckDB, Polars, Spark)."""
+    from featstore.workflows.export import export as run_export
+
+    written = run_export(db, to)
+    click.echo(f"wrote {len(written)} table(s) under {to}")
 
 
 @cli.command()

@@ -131,6 +131,10 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     },
     "--db": {
         "read": ((), dict(required=True, type=PATH, help="A database filled by featstore probe.")),
+        "several": (("dbs",), dict(required=True, type=PATH, multiple=True, help="A database filled by featstore "
+                                   "probe; repeat to query several (attached read-only, as one: same image set).")),
+        "target": ((), dict(required=True, type=PATH, help="Database to fold the sources into (created if "
+                            "missing).")),
         "circuits": ((), dict(required=True, type=PATH, help="A database filled by featstore circuits.")),
         "write": ((), dict(required=True, type=PATH, help="DuckDB file to create or extend.")),
         "costs": ((), dict(required=True, type=PATH, help="DuckDB file to keep the costs in.")),
@@ -149,6 +153,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
         "study": ((), dict(type=PATH, help="Folder for the store, database, report and study state "
                            "[default: ./study-<name>].")),
     },
+    "--replace": {"": ((), dict(is_flag=True, help="A result a source holds under a key the target holds with other "
+                                "content replaces the target's (default: the merge is refused)."))},
+    "--to": {"": ((), dict(required=True, type=PATH, help="New folder for the Parquet files."))},
     # build
     "--views": {"": ((), dict(default="clean", help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, "
                               "brightness-S."))},

@@ -59,9 +59,6 @@ class ProbeConfig:
         return ProbeSettings(self.cross_fit, self.run.seed, self.split_seed, self.val_frac)
 
 
-WRITE_WAIT_S = 120.0  # how long the final writes wait for readers (`featstore sql`) to let go of the database
-
-
 def probe(cfg: ProbeConfig) -> list[str]:
     """Train (once) and predict every requested view; returns the run ids written.
 
@@ -114,7 +111,7 @@ def probe(cfg: ProbeConfig) -> list[str]:
     con = None
     try:  # weights as a new version, then the rows in one transaction, then that version becomes current
         save_probes(data, probe_name, version, fits, variant)
-        con = fsdb.connect(cfg.db, wait_s=WRITE_WAIT_S)
+        con = fsdb.connect(cfg.db, wait_s=fsdb.WRITE_WAIT_S)
         if not fsdb.check_dataset(con, cfg.db, info):
             split = data.split.copy()
             split[data.skipped] = "skipped"

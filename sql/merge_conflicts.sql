@@ -1,0 +1,37 @@
+-- merge_conflicts: with a source database attached as `src`, each result the target also holds under the same key
+-- but with other content: (what, key). `featstore merge` refuses a source with any, unless --replace.
+-- Content: a run's row (all but created_at) and its predictions; a circuit run's row and its edges; a model's
+-- outputs per view; a measurement's costs; a zoo row; a stored graph distance.
+WITH digests AS (
+    SELECT side, what, key, bit_xor(digest) AS digest FROM (
+        SELECT 'target' AS side, 'run' AS what, r.run_id AS key, hash(r) AS digest
+        FROM (SELECT * EXCLUDE (created_at) FROM runs) r
+        UNION ALL SELECT 'target', 'run', p.run_id, hash(p) FROM predictions p
+        UNION ALL SELECT 'source', 'run', r.run_id, hash(r) FROM (SELECT * EXCLUDE (created_at) FROM src.runs) r
+        UNION ALL SELECT 'source', 'run', p.run_id, hash(p) FROM src.predictions p
+        UNION ALL SELECT 'target', 'circuit run', c.run_id, hash(c)
+        FROM (SELECT * EXCLUDE (created_at) FROM circuit_runs) c
+        UNION ALL SELECT 'target', 'circuit run', e.run_id, hash(e) FROM edges e
+        UNION ALL SELECT 'source', 'circuit run', c.run_id, hash(c)
+        FROM (SELECT * EXCLUDE (created_at) FROM src.circuit_runs) c
+        UNION ALL SELECT 'source', 'circuit run', e.run_id, hash(e) FROM src.edges e
+        UNION ALL SELECT 'target', 'model outputs', m.model || '/' || m.view, hash(m) FROM model_outputs m
+        UNION ALL SELECT 'source', 'model outputs', m.model || '/' || m.view, hash(m) FROM src.model_outputs m
+        UNION ALL SELECT 'target', 'costs', c.model || ' on ' || c.device || ' batch ' || c.batch_size, hash(c)
+        FROM (SELECT * EXCLUDE (measured_at) FROM anchor_costs) c
+        UNION ALL SELECT 'source', 'costs', c.model || ' on ' || c.device || ' batch ' || c.batch_size, hash(c)
+        FROM (SELECT * EXCLUDE (measured_at) FROM src.anchor_costs) c
+        UNION ALL SELECT 'target', 'zoo row', z.study || '/' || z.model || '/' || z.dataset, hash(z)
+        FROM (SELECT * EXCLUDE (created_at) FROM zoo_runs) z
+        UNION ALL SELECT 'source', 'zoo row', z.study || '/' || z.model || '/' || z.dataset, hash(z)
+        FROM (SELECT * EXCLUDE (created_at) FROM src.zoo_runs) z
+        UNION ALL SELECT 'target', 'graph distance', g.id_run || ' vs ' || g.ood_run || ' ' || g.distance || '@'
+            || g.top_n, hash(g) FROM (SELECT * EXCLUDE (created_at) FROM css_graph) g
+        UNION ALL SELECT 'source', 'graph distance', g.id_run || ' vs ' || g.ood_run || ' ' || g.distance || '@'
+            || g.top_n, hash(g) FROM (SELECT * EXCLUDE (created_at) FROM src.css_graph) g
+    ) GROUP BY side, what, key
+)
+SELECT s.what, s.key
+FROM digests s JOIN digests t ON t.side = 'target' AND t.what = s.what AND t.key = s.key
+WHERE s.side = 'source' AND s.digest <> t.digest
+ORDER BY s.what, s.key;

@@ -1,0 +1,150 @@
+"""Results from many writers: probe jobs running at the same time each land in a database of their own, and
+`featstore merge` folds them into one equal to the same runs written one after another into a single database
+(atomic, idempotent, refusing other experiments and differing results); `featstore sql` reads several databases
+as one without merging; `featstore export` writes Parquet that Polars reads back."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+from synthetic import class_clusters, write_feature_store
+
+from conftest import fails, run_cli
+
+DIMS = [6, 8, 8]
+SEEDS = (0, 1, 2)
+# every column of each table that two separate invocations of the same job write alike (not when, not which
+# stored weights version: that is a fresh id per invocation)
+COMPARED = {
+    "runs": "SELECT * EXCLUDE (created_at, params), json_remove(params, '$.probe_version') AS params FROM runs",
+    "predictions": "SELECT * FROM predictions", "decisions": "SELECT * FROM decisions", "folds": "SELECT * FROM folds",
+    "probe_fits": "SELECT * EXCLUDE (info) FROM probe_fits", "model_outputs": "SELECT * FROM model_outputs",
+    "images": "SELECT * FROM images", "anchors": "SELECT * FROM anchors",
+    "meta": "SELECT * FROM meta",
+}
+
+
+def probe_args(store, db, seed):
+    return ["probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "linear:max_epochs=4",
+            "--seed", seed, "--threads", "1", "--cross-fit", "2" if seed == 2 else "0", "--no-progress"]
+
+
+def tables(db) -> dict[str, list[tuple]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {name: sorted(map(repr, con.execute(sql).fetchall())) for name, sql in COMPARED.items()}
+    finally:
+        con.close()
+
+
+def digest(db) -> dict[str, list]:
+    """Every row of every table, timestamps included: what 'changes nothing' compares."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        names = [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()]
+        return {t: sorted(map(repr, con.execute(f"SELECT * FROM {t}").fetchall())) for t in names}
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def parallel(tmp_path_factory):
+    """Three probe jobs at once into three databases, and the same three one after another into one."""
+    root = tmp_path_factory.mktemp("merge")
+    feats, labels = class_clusters(240, 4, DIMS, seed=3)
+    store = write_feature_store(root / "s.zarr", feats, labels, 4, views={"noisy": [f + 0.5 for f in feats]},
+                                chunk_rows=64)
+    jobs = [subprocess.Popen([sys.executable, "-m", "featstore.cli.main", *map(str, probe_args(store, root /
+                              f"job{s}.duckdb", s)), "--view", "all"], stderr=subprocess.PIPE, text=True)
+            for s in SEEDS]
+    for job in jobs:
+        assert job.wait(timeout=600) == 0, job.stderr.read()[-2000:]
+    for s in SEEDS:
+        run_cli(*probe_args(store, root / "sequential.duckdb", s), "--view", "all")
+    return root, store
+
+
+def test_merging_parallel_jobs_equals_writing_them_one_after_another(parallel):
+    root, _ = parallel
+    target = root / "merged.duckdb"
+    out = run_cli("merge", "--db", target, *[root / f"job{s}.duckdb" for s in SEEDS]).output
+    assert "3 source(s) folded in, 6 probe run(s)" in out
+    merged, sequential = tables(target), tables(root / "sequential.duckdb")
+    for name in COMPARED:
+        assert merged[name] == sequential[name], name
+    assert len(merged["predictions"]) == 6 * 240 * len(DIMS)  # 3 jobs x 2 views, every image at every anchor
+    before = digest(target)
+    run_cli("merge", "--db", target, root / "job1.duckdb", root / "job1.duckdb")  # the same source twice, again
+    assert digest(target) == before
+
+
+def test_the_macros_read_several_databases_as_one(parallel):
+    root, _ = parallel
+    dbs = [x for s in SEEDS for x in ("--db", root / f"job{s}.duckdb")]
+    together = run_cli("sql", *dbs, "--format", "csv",
+                       "SELECT run_id, k, mean FROM decision_sweep(2) ORDER BY run_id, k").output
+    alone = run_cli("sql", "--db", root / "sequential.duckdb", "--format", "csv",
+                    "SELECT run_id, k, mean FROM decision_sweep(2) ORDER BY run_id, k").output
+    assert together == alone and len(together.splitlines()) == 1 + 6 * 2
+    assert "reach no other file" in fails("sql", *dbs, "ATTACH 'x.duckdb' AS x")
+    assert "held by 2 of the databases" in fails("sql", "--db", root / "job0.duckdb", "--db",
+                                                 root / "sequential.duckdb", "SELECT 1")
+
+
+def test_refusals_leave_the_target_as_it_was(parallel, tmp_path):
+    root, store = parallel
+    target = tmp_path / "t.duckdb"
+    run_cli("merge", "--db", target, root / "job0.duckdb")
+    before = digest(target)
+    # the same command again: same run id, other stored weights version -> other content
+    again = tmp_path / "again.duckdb"
+    run_cli(*probe_args(store, again, 0))
+    line = fails("merge", "--db", target, root / "job1.duckdb", again)
+    assert f"source {again} holds run synthetic/clean/linear:max_epochs=4 " in line and "--replace" in line
+    assert digest(target) == before  # job1, the good source before it, was not folded in either: all or nothing
+    # another image set
+    feats, labels = class_clusters(50, 4, DIMS, seed=9)
+    other_store = write_feature_store(tmp_path / "o.zarr", feats, labels, 4)
+    other = tmp_path / "other.duckdb"
+    run_cli(*probe_args(other_store, other, 5))
+    assert "holds another experiment: its dataset" in fails("merge", "--db", target, other)
+    # same images, other anchors for the model
+    wider = write_feature_store(tmp_path / "w.zarr", [np.hstack([f, f]) for f in class_clusters(240, 4, DIMS, 3)[0]],
+                                labels=class_clusters(240, 4, DIMS, seed=3)[1], n_classes=4)
+    other_anchors = tmp_path / "anchors.duckdb"
+    run_cli(*probe_args(wider, other_anchors, 7))
+    line = fails("merge", "--db", target, other_anchors)
+    assert "disagrees with the target on its anchors: model synthetic (run synthetic/clean/" in line
+    assert digest(target) == before
+    assert "does not exist" in fails("merge", "--db", target, tmp_path / "missing.duckdb")
+    assert "the target database itself" in fails("merge", "--db", target, target)
+    # --replace: the source's version wins
+    out = run_cli("merge", "--db", target, again, "--replace").output
+    assert "replaced 1 result(s)" in out
+    con = duckdb.connect(str(target), read_only=True)
+    version = con.execute("SELECT params->>'probe_version' FROM runs WHERE run_id LIKE 'synthetic/clean/%'").fetchall()
+    con.close()
+    con = duckdb.connect(str(again), read_only=True)
+    assert version == con.execute("SELECT params->>'probe_version' FROM runs").fetchall()
+    con.close()
+
+
+def test_export_writes_parquet_partitioned_by_run(parallel, tmp_path):
+    root, _ = parallel
+    db = root / "sequential.duckdb"
+    run_cli("export", "--db", db, "--to", tmp_path / "out")
+    back = pl.read_parquet(tmp_path / "out" / "predictions" / "**" / "*.parquet", hive_partitioning=True)
+    con = duckdb.connect(str(db), read_only=True)
+    want = con.sql("SELECT run_id::VARCHAR AS run_id, image_id, anchor, pred, conf FROM predictions").pl()
+    runs = con.execute("SELECT count(*) FROM runs").fetchone()[0]
+    con.close()
+    order = ["run_id", "image_id", "anchor"]
+    assert back.select(want.columns).sort(order).equals(want.sort(order))
+    assert len(list((tmp_path / "out" / "predictions").iterdir())) == runs
+    assert pl.read_parquet(tmp_path / "out" / "runs.parquet").height == runs
+    assert "not an empty folder" in fails("export", "--db", db, "--to", tmp_path / "out")
