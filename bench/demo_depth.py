@@ -11,7 +11,7 @@ accuracy per anchor on cued and uncued test images, the l*(2) histogram and the 
     python bench/demo_depth.py [--designs layouts32,strip288]
 
 Designs (half of the images of each wear their class colour, readable at the stem):
-- layouts32: the shipped demo set (`featstore.layouts`, 32 px), three dots among look-alike clutter dots;
+- layouts32: the shipped demo set (`featstore.workflows.layouts`, 32 px), three dots among look-alike clutter dots;
 - layouts64: the same design at twice the size (64 px: layer3's map is 4x4, layer4's 2x2);
 - spread64: 64 px layouts whose dots are 18-24 px apart, so they span most of the image;
 - pointer32: four glyphs, one per quadrant, and a pointer from the centre; the class is the pointed glyph;

@@ -1,6 +1,6 @@
 """Benchmark featstore's `linear` probes against scikit-learn's LogisticRegression (lbfgs, C=1), CPU.
 
-Two sets of anchor features (featstore.synthetic), 70/30 split as `featstore probe` makes it:
+Two sets of anchor features (tests/synthetic.py), 70/30 split as `featstore probe` makes it:
 - default: 10,000 rows, 100 classes, 12 anchors of the resnet50 preset's widths (`class_clusters`);
 - `--imagenet`: ImageNet-shaped, 1,000 classes x 36 rows, 12 anchors of the resnet18 preset's widths, features
   with a few dominant directions as pooled activations have (`pooled_activations`).

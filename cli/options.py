@@ -116,9 +116,10 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                             help="Batch sizes to measure: latency (1) and throughput.")),
         "price": ((), dict(default=1, help="Which measured batch size prices the exits.")),
     },
-    "--seed": {"": ((), dict(default=D.seed, help="Seed of everything random the command does: random init, the "
-                             "--limit subset and noise views; for probes, initialisation, shuffling and projections "
-                             "(runs of several probe seeds land side by side: macro seed_spread)."))},
+    "--seed": {"": ((), dict(default=D.seed, help="Seed of everything random the command does: random init and the "
+                             "--limit subset (view noise depends on the image id alone); for probes, initialisation, "
+                             "shuffling and projections (runs of several probe seeds land side by side: macro "
+                             "seed_spread)."))},
     "--threads": {"": ((), dict(type=click.IntRange(min=1), default=D.threads,
                                 help="CPU threads for the compute [default: the cores idle when it starts]; recorded "
                                      "with the results."))},

@@ -49,8 +49,8 @@ BATCH_SIZE = 64  # images per forward when RunOptions.batch_size is not given
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """Everything `featstore build` takes; the CLI only fills this in. `run.seed` seeds random init, the --limit
-    subset and the noise views."""
+    """Everything `featstore build` takes; the CLI only fills this in. `run.seed` seeds random init and the --limit
+    subset (a noise view's draw depends on the view and the image id alone)."""
 
     model: ModelSpec
     images: ImageSource

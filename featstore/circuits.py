@@ -365,7 +365,7 @@ BATCH_SIZE = 32  # images per EAP-IG batch when RunOptions.batch_size is not giv
 class CircuitConfig:
     """Everything `featstore circuits` takes; the CLI only fills this in. `name` keys the model in the run id
     (default: the model name; a zoo gives each checkpoint its own), `dataset` names the image set in it
-    (default: the view's name). `run.seed` seeds the --limit subset, the noise views and random init."""
+    (default: the view's name). `run.seed` seeds the --limit subset and random init."""
 
     model: ModelSpec
     images: ImageSource

@@ -27,7 +27,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 # The source paper's weights. Its ResNets are torchvision's original ImageNet-1k weights (ResNet-50 at full depth
 # 76.15%, resize 256 -> crop 224). It does not name its ViT-B/16 and ConvNeXt-T weights; ours are timm's
-# checkpoints trained on ImageNet-1k only, like the ResNets (docs/weights.md gives the reasoning and figures).
+# checkpoints trained on ImageNet-1k only, like the ResNets (docs/paper.md gives the reasoning and figures).
 PAPER_WEIGHTS = {"resnet18": "IMAGENET1K_V1", "resnet50": "IMAGENET1K_V1", "resnet101": "IMAGENET1K_V1",
                  "vit_base_patch16_224": "augreg_in1k", "convnext_tiny": "fb_in1k"}
 
