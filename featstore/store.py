@@ -1,16 +1,8 @@
 """The Zarr v3 feature store (docs/design.md §4): images, then per model and view one float16 array per anchor.
 
-Layout::
-
-    images/{image_id,path,label}             attrs: source, class_names, count, fingerprint
-    <model>/                                 attrs: config (weights, preprocessing, anchors, ...), versions
-    <model>/<view>/anchors/<anchor>          float16 [N, C], chunks (chunk_rows, C)
-    <model>/<view>/{logits,skipped}          float16 [N, classes], bool [N]
-    <model>/<view>/done                      bool [n_chunks]: the only commit point
-    <model>/probes/<name>/<version>/...      written by probes; attrs `current` names the version in use
-
-`commit_chunk` is the one function that writes a chunk and then marks it done; every writer calls it, so a
-chunk that is marked done is always complete (zarr's LocalStore writes each file atomically).
+docs/store.md is the layout (groups, arrays, shapes, attrs), checked against a store built by this code in
+tests/test_docs.py. `commit_chunk` is the one function that writes a chunk and then marks it done; every writer
+calls it, so a chunk that is marked done is always complete (zarr's LocalStore writes each file atomically).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
--- featstore's tables (docs/design.md §6), one database per image set. Idempotent: run on every write connection.
+-- featstore's tables (docs/design.md §6; docs/analytics.md lists them), one database per image set. Idempotent:
+-- run on every write connection.
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 
 -- every image of the store; split is the seeded 70/30 train/test split with val carved from train; class_name

@@ -54,8 +54,8 @@ def demo(tmp_path_factory):
 
 def test_the_demos_decision_layers_equal_a_plain_loop(demo):
     """l*(2) of every clean test image, and the early/late fractions the demo prints, recomputed from the stored
-    timelines by a plain loop. (How far the demo is from a late mode is a measured limit, not a test: README's
-    demo section and bench/demo_depth.py.)"""
+    timelines by a plain loop. (How far the demo is from a late mode is a measured limit, not a test: docs/demo.md,
+    docs/benchmarks.md and bench/demo_depth.py.)"""
     out, _ = demo
     db = out / "layouts" / "featstore.duckdb"
     runs = q.timelines(db, "resnet18/clean/linear").filter(pl.col("split") == "test")
@@ -67,7 +67,7 @@ def test_the_demos_decision_layers_equal_a_plain_loop(demo):
     assert stored["layer"].to_list() == layers.tolist()
     summary = q.decision_summary(db, 2).filter(pl.col("run_id") == "resnet18/clean/linear").row(0, named=True)
     assert summary["f_early"] == pytest.approx(early.mean()) and summary["f_late"] == pytest.approx(late.mean())
-    assert early.mean() > 0.5  # the colour-cued half settles at the stem (README's demo section)
+    assert early.mean() > 0.5  # the colour-cued half settles at the stem (docs/demo.md)
 
 
 def test_demo_runs_offline_end_to_end_and_caches_the_network(demo):

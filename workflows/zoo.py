@@ -4,23 +4,8 @@ models, how well each label-free circuit metric predicts OOD accuracy (DDB, befo
 drop (CSS, after deployment): R² of the linear fit, Spearman and Kendall correlations (`zoo_eval`, and the τ
 sweep `zoo_tau_sweep`).
 
-The zoo is a TOML file; relative paths are relative to it:
-
-    study = "digits"                  # optional; default: the file's name
-    [id]
-    data = "digits-test"              # ImageFolder (or flat folder with labels = "labels.csv")
-    view = "clean"                    # optional; name = "id" by default
-    [[ood]]
-    name = "noise"
-    view = "gaussian_noise-3"         # data defaults to the ID folder: a corruption view of it
-    [[ood]]
-    name = "other"
-    data = "other-folder"             # or another folder of the same classes
-    [[models]]
-    name = "vit-e8"                   # the model's key in the database
-    model = "test_vit"                # a timm VisionTransformer name
-    weights = "vit-e8.pth"            # default | none | a state-dict path
-    image_size = 64                   # optional
+The zoo is a TOML file ([id], [[ood]], [[models]]; relative paths are relative to it): docs/zoo.md gives the
+format.
 """
 
 from __future__ import annotations
