@@ -171,7 +171,7 @@ def test_commands_in_the_docs_use_options_the_cli_has():
         text = page.read_text()
         lines = [line for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
                  for line in block.replace("\\\n", " ").splitlines()]
-        lines += re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+        lines += [span.replace("\n", " ") for span in re.findall(r"`([^`]+)`", _prose(text))]
         for line in lines:
             for name, rest in re.findall(r"\bfeatstore\)? ([a-z][a-z-]*)([^#;]*)", line):
                 if name not in cli.commands:
