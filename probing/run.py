@@ -32,7 +32,7 @@ def parse_bytes(text: str | int) -> int:
 
 
 def run_id_for(key: str, view: str, label: str, train_view: str, cross_fit: int, seed: int) -> str:
-    """'resnet50/gaussian_noise-1/linear:epochs=12/train=clean/cf5/seed1'; `label` is the variant's canonical id."""
+    """'resnet50/gaussian_noise-1/linear:max_epochs=12/train=clean/cf5/seed1'; `label` is the variant's canonical id."""
     rid = f"{key}/{view}/{label}"
     if train_view != view:
         rid += f"/train={train_view}"

@@ -167,3 +167,18 @@ def test_cost_and_exit_sim_commands(image_dir, tmp_path):
     assert "give stability windows" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear", "--k", "x")
     line = fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear", "--scope", "tst")
     assert "'tst' is not one of" in line and "'test'" in line
+
+
+def test_the_macros_defaults_are_the_cli_and_report_defaults(db):
+    """A plain DuckDB client calling the macros without arguments simulates the same policies as featstore."""
+    from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
+
+    for macro in ("exit_simulation", "exit_pareto"):
+        bare = q.query(db, f"SELECT * FROM {macro}('m/clean/linear', ?) ORDER BY ALL", [DEVICE])
+        ours = q._exit_table(macro, db, "m/clean/linear", DEVICE, 1, DEFAULT_POLICIES, "auto").sort(bare.columns)
+        assert bare.sort(bare.columns).equals(ours)
+        other = ExitPolicies(thresholds=(0.6,))
+        coarse = q._exit_table(macro, db, "m/clean/linear", DEVICE, 1, other, "auto").sort(bare.columns)
+        assert not bare.sort(bare.columns).equals(coarse), "the check cannot tell thresholds apart on this data"
+    bare = q.query(db, "SELECT * FROM exit_shares('m/clean/linear') ORDER BY ALL")
+    assert bare.sort(bare.columns).equals(q.exit_shares(db, "m/clean/linear").sort(bare.columns))
