@@ -13,6 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from PIL import Image
+from s3server import s3_server
 from synthetic import make_image_folder
 from torchvision import transforms as T
 
@@ -29,6 +30,31 @@ def image_dir(tmp_path_factory) -> Path:
 def big_image_dir(tmp_path_factory) -> Path:
     """Enough images for several chunks (resume and multi-rank tests)."""
     return make_image_folder(tmp_path_factory.mktemp("big"), n_classes=4, per_class=24, size=(48, 40), seed=1)
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """A real S3 server (moto, in its own process on a loopback port) for the whole session; featstore, the
+    test's own subprocesses included, finds it through the standard AWS_* environment, set here."""
+    with s3_server() as server:
+        saved = {k: os.environ.get(k) for k in server.env}
+        os.environ.update(server.env)
+        server.create_bucket("featstore-test")
+        try:
+            yield server
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture
+def s3_url(s3, request) -> str:
+    """A fresh prefix of the session's bucket: s3://featstore-test/<test name>-<n>."""
+    s3_url.count = getattr(s3_url, "count", 0) + 1
+    return f"s3://featstore-test/{request.node.name.replace('[', '-').strip(']')}-{s3_url.count}"
 
 
 def run_cli(*args: str, ok: bool = True):

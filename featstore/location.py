@@ -1,0 +1,191 @@
+"""Where a store lives (`--store`): a local folder or an object-store URL, and all that featstore needs from
+either: a Zarr store over it, whether a featstore store is there, and the writer locks (flock on local disk,
+leases on object storage). Nothing else in featstore knows which of the two it is talking to.
+
+Object storage goes through obstore (Rust `object_store`): `s3://`, `gs://`, `az://` and its other schemes.
+Credentials, region and endpoint come only from that library's standard environment (for S3:
+AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL, or an instance
+role); an `http://` endpoint named there is allowed as given. Any other scheme is refused, never read as a
+folder.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import zarr
+import zarr.storage
+from zarr.core.sync import sync
+
+from featstore.errors import FeatstoreError, FeatstoreWarning
+from featstore.leases import Lease, LeaseUnsupported
+from featstore.locks import locked
+
+OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
+_S3_ENDPOINTS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+LEASES = ".featstore"  # leases live under this prefix of the store; Zarr lists it as a foreign object
+
+warnings.filterwarnings("ignore", message=rf"Object at {re.escape(LEASES)} is not recognized")
+
+
+class _Unlocked:
+    """What a writer holds where no lease can be had: nothing to lose."""
+
+    def check(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """A `--store` value, parsed: `path` for a local folder, else `url` of an object-store prefix."""
+
+    url: str
+    path: Path | None = None
+
+    @classmethod
+    def parse(cls, text: str | Path | StoreLocation) -> StoreLocation:
+        """Read a --store value; refuse a URL scheme featstore cannot reach (never a folder named 's3:')."""
+        if isinstance(text, StoreLocation):
+            return text
+        if isinstance(text, Path):
+            return cls(str(text), text)
+        match = _SCHEME.match(text)
+        if match is None:
+            return cls(text, Path(text))
+        scheme = match.group(1).lower()
+        parts = urlsplit(text)
+        if scheme == "file":
+            if parts.netloc not in ("", "localhost") or not parts.path:
+                raise FeatstoreError(f"--store {text}: a file:// URL names a local folder, file:///abs/path")
+            return cls(text, Path(unquote(parts.path)))
+        if scheme not in OBJECT_SCHEMES:
+            raise FeatstoreError(f"--store {text}: {scheme}:// is not a storage featstore can reach; use a local "
+                                 f"path, file://, or one of {', '.join(s + '://' for s in OBJECT_SCHEMES)}")
+        if not text[match.end():].startswith("//") or not parts.netloc:
+            raise FeatstoreError(f"--store {text}: write an object-store URL as {scheme}://BUCKET/PREFIX")
+        return cls(text.rstrip("/"))
+
+    def __str__(self) -> str:
+        return self.url
+
+    @property
+    def is_local(self) -> bool:
+        return self.path is not None
+
+    # -- the Zarr store and its objects -------------------------------------------------------------
+
+    @cached_property
+    def object_store(self):
+        """The obstore store of this URL prefix (object storage only), configured from the environment."""
+        import os
+
+        from obstore.store import from_url
+
+        options = {}
+        scheme = self.url.split(":", 1)[0].lower()
+        if scheme in ("s3", "s3a") and any(os.environ.get(v, "").startswith("http://") for v in _S3_ENDPOINTS):
+            options["allow_http"] = True
+        try:
+            return from_url(self.url, client_options=options)
+        except Exception as e:
+            raise FeatstoreError(f"--store {self.url}: cannot reach it ({_brief(e)}); set the storage's standard "
+                                 f"environment (for S3: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, "
+                                 f"AWS_ENDPOINT_URL)") from e
+
+    def zarr_store(self, read_only: bool = False) -> zarr.abc.store.Store:
+        if self.path is not None:
+            return zarr.storage.LocalStore(self.path, read_only=read_only)
+        return zarr.storage.ObjectStore(self.object_store, read_only=read_only)
+
+    def has_store(self) -> bool:
+        """True when a Zarr hierarchy starts here (its root zarr.json exists)."""
+        if self.path is not None:
+            return (self.path / "zarr.json").is_file()
+        return self._remote(lambda: sync(self.zarr_store(read_only=True).exists("zarr.json")), "read")
+
+    def check_usable(self) -> None:
+        """A store location is new, empty, or a store: never a folder (or prefix) of other files."""
+        if self.has_store():
+            return
+        if self.path is not None:
+            if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+                kind = "a folder with other files" if self.path.is_dir() else "a file"
+                raise FeatstoreError(f"{self.path} is {kind}, not a featstore store (no zarr.json); point --store "
+                                     f"at a new path or an existing store")
+            return
+        if self.keys(""):
+            raise FeatstoreError(f"{self.url} holds other objects, not a featstore store (no zarr.json); point "
+                                 f"--store at a new prefix or an existing store")
+
+    def create(self) -> None:
+        """Make the folder of a new local store (object storage needs nothing)."""
+        if self.path is not None:
+            self.path.mkdir(parents=True, exist_ok=True)
+
+    def keys(self, prefix: str) -> set[str]:
+        """Every key under `prefix` (one listing, not a request per key)."""
+        store = self.zarr_store(read_only=True)
+
+        async def listing() -> set[str]:
+            return {k async for k in store.list_prefix(prefix)}
+
+        return self._remote(lambda: sync(listing()), "list")
+
+    def check_writable(self, key: str) -> None:
+        """Fail now, not after training, when nothing can be written under <key>/ (a read-only store)."""
+        store = self.zarr_store()
+        probe = f"{key}/.featstore-write-test-{uuid.uuid4().hex}"
+        try:
+            sync(store.set(probe, zarr.core.buffer.default_buffer_prototype().buffer.from_bytes(b"")))
+            sync(store.delete(probe))
+        except Exception as e:
+            why = getattr(e, "strerror", None) or _brief(e)
+            raise FeatstoreError(f"store {self} is read-only here ({why}: {self}/{key}); probes are saved into the "
+                                 f"store: make it writable or copy it") from e
+
+    # -- writers ------------------------------------------------------------------------------------
+
+    @contextmanager
+    def writer_lock(self, key: str | None, wait: bool, what: str) -> Iterator[Lease | _Unlocked]:
+        """Exclusive right to write the store (`key` None: held briefly while groups are made) or one model's
+        group (held for a whole build). The holder's `check()` raises once the right is lost."""
+        if self.path is not None:
+            with locked(self.path if key is None else self.path / key, wait, what):
+                yield _Unlocked()
+            return
+        lease = Lease(self.object_store, f"{LEASES}/{key or 'store'}.lease", what, self.url, wait)
+        try:
+            lease.acquire()
+        except LeaseUnsupported as e:
+            warnings.warn(f"{e}: nothing keeps a second build of this model out", FeatstoreWarning, stacklevel=3)
+            yield _Unlocked()
+            return
+        try:
+            yield lease
+        finally:
+            lease.release()
+
+    def _remote(self, call, what: str):
+        try:
+            return call()
+        except FeatstoreError:
+            raise
+        except Exception as e:
+            if self.path is not None:
+                raise
+            raise FeatstoreError(f"--store {self.url}: cannot {what} it ({_brief(e)}); check the bucket and the "
+                                 f"storage's standard environment (for S3: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                                 f"AWS_REGION, AWS_ENDPOINT_URL)") from e
+
+
+def _brief(error: BaseException) -> str:
+    return (str(error).splitlines() or [type(error).__name__])[0][:200]

@@ -1,0 +1,105 @@
+"""Leases on a real S3 server (moto, started here): racing processes get exactly one lease, a hung holder's lease
+expires and is taken over (and the holder learns it lost it), a killed holder's lease is taken over at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import obstore
+import pytest
+
+from featstore.errors import FeatstoreError
+from featstore.leases import Lease
+from featstore.location import StoreLocation
+
+HOLD = r"""
+import sys, time
+from featstore.leases import Lease
+from featstore.location import StoreLocation
+from featstore.errors import FeatstoreError
+url, ttl, start = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+lease = Lease(StoreLocation.parse(url).object_store, "m.lease", "model 'm'", url, wait=False, ttl=ttl)
+while time.time() < start:
+    time.sleep(0.001)
+try:
+    lease.acquire()
+except FeatstoreError as e:
+    print("refused", e, flush=True)
+    sys.exit(2)
+print("won", flush=True)
+try:
+    for _ in range(int(6 / 0.05)):
+        time.sleep(0.05)
+        lease.check()
+except FeatstoreError as e:
+    print("lost", e, flush=True)
+    sys.exit(3)
+lease.release()
+"""
+
+
+def holder(url: str, ttl: float, start: float = 0.0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", HOLD, url, str(ttl), str(start)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ})
+
+
+def test_racing_processes_get_exactly_one_lease(s3_url):
+    start = time.time() + 3  # every process is up and waiting by then
+    procs = [holder(s3_url, 60, start) for _ in range(4)]
+    outs = [(p.wait(timeout=60), p.stdout.read()) for p in procs]
+    assert sorted(code for code, _ in outs) == [0, 2, 2, 2], outs
+    winner = next(p for p, (code, _) in zip(procs, outs, strict=True) if code == 0)
+    for code, out in outs:
+        if code == 2:
+            assert f"is being written by pid {winner.pid} on host" in out, out
+    assert list(obstore.list(StoreLocation.parse(s3_url).object_store).collect()) == []  # released on exit
+
+
+def test_a_hung_holder_loses_its_lease_when_it_expires(s3_url):
+    store = StoreLocation.parse(s3_url).object_store
+    first = holder(s3_url, ttl=1.5)
+    assert first.stdout.readline().startswith("won")
+    first.send_signal(signal.SIGSTOP)  # alive, but renewing nothing: a hung or cut-off node
+    try:
+        with pytest.raises(FeatstoreError, match=f"is being written by pid {first.pid} on host"):
+            Lease(store, "m.lease", "model 'm'", s3_url, wait=False, ttl=1.5).acquire()
+        time.sleep(2.0)
+        second = Lease(store, "m.lease", "model 'm'", s3_url, wait=False, ttl=30)
+        second.acquire()  # the first one's lease has expired: taken over
+    finally:
+        first.send_signal(signal.SIGCONT)
+    assert first.wait(timeout=30) == 3
+    assert "lost its lease" in first.stdout.read()
+    assert obstore.head(store, "m.lease")["e_tag"] == second.etag  # the first one did not delete it on its way out
+    second.check()
+    second.release()
+    assert list(obstore.list(store).collect()) == []
+
+
+def test_a_killed_holder_on_this_machine_is_taken_over_at_once(s3_url):
+    store = StoreLocation.parse(s3_url).object_store
+    first = holder(s3_url, ttl=600)
+    assert first.stdout.readline().startswith("won")
+    first.kill()
+    first.wait()
+    t = time.monotonic()
+    with Lease(store, "m.lease", "model 'm'", s3_url, wait=False) as lease:
+        lease.check()
+    assert time.monotonic() - t < 5  # not the 600 s of its expiry
+
+
+@pytest.mark.parametrize("text", ["foo://bucket/s.zarr", "s3:/bucket/s.zarr", "s3:bucket", "memory:///s",
+                                  "file://otherhost/s.zarr"])
+def test_unreachable_store_urls_are_refused(text):
+    with pytest.raises(FeatstoreError, match="--store"):
+        StoreLocation.parse(text)
+
+
+def test_local_paths_and_file_urls_are_folders(tmp_path):
+    assert StoreLocation.parse(str(tmp_path / "s.zarr")).path == tmp_path / "s.zarr"
+    assert StoreLocation.parse(f"file://{tmp_path}/s.zarr").path == tmp_path / "s.zarr"
+    assert StoreLocation.parse("s3://bucket/a/s.zarr/").path is None
