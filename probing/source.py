@@ -3,14 +3,22 @@
 Both paths hand the trainer the same thing, blocks of rows with every anchor's features; they differ only
 in where the rows come from and in how an epoch is shuffled (in memory: one permutation of all rows;
 streaming: chunks in a random order, rows shuffled within each chunk, each chunk read once per epoch).
+
+A chunk's arrays are read together (one request per anchor, all in flight at once: object storage answers each
+after a round trip, local disk decodes them in parallel), and while the trainer works on one chunk the next is
+read, so streaming holds at most two chunks beside the budgeted features.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+import zarr
+from zarr.core.sync import sync
 
 from featstore.anchors import Anchor
 from featstore.probing.base import FeatureStats
@@ -55,7 +63,7 @@ class FeatureSource:
     def _read_chunk(self, chunk: int, rows: np.ndarray) -> list[np.ndarray]:
         start = chunk * self.chunk_rows
         stop = min(start + self.chunk_rows, int(self.arrays[0].shape[0]))
-        return [np.asarray(arr[start:stop])[rows - start] for arr in self.arrays]
+        return [block[rows - start] for block in read_rows(self.arrays, start, stop)]
 
     def _tensors(self, raw: Sequence[np.ndarray | torch.Tensor]) -> list[torch.Tensor]:
         out = []
@@ -96,12 +104,19 @@ class FeatureSource:
             return
         groups = self._by_chunk(rows)
         if rng is not None:
-            groups = [groups[i] for i in rng.permutation(len(groups))]
-        for chunk, part in groups:
-            if rng is not None:
-                part = rng.permutation(part)
-            yield part, self._tensors(self._read_chunk(chunk, np.sort(part)) if rng is None else
-                                      self._reordered(chunk, part))
+            groups = [(chunk, rng.permutation(part)) for chunk, part in (groups[i] for i in
+                                                                           rng.permutation(len(groups)))]
+
+        def read(group: tuple[int, np.ndarray]) -> list[np.ndarray]:
+            chunk, part = group
+            return self._read_chunk(chunk, part) if rng is None else self._reordered(chunk, part)
+
+        with ThreadPoolExecutor(1, thread_name_prefix="featstore-prefetch") as pool:
+            ahead = pool.submit(read, groups[0]) if groups else None
+            for i, (_, part) in enumerate(groups):
+                raw = ahead.result()
+                ahead = pool.submit(read, groups[i + 1]) if i + 1 < len(groups) else None
+                yield part, self._tensors(raw)
 
     def _reordered(self, chunk: int, part: np.ndarray) -> list[np.ndarray]:
         order = np.argsort(part, kind="stable")
@@ -130,3 +145,12 @@ class FeatureSource:
             std = var.sqrt().clamp_min(1e-6 * max(float(var.sqrt().max()), 1e-12) + 1e-12)
             out.append(FeatureStats(mean.float(), std.float(), sample[a]))
         return out
+
+
+def read_rows(arrays: Sequence[zarr.Array], start: int, stop: int) -> list[np.ndarray]:
+    """Rows [start, stop) of every array, all read at once (see the module docstring)."""
+
+    async def all_at_once() -> list:
+        return await asyncio.gather(*[a.async_array.getitem((slice(start, stop),)) for a in arrays])
+
+    return [np.asarray(block) for block in sync(all_at_once())]
