@@ -194,7 +194,7 @@ def report(db: Path, out: Path, ks: list[int], scope: str) -> None:
 @option("--repeats")
 @option("--image-size")
 @user_errors
-def cost(model: str, db: Path, store: Path | None, device: str, batch_sizes: list[int], repeats: int,
+def cost(model: str, db: Path, store: str | None, device: str, batch_sizes: list[int], repeats: int,
          image_size: int | None) -> None:
     """Measure the cost of exiting at each anchor: network prefix + probes, ms and FLOPs, into DuckDB."""
     from featstore.workflows.cost import measure_model
@@ -296,10 +296,10 @@ def css(db: Path, id_run: str, ood_run: str, distance: str, top_n: int, fmt: str
 
 
 @cli.command()
-@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("store")  # a folder or an object-store URL
 @option("--json")
 @user_errors
-def info(store: Path, as_json: bool) -> None:
+def info(store: str, as_json: bool) -> None:
     """What STORE holds: images, models, views, anchors, dims and completeness."""
     from featstore.store import FeatureStore
 
@@ -368,11 +368,11 @@ def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, progres
 
 
 @cli.command()
-@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("store")  # a folder or an object-store URL
 @option("--model", "only")
 @option("--quick")
 @user_errors
-def verify(store: Path, model: str | None, quick: bool) -> None:
+def verify(store: str, model: str | None, quick: bool) -> None:
     """Check that every chunk marked done can be trusted: its files present and decodable, no NaN in rows that
     are not marked skipped. Lists each bad (array, chunk); exit status 1 if any (rerun build to re-do them)."""
     from featstore.store import FeatureStore
@@ -421,7 +421,25 @@ def study(study_file: Path, data: Path | None, out: Path | None, progress: bool)
     click.echo(f"\nreport: {result.report}\ndatabase: {result.db}\nstore: {result.store}")
 
 
+def _one_line_warnings() -> None:
+    """featstore's own warnings (FeatstoreWarning) as one line each, `featstore: warning: ...`."""
+    import warnings
+
+    from featstore.errors import FeatstoreWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, FeatstoreWarning):
+            click.echo(f"featstore: warning: {message}", err=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def main() -> None:
+    _one_line_warnings()
     cli(prog_name="featstore")
 
 

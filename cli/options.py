@@ -125,10 +125,14 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                      "with the results."))},
     "--progress/--no-progress": {"": ((), dict(default=D.progress, help="Progress bars on stderr."))},
     # stores and databases
+    # a store is a folder or an object-store URL (s3://BUCKET/PREFIX, gs://, az://; featstore.location): a plain
+    # string, since a click.Path would fold s3:// into s3:/
     "--store": {
-        "create": ((), dict(required=True, type=PATH, help="Zarr store to create or extend.")),
-        "read": ((), dict(required=True, type=PATH, help="A store made by featstore build.")),
-        "optional": ((), dict(type=PATH, help="Read anchors, crop and head width from this store.")),
+        "create": ((), dict(required=True, help="Zarr store to create or extend: a folder or an object-store URL "
+                            "(s3://BUCKET/PREFIX, gs://, az://; credentials from the standard environment, e.g. "
+                            "AWS_*).")),
+        "read": ((), dict(required=True, help="A store made by featstore build (a folder or s3://... URL).")),
+        "optional": ((), dict(help="Read anchors, crop and head width from this store (a folder or s3://... URL).")),
     },
     "--db": {
         "read": ((), dict(required=True, type=PATH, help="A database filled by featstore probe.")),

@@ -24,7 +24,7 @@ from featstore.anchors import anchor_names_for, tap_anchor_names
 from featstore.datasets import IMAGENET_CLASSES, ImageSet, check_labels
 from featstore.errors import FeatstoreError
 from featstore.extraction import Tapper, describe_anchors
-from featstore.locks import locked
+from featstore.location import StoreLocation
 from featstore.models import LoadedModel, load_model
 from featstore.runtime import (
     Ranks,
@@ -36,7 +36,7 @@ from featstore.runtime import (
     tune_allocator,
 )
 from featstore.specs import ImageSource, ModelSpec, RunOptions
-from featstore.store import ChunkData, FeatureStore, check_store_path, model_key
+from featstore.store import ChunkData, FeatureStore, model_key
 from featstore.store_config import StoreConfig
 from featstore.tensor_input import decoder_name, input_batches, resolve_decode
 from featstore.views import View, parse_views
@@ -54,7 +54,7 @@ class BuildConfig:
 
     model: ModelSpec
     images: ImageSource
-    store: Path
+    store: str | Path | StoreLocation  # a folder, or an object-store URL (featstore.location)
     views: str = "clean"
     anchors: str | None = None
     taps: str | None = None
@@ -125,7 +125,7 @@ def build(cfg: BuildConfig) -> BuildResult:
     tune_allocator()
     if cfg.chunk_rows < 1:
         raise FeatstoreError(f"--chunk-rows {cfg.chunk_rows}: give a positive number of images per chunk")
-    check_store_path(Path(cfg.store))
+    StoreLocation.parse(cfg.store).check_usable()
     ranks = ranks_from_env()
     device = resolve_device(cfg.run.device, ranks.local_rank)
     precision = resolve_precision(cfg.precision, device)
@@ -184,22 +184,24 @@ def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[FeatureStore, list[s
     """Rank 0 creates or checks the store's groups; the other ranks wait, then check.
 
     Against other processes: groups are created only under the store's lock (held briefly), and the model's
-    lock, taken under it and held by `held` until the build ends, makes a second build of the same model
-    refuse with one line instead of writing the same chunks. Done chunks that fail `check_view` are marked
-    not done here, so that this build makes exactly those again."""
+    lock (flock on local disk, a lease on object storage: `StoreLocation.writer_lock`), taken under it and held
+    by `held` until the build ends, makes a second build of the same model refuse with one line instead of
+    writing the same chunks; the store checks that lock before each chunk's commit. Done chunks that fail
+    `check_view` are marked not done here, so that this build makes exactly those again."""
     cfg, ranks, images, key, config = job.cfg, job.ranks, job.images, job.key, job.config
     damaged: list[str] = []
+    location = StoreLocation.parse(cfg.store)
     if ranks.is_main:
-        if not Path(cfg.store).exists():
-            Path(cfg.store).mkdir(parents=True)
-        with locked(Path(cfg.store), wait=True, what=f"store {cfg.store}"):
-            store = FeatureStore(cfg.store, mode="a")
+        location.create()
+        with location.writer_lock(None, wait=True, what=f"store {location}"):
+            store = FeatureStore(location, mode="a")
             if store.has_images():
                 store.check_images(images)
             else:
                 store.write_images(images)
             store.prepare_model(key, config, _versions(config.library))
-            held.enter_context(locked(store.path / key, wait=False, what=f"model {key!r} of store {cfg.store}"))
+            lock = held.enter_context(location.writer_lock(key, wait=False, what=f"model {key!r} of store {location}"))
+            store.guard = lock.check
             for v in job.views:
                 store.prepare_view(key, v.to_dict(), config.anchors, config.num_classes, cfg.chunk_rows)
                 problems = store.check_view(key, v.name)
@@ -207,7 +209,7 @@ def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[FeatureStore, list[s
                 damaged += [str(p) for p in problems]
     barrier(ranks)
     if not ranks.is_main:
-        store = FeatureStore(cfg.store, mode="a")
+        store = FeatureStore(location, mode="a")
         store.check_images(images)
         store.prepare_model(key, config, _versions(config.library))
     return store, damaged

@@ -60,13 +60,13 @@ class StoreLocation:
             return cls(str(text), text)
         match = _SCHEME.match(text)
         if match is None:
-            return cls(text, Path(text))
+            return cls(str(Path(text)), Path(text))
         scheme = match.group(1).lower()
         parts = urlsplit(text)
         if scheme == "file":
             if parts.netloc not in ("", "localhost") or not parts.path:
                 raise FeatstoreError(f"--store {text}: a file:// URL names a local folder, file:///abs/path")
-            return cls(text, Path(unquote(parts.path)))
+            return cls(str(Path(unquote(parts.path))), Path(unquote(parts.path)))
         if scheme not in OBJECT_SCHEMES:
             raise FeatstoreError(f"--store {text}: {scheme}:// is not a storage featstore can reach; use a local "
                                  f"path, file://, or one of {', '.join(s + '://' for s in OBJECT_SCHEMES)}")
@@ -122,7 +122,7 @@ class StoreLocation:
                 raise FeatstoreError(f"{self.path} is {kind}, not a featstore store (no zarr.json); point --store "
                                      f"at a new path or an existing store")
             return
-        if self.keys(""):
+        if any(not k.startswith(f"{LEASES}/") for k in self.keys("")):  # a lease is ours, not foreign
             raise FeatstoreError(f"{self.url} holds other objects, not a featstore store (no zarr.json); point "
                                  f"--store at a new prefix or an existing store")
 

@@ -2,24 +2,28 @@
 
 docs/store.md is the layout (groups, arrays, shapes, attrs), checked against a store built by this code in
 tests/test_docs.py. `commit_chunk` is the one function that writes a chunk and then marks it done; every writer
-calls it, so a chunk that is marked done is always complete (zarr's LocalStore writes each file atomically).
+calls it, so a chunk that is marked done is always complete (zarr's LocalStore writes each file atomically, and an
+object store's PUT is atomic). Where the store lives, a folder or an object-store URL, is `featstore.location`'s
+affair.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import zarr
+from zarr.core.sync import sync
 
 from featstore.anchors import Anchor
 from featstore.datasets import ImageSet
 from featstore.errors import FeatstoreError
+from featstore.location import StoreLocation
 from featstore.models import published_top1
 from featstore.store_config import StoreConfig
 
@@ -35,12 +39,9 @@ def model_key(name: str) -> str:
     return key
 
 
-def check_store_path(path: Path) -> None:
-    """A store path is new, an empty folder, or a store: never a folder of other files (such as the images)."""
-    if path.exists() and not (path / "zarr.json").is_file() and (not path.is_dir() or any(path.iterdir())):
-        kind = "a folder with other files" if path.is_dir() else "a file"
-        raise FeatstoreError(f"{path} is {kind}, not a featstore store (no zarr.json); point --store at a new path "
-                             f"or an existing store")
+def check_store_path(store: str | Path | StoreLocation) -> None:
+    """A store is new, an empty folder (prefix), or a store: never a folder of other files (such as the images)."""
+    StoreLocation.parse(store).check_usable()
 
 
 @dataclass(frozen=True)
@@ -68,23 +69,24 @@ class ChunkData:
 
 
 class FeatureStore:
-    """A featstore Zarr store on local disk."""
+    """A featstore Zarr store, on local disk or object storage (`path`: a folder, file:// or s3://... URL)."""
 
-    def __init__(self, path: str | Path, mode: str = "r"):
-        self.path = Path(path)
-        if mode == "r" and not (self.path / "zarr.json").is_file():
-            raise FeatstoreError(f"no featstore store at {self.path}; build one with `featstore build`")
-        check_store_path(self.path)
+    def __init__(self, path: str | Path | StoreLocation, mode: str = "r"):
+        self.location = StoreLocation.parse(path)
+        self.guard: Callable[[], None] | None = None  # a writer's lock check, run before each commit
+        if mode == "r" and not self.location.has_store():
+            raise FeatstoreError(f"no featstore store at {self.location}; build one with `featstore build`")
+        self.location.check_usable()
         try:
-            self.root = zarr.open_group(str(self.path), mode=mode)
+            self.root = zarr.open_group(self.location.zarr_store(read_only=mode == "r"), mode=mode)
         except Exception as e:
-            raise FeatstoreError(f"cannot open {self.path} as a Zarr v3 store ({type(e).__name__}: {e}); "
-                                 f"point --store at a featstore store or a new path") from e
+            raise FeatstoreError(f"cannot open {self.location} as a Zarr v3 store ({type(e).__name__}: "
+                                 f"{_brief(e)}); point --store at a featstore store or a new path") from e
         fmt = self.root.attrs.get("featstore_format")
         if fmt is None and mode != "r" and not list(self.root.keys()):
             self.root.attrs["featstore_format"] = FORMAT
         elif fmt != FORMAT:
-            raise FeatstoreError(f"{self.path} is not a featstore store (format {fmt!r}); use a new --store path")
+            raise FeatstoreError(f"{self.location} is not a featstore store (format {fmt!r}); use a new --store path")
 
     # -- images -------------------------------------------------------------------------------------
 
@@ -109,11 +111,11 @@ class FeatureStore:
         space = attrs.get("label_space", "folder-rank")
         if attrs.get("fingerprint") != images.fingerprint() and space != images.label_space:
             raise FeatstoreError(
-                f"store {self.path} labels its images as {space} classes, but this model's head needs "
+                f"store {self.location} labels its images as {space} classes, but this model's head needs "
                 f"{images.label_space} labels (ImageNet-1k indices only fit a 1000-way head); use a new --store")
         if attrs.get("fingerprint") != images.fingerprint():
             raise FeatstoreError(
-                f"store {self.path} holds a different image list ({attrs.get('count')} images from "
+                f"store {self.location} holds a different image list ({attrs.get('count')} images from "
                 f"{attrs.get('source')}) than {images.source} ({len(images)} images); use the same --data, "
                 f"--labels and --limit, or a new --store")
 
@@ -137,7 +139,7 @@ class FeatureStore:
     def model_attrs(self, key: str) -> dict:
         if key not in self.models():
             have = ", ".join(self.models()) or "none"
-            raise FeatstoreError(f"store {self.path} has no model {key!r} (it has: {have}); "
+            raise FeatstoreError(f"store {self.location} has no model {key!r} (it has: {have}); "
                                  f"build it with `featstore build --model {key}`")
         return dict(self.root[key].attrs)
 
@@ -159,7 +161,7 @@ class FeatureStore:
             diff = self.config(key).differences(config)
             if diff:
                 raise FeatstoreError(
-                    f"store {self.path} already holds {key!r} built with a different {', '.join(diff)}; "
+                    f"store {self.location} already holds {key!r} built with a different {', '.join(diff)}; "
                     f"rebuild with the same settings, pass --name to store this config beside it, or use a "
                     f"new --store")
             return
@@ -191,7 +193,7 @@ class FeatureStore:
         self.model_attrs(key)
         if view not in self.root[key] or "done" not in self.root[key][view]:
             have = ", ".join(self.views(key)) or "none"
-            raise FeatstoreError(f"store {self.path} has no view {view!r} of {key!r} (it has: {have}); "
+            raise FeatstoreError(f"store {self.location} has no view {view!r} of {key!r} (it has: {have}); "
                                  f"build it with `featstore build --views {view}`")
         return self.root[key][view]
 
@@ -209,11 +211,13 @@ class FeatureStore:
     def check_view(self, key: str, view: str, deep: bool = True) -> list[ChunkProblem]:
         """Done chunks that cannot be trusted: a file missing, undecodable, or NaN in rows not marked skipped.
 
-        `deep=False` only looks for missing files (a stat per chunk and array); `deep=True` also reads every
-        done chunk once. Chunks not marked done are not looked at: a build writes them anyway."""
+        `deep=False` only looks for missing files (one listing per array, through the Zarr store, so it holds
+        on object storage too); `deep=True` also reads every done chunk once (a chunk's arrays all at once).
+        Chunks not marked done are not looked at: a build writes them anyway."""
         g = self.view_group(key, view)
         rows, n = self.chunk_rows(key), self.num_images
         arrays = [(f"anchors/{a.name}", g["anchors"][a.name]) for a in self.anchors(key)] + [("logits", g["logits"])]
+        present = {arr.path: self.location.keys(f"{arr.path}/") for _, arr in arrays}
         problems: list[ChunkProblem] = []
         for chunk in np.flatnonzero(self.done(key, view)).tolist():
             start, stop = chunk * rows, min(n, (chunk + 1) * rows)
@@ -222,17 +226,18 @@ class FeatureStore:
             except Exception as e:
                 problems.append(ChunkProblem(key, view, "skipped", chunk, f"cannot be decoded ({_brief(e)})"))
                 continue
+            there = []
             for name, arr in arrays:
-                if not (self.path / arr.path / arr.metadata.encode_chunk_key((chunk, 0))).is_file():
-                    if not skipped.all():  # an all-skipped chunk equals the NaN fill value: zarr writes no file
-                        problems.append(ChunkProblem(key, view, name, chunk, "file missing"))
-                    continue
-                if not deep:
-                    continue
-                try:
-                    block = np.asarray(arr[start:stop])
-                except Exception as e:
-                    problems.append(ChunkProblem(key, view, name, chunk, f"cannot be decoded ({_brief(e)})"))
+                if f"{arr.path}/{arr.metadata.encode_chunk_key((chunk, 0))}" in present[arr.path]:
+                    there.append((name, arr))
+                elif not skipped.all():  # an all-skipped chunk equals the NaN fill value: zarr writes no file
+                    problems.append(ChunkProblem(key, view, name, chunk, "file missing"))
+            if not deep:
+                continue
+            blocks = read_rows([arr for _, arr in there], start, stop, errors=True)
+            for (name, _), block in zip(there, blocks, strict=True):
+                if isinstance(block, BaseException):
+                    problems.append(ChunkProblem(key, view, name, chunk, f"cannot be decoded ({_brief(block)})"))
                     continue
                 nan_rows = np.flatnonzero(np.isnan(block).any(axis=1) & ~skipped)
                 if len(nan_rows):
@@ -260,10 +265,19 @@ class FeatureStore:
         rows = self.chunk_rows(key)
         start = data.chunk * rows
         stop = start + len(data.skipped)
-        for a, feats in zip(self.anchors(key), data.features, strict=True):
-            g["anchors"][a.name][start:stop] = feats
-        g["logits"][start:stop] = data.logits
-        g["skipped"][start:stop] = data.skipped
+        anchors = self.anchors(key)
+        if len(anchors) != len(data.features):
+            raise ValueError(f"chunk {data.chunk} holds {len(data.features)} anchors, the store {len(anchors)}")
+        targets = [g["anchors"][a.name] for a in anchors] + [g["logits"], g["skipped"]]
+        values = [*data.features, data.logits, data.skipped]
+
+        async def write_all() -> None:  # every array at once (each a PUT on object storage), then the bitmap
+            await asyncio.gather(*[t.async_array.setitem((slice(start, stop),), v)
+                                   for t, v in zip(targets, values, strict=True)])
+
+        sync(write_all())
+        if self.guard is not None:
+            self.guard()  # a build that lost its lease on the model commits nothing more
         g["done"][data.chunk] = True
 
     def read(self, key: str, view: str, anchor: str, rows: slice = slice(None)) -> np.ndarray:
@@ -288,12 +302,7 @@ class FeatureStore:
 
     def check_writable(self, key: str) -> None:
         """Fail now, not after training, when probes cannot be saved under <model>/ (a read-only store)."""
-        try:
-            with tempfile.NamedTemporaryFile(dir=self.path / key, prefix=".featstore-write-test-"):
-                pass
-        except OSError as e:
-            raise FeatstoreError(f"store {self.path} is read-only here ({e.strerror}: {self.path / key}); probes "
-                                 f"are saved into the store: make it writable or copy it") from e
+        self.location.check_writable(key)
 
     def make_probe_current(self, key: str, name: str, version: str) -> None:
         """Point <model>/probes/<name> at `version` (one attrs file, written atomically), then drop the others.
@@ -316,7 +325,7 @@ class FeatureStore:
 
     def info(self) -> dict:
         """What the store holds: images, and per model its anchors and each view's completeness."""
-        out: dict = {"path": str(self.path), "images": None, "models": {}}
+        out: dict = {"path": str(self.location), "images": None, "models": {}}
         if self.has_images():
             a = self.image_attrs()
             present = len(np.unique(self.root["images"]["label"][:]))
@@ -343,6 +352,18 @@ class FeatureStore:
                 "views": views, "probes": probes, "versions": attrs.get("versions", {}),
             }
         return out
+
+
+def read_rows(arrays: Sequence[zarr.Array], start: int, stop: int, errors: bool = False) -> list:
+    """Rows [start, stop) of every array, all read at once: one request each, all in flight together (object
+    storage answers each after a round trip; local disk decodes them in parallel). `errors=True` returns a
+    failed read's exception in its place instead of raising it."""
+
+    async def all_at_once() -> list:
+        return await asyncio.gather(*[a.async_array.getitem((slice(start, stop),)) for a in arrays],
+                                    return_exceptions=errors)
+
+    return [b if isinstance(b, BaseException) else np.asarray(b) for b in sync(all_at_once())]
 
 
 def _decodes(array: zarr.Array, index: int) -> bool:

@@ -177,7 +177,7 @@ def predict_view(data: ProbeData, fits: list[Fit], view: str) -> ViewPredictions
             fold[np.searchsorted(valid, fit.predicted)] = k
     if not np.isfinite(conf).all():  # the stored features were checked; this guards the arithmetic
         raise FeatstoreError(f"probes of {data.key!r} predict NaN on view {view!r}; nothing was written (check the "
-                             f"store with `featstore verify {data.store.path}`)")
+                             f"store with `featstore verify {data.store.location}`)")
     records = [(k, a, f.record()) for k, fit in enumerate(fits) for a, f in enumerate(fit.probes)]
     return ViewPredictions(view, pred, conf, fold, records)
 
@@ -216,11 +216,11 @@ def check_complete(store: FeatureStore, key: str, view: str) -> None:
     if not done.all():
         missing = np.flatnonzero(~done)
         raise FeatstoreError(
-            f"store {store.path}: view {view!r} of {key!r} is incomplete ({int(done.sum())}/{done.size} chunks, "
+            f"store {store.location}: view {view!r} of {key!r} is incomplete ({int(done.sum())}/{done.size} chunks, "
             f"first missing chunk {int(missing[0])}); resume it by rerunning the same `featstore build` command")
     problems = store.check_view(key, view)
     if problems:
         raise FeatstoreError(
-            f"store {store.path} is damaged: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1
-                                                               else "")
+            f"store {store.location} is damaged: {problems[0]}"
+            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
             + "; rerun the same `featstore build` to re-do those chunks (`featstore verify` lists them)")

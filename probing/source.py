@@ -11,18 +11,15 @@ read, so streaming holds at most two chunks beside the budgeted features.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-import zarr
-from zarr.core.sync import sync
 
 from featstore.anchors import Anchor
 from featstore.probing.base import FeatureStats
-from featstore.store import FeatureStore
+from featstore.store import FeatureStore, read_rows
 
 Block = tuple[np.ndarray, list[torch.Tensor]]
 IN_MEMORY_BLOCK = 2048
@@ -146,11 +143,3 @@ class FeatureSource:
             out.append(FeatureStats(mean.float(), std.float(), sample[a]))
         return out
 
-
-def read_rows(arrays: Sequence[zarr.Array], start: int, stop: int) -> list[np.ndarray]:
-    """Rows [start, stop) of every array, all read at once (see the module docstring)."""
-
-    async def all_at_once() -> list:
-        return await asyncio.gather(*[a.async_array.getitem((slice(start, stop),)) for a in arrays])
-
-    return [np.asarray(block) for block in sync(all_at_once())]

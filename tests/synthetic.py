@@ -85,7 +85,7 @@ def pooled_activations(n_classes: int, per_class: int, dims: list[int], seed: in
 
 def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np.ndarray, n_classes: int,
                         model: str = "synthetic", views: dict[str, list[np.ndarray]] | None = None,
-                        chunk_rows: int = 1024) -> Path:
+                        chunk_rows: int = 1024) -> Path | str:
     """A store holding the given anchor features (no network involved), for probe tests and benchmarks."""
     from featstore.anchors import Anchor
     from featstore.datasets import ImageSet
@@ -93,7 +93,9 @@ def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np
     from featstore.store_config import StoreConfig
 
     n = len(labels)
-    images = ImageSet(Path(path), np.arange(n, dtype=np.int64), [f"img_{i:07d}.png" for i in range(n)],
+    remote = "://" in str(path)  # an object-store URL: the (unused) image root is then this folder
+    images = ImageSet(Path("." if remote else path), np.arange(n, dtype=np.int64),
+                      [f"img_{i:07d}.png" for i in range(n)],
                       np.asarray(labels, dtype=np.int64), [f"class_{c}" for c in range(n_classes)],
                       f"synthetic features ({n} rows)")
     store = FeatureStore(path, mode="a")
@@ -113,7 +115,7 @@ def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np
             rows = slice(c * chunk_rows, min(n, (c + 1) * chunk_rows))
             store.commit_chunk(model, view, ChunkData(c, [f[rows] for f in feats], logits[rows],
                                                       np.zeros(rows.stop - rows.start, dtype=bool)))
-    return Path(path)
+    return path if remote else Path(path)
 
 
 def run_rows(run: dict, image_id, pred, conf, fold=None):
@@ -132,6 +134,9 @@ def read_probe(store, key: str, name: str, anchor: str) -> tuple[np.ndarray, np.
     never reads them back: predictions come from the fit)."""
     import zarr
 
-    group = zarr.open_group(str(getattr(store, "path", store)), mode="r")[key]["probes"][name]
+    from featstore.location import StoreLocation
+
+    where = StoreLocation.parse(getattr(store, "location", store))  # a FeatureStore, a folder or an s3:// URL
+    group = zarr.open_group(where.zarr_store(read_only=True), mode="r")[key]["probes"][name]
     g = group[group.attrs["current"]][anchor] if "current" in group.attrs else group[anchor]
     return g["weight"][:], g["bias"][:], dict(g.attrs)

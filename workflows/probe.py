@@ -42,7 +42,7 @@ class ProbeConfig:
     (initialisation, shuffling, projections); `run.threads` the CPU threads for fitting (None: the cores idle
     when the fit starts); `run.progress` one bar per probe fit."""
 
-    store: Path
+    store: str | Path  # a folder, or an object-store URL (featstore.location)
     model: str  # the store group
     db: Path
     view: str = "clean"
