@@ -112,20 +112,25 @@ class Lease:
     def __exit__(self, *exc) -> None:
         self.release()
 
+    def _put(self, holder: Holder, mode) -> str:
+        """Write the lease conditionally; a backend without conditional writes is LeaseUnsupported."""
+        try:
+            return obstore.put(self.store, self.key, holder.encode(), mode=mode)["e_tag"]
+        except (NotSupportedError, NotImplementedError) as e:
+            raise LeaseUnsupported(
+                f"{self.where} cannot do conditional writes (put-if-absent, put-if-match), so featstore cannot keep "
+                f"a second build of the same model out ({_brief(e)})") from e
+
     def acquire(self) -> None:
         token = uuid.uuid4().hex
         while True:
             mine = Holder.me(token, self.ttl)
             try:
-                self.etag = obstore.put(self.store, self.key, mine.encode(), mode="create")["e_tag"]
+                self.etag = self._put(mine, "create")
                 self.holder = mine
                 break
             except AlreadyExistsError:
                 pass
-            except NotSupportedError as e:
-                raise LeaseUnsupported(
-                    f"{self.where} cannot do conditional writes (put-if-absent), so featstore cannot keep a second "
-                    f"build of the same model out ({_brief(e)})") from e
             try:
                 found = obstore.get(self.store, self.key)
                 theirs, etag = Holder.decode(bytes(found.bytes())), found.meta["e_tag"]
@@ -136,7 +141,7 @@ class Lease:
                 break
             if theirs is None or theirs.gone(time.time()):
                 try:  # take it over; of several takers, only the first replace matches the old ETag
-                    self.etag = obstore.put(self.store, self.key, mine.encode(), mode={"e_tag": etag})["e_tag"]
+                    self.etag = self._put(mine, {"e_tag": etag})
                     self.holder = mine
                     break
                 except (PreconditionError, NotFoundError):
@@ -148,6 +153,11 @@ class Lease:
                     f"{left} s more unless renewed); wait for that featstore command to finish (a rerun then resumes), "
                     f"or use another --store")
             time.sleep(POLL_SECONDS)
+        try:  # renew once now: a backend that can create but not replace conditionally cannot hold a lease
+            self.etag = self._put(self.holder, {"e_tag": self.etag})
+        except LeaseUnsupported:
+            obstore.delete(self.store, self.key)
+            raise
         self._thread = threading.Thread(target=self._renew, name="featstore-lease", daemon=True)
         self._thread.start()
 

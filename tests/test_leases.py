@@ -103,3 +103,36 @@ def test_local_paths_and_file_urls_are_folders(tmp_path):
     assert StoreLocation.parse(str(tmp_path / "s.zarr")).path == tmp_path / "s.zarr"
     assert StoreLocation.parse(f"file://{tmp_path}/s.zarr").path == tmp_path / "s.zarr"
     assert StoreLocation.parse("s3://bucket/a/s.zarr/").path is None
+
+
+def test_a_backend_without_conditional_replace_cannot_hold_a_lease(tmp_path):
+    from obstore.store import LocalStore
+
+    from featstore.leases import LeaseUnsupported
+
+    store = LocalStore(tmp_path)  # obstore's local store can put-if-absent but not put-if-match
+    with pytest.raises(LeaseUnsupported, match="cannot do conditional writes"):
+        Lease(store, "m.lease", "model 'm'", str(tmp_path), wait=False).acquire()
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+def test_a_build_that_lost_its_lease_commits_no_more_chunks(s3_url):
+    import numpy as np
+    from synthetic import class_clusters, write_feature_store
+
+    from featstore.store import ChunkData, FeatureStore
+
+    feats, labels = class_clusters(64, 2, [8], seed=1)
+    write_feature_store(s3_url, feats, labels, 2, chunk_rows=32)
+    fs = FeatureStore(s3_url, mode="a")
+    fs.undo_chunks("synthetic", "clean", [1])
+    lease = Lease(StoreLocation.parse(s3_url).object_store, "m.lease", "model 'm'", s3_url, wait=False, ttl=0.4)
+    lease.acquire()
+    obstore.delete(lease.store, lease.key)  # as if another build had taken it over: the next renewal fails
+    time.sleep(0.5)
+    fs.guard = lease.check
+    with pytest.raises(FeatstoreError, match="lost its lease"):
+        fs.commit_chunk("synthetic", "clean", ChunkData(1, [feats[0][32:]], np.zeros((32, 2), np.float16),
+                                                       np.zeros(32, dtype=bool)))
+    assert fs.done("synthetic", "clean").tolist() == [True, False]
+    lease.release()
