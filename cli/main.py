@@ -408,13 +408,14 @@ def zoo(config: Path, fmt: str, **given) -> None:
 @click.argument("study_file", type=click.Path(path_type=Path))
 @option("--data", "override")
 @option("--out", "study")
+@option("--store", "study")
 @run_options("progress")
 @user_errors
-def study(study_file: Path, data: Path | None, out: Path | None, progress: bool) -> None:
+def study(study_file: Path, data: Path | None, out: Path | None, store: str | None, progress: bool) -> None:
     """Run a declared grid (models x weights x views x probes, a TOML file) end to end; reruns skip finished steps."""
     from featstore.workflows.study import run_study
 
-    result = run_study(study_file, data, out, progress)
+    result = run_study(study_file, data, out, progress, store)
     click.echo(f"{len(result.ran)} step(s) run, {len(result.skipped)} already done")
     click.echo(f"\nthe paper's Table 1 shape beside its published figures ({result.published_source or 'none'}):")
     print_frame(result.table)

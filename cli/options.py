@@ -133,6 +133,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                             "AWS_*).")),
         "read": ((), dict(required=True, help="A store made by featstore build (a folder or s3://... URL).")),
         "optional": ((), dict(help="Read anchors, crop and head width from this store (a folder or s3://... URL).")),
+        "study": ((), dict(help="Where the study's store lives: a folder or an object-store URL (s3://...) "
+                           "[default: <out>/store.zarr].")),
     },
     "--db": {
         "read": ((), dict(required=True, type=PATH, help="A database filled by featstore probe.")),

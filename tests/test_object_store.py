@@ -195,3 +195,20 @@ def test_probe_from_s3_holds_a_memory_budget_smaller_than_the_features(s3, tmp_p
     print(f"peak memory growth {grown[2048] / 1e6:.1f} MB (2,048 rows), {grown[12288] / 1e6:.1f} MB (12,288 rows); "
           f"features {more_features / 1e6:.0f} MB more")
     assert grown[12288] - grown[2048] < 0.6 * more_features  # holding them would add at least 1.0 x
+
+
+def test_a_study_keeps_its_store_on_s3_and_resumes_from_it(tmp_path, s3_url):
+    from synthetic import make_image_folder
+    from test_study import TINY
+
+    make_image_folder(tmp_path / "images", n_classes=3, per_class=10, size=(40, 32), seed=2)
+    study = tmp_path / "tiny.toml"
+    study.write_text(TINY.format(figures=Path(__file__).resolve().parents[1] / "docs" / "paper_figures.toml")
+                     .replace("seeds = [0, 1]", "seeds = [0]").replace('"clean", "gaussian_noise-2"', '"clean"'))
+    out = tmp_path / "out"
+    first = run_cli("study", study, "--out", out, "--store", s3_url, "--no-progress").output
+    assert "3 step(s) run, 0 already done" in first and f"store: {s3_url}" in first
+    assert not (out / "store.zarr").exists()
+    assert done_chunks(s3_url) == 1  # 30 images, chunks of 32
+    assert "0 step(s) run, 3 already done" in run_cli("study", study, "--out", out, "--store", s3_url,
+                                                      "--no-progress").output

@@ -24,6 +24,7 @@ from featstore.analytics.queries import paper_table
 from featstore.analytics.report import write_report
 from featstore.build import BuildConfig, build
 from featstore.errors import FeatstoreError
+from featstore.location import StoreLocation
 from featstore.probing.base import get_variant
 from featstore.probing.run import run_id_for
 from featstore.specs import ImageSource, ModelSpec, RunOptions
@@ -70,6 +71,11 @@ class Study:
     val_frac: float = 0.1
     published: dict = field(default_factory=dict)  # model name -> {statistic: value}
     published_source: str = ""
+    store: str | Path | None = None  # a folder or object-store URL [default: <out>/store.zarr]
+
+    @property
+    def store_at(self) -> str | Path:
+        return self.store if self.store is not None else self.out / "store.zarr"
 
 
 @dataclass
@@ -84,7 +90,7 @@ class Step:
 @dataclass
 class StudyResult:
     db: Path
-    store: Path
+    store: str | Path
     report: Path
     table: pl.DataFrame
     ran: list[str]
@@ -99,8 +105,10 @@ KEYS = {"": ({"models"}, {"name", "k", "published", "data", "build", "probe"}),
         "models": ({"name"}, {"weights", "image_size", "anchors"})}
 
 
-def load_study(path: str | Path, data: str | Path | None = None, out: str | Path | None = None) -> Study:
-    """Read and check a study file; `data` and `out` override its data.path and the default output folder.
+def load_study(path: str | Path, data: str | Path | None = None, out: str | Path | None = None,
+               store: str | Path | None = None) -> Study:
+    """Read and check a study file; `data` and `out` override its data.path and the default output folder,
+    `store` the store's place (<out>/store.zarr; any --store value, e.g. an s3:// URL).
     Every key is checked: an unknown one (a typo such as `seed = ...`) is one line naming it and the file."""
     path = Path(path)
     spec = read_toml(path, f"study file {path} does not exist; see studies/paper.toml for the format",
@@ -147,7 +155,7 @@ def load_study(path: str | Path, data: str | Path | None = None, out: str | Path
         models=models, variants=variants, seeds=[int(s) for s in probe_section.get("seeds", [0])],
         split_seed=int(probe_section.get("split_seed", 0)), cross_fit=int(probe_section.get("cross_fit", 0)),
         k=int(spec.get("k", 2)), build_run=build_run, probe_run=probe_run, published=published,
-        published_source=source, **optional)
+        published_source=source, store=store, **optional)
 
 
 def _published(spec: dict, base: Path) -> tuple[dict, str]:
@@ -161,7 +169,7 @@ def _published(spec: dict, base: Path) -> tuple[dict, str]:
 
 def plan(study: Study) -> list[Step]:
     """Every step of the study in order: builds, then probes, then the report."""
-    store, db = study.out / "store.zarr", study.out / "featstore.duckdb"
+    store, db = study.store_at, study.out / "featstore.duckdb"
     steps = []
     for m in study.models:
         cfg = BuildConfig(model=m.spec, images=study.images, store=store, views=",".join(study.views),
@@ -197,8 +205,8 @@ def _params(cfg: BuildConfig | ProbeConfig) -> dict:
     return {k: str(v) if isinstance(v, Path) else v for k, v in flat.items()}
 
 
-def _built(store: Path, key: str, views: list[str]) -> bool:
-    if not (store / "zarr.json").is_file():
+def _built(store: str | Path, key: str, views: list[str]) -> bool:
+    if not StoreLocation.parse(store).has_store():
         return False
     fs = FeatureStore(store)
     if key not in fs.models():
@@ -218,9 +226,9 @@ def _probed(db: Path, runs: list[str]) -> bool:
 
 
 def run_study(path: str | Path, data: str | Path | None = None, out: str | Path | None = None,
-              progress: bool = True) -> StudyResult:
+              progress: bool = True, store: str | Path | None = None) -> StudyResult:
     """Run every unfinished step of the study, then return the paper-shaped table beside the published one."""
-    study = load_study(path, data, out)
+    study = load_study(path, data, out, store)
     if not study.images.data.is_dir():
         raise FeatstoreError(f"image folder {study.images.data} does not exist; pass --data or fix [data] path")
     study.out.mkdir(parents=True, exist_ok=True)
@@ -252,7 +260,7 @@ def run_study(path: str | Path, data: str | Path | None = None, out: str | Path 
         if bar is not None:
             bar.close()
     db = study.out / "featstore.duckdb"
-    return StudyResult(db, study.out / "store.zarr", study.out / "report" / "report.html", beside_paper(study, db),
+    return StudyResult(db, study.store_at, study.out / "report" / "report.html", beside_paper(study, db),
                        ran, skipped, study.published_source)
 
 
