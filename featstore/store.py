@@ -39,11 +39,6 @@ def model_key(name: str) -> str:
     return key
 
 
-def check_store_path(store: str | Path | StoreLocation) -> None:
-    """A store is new, an empty folder (prefix), or a store: never a folder of other files (such as the images)."""
-    StoreLocation.parse(store).check_usable()
-
-
 @dataclass(frozen=True)
 class ChunkProblem:
     """Why one done chunk of one array cannot be trusted."""
