@@ -123,13 +123,14 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
 
 
 def _unconverged(fits: pl.DataFrame) -> list[str]:
-    """A warning first thing on the page when some probe stopped at its epoch cap unconverged."""
+    """A warning first thing on the page when some probe stopped at its cap unconverged."""
     if fits.is_empty():
         return []
     return ["<h2>Warning: unconverged probes</h2>",
-            f"<p class='warn'>{len(fits)} probe(s) hit their epoch cap before their stopping criterion was met; "
-            "every statistic computed from their predictions may be off. Rerun with a higher cap, e.g. "
-            "<code>--variant linear:max_epochs=300</code>.</p>", _table(fits)]
+            f"<p class='warn'>{len(fits)} probe(s) hit their cap (epochs, or L-BFGS iterations) before their "
+            "stopping criterion was met; every statistic computed from their predictions may be off. Rerun with a "
+            "higher cap, e.g. <code>--variant linear:max_iterations=1000</code> (or <code>max_epochs</code> where "
+            "the rows are streamed).</p>", _table(fits)]
 
 
 def _anchor_axis(ax, names: Sequence[str], label: str = "anchor") -> None:

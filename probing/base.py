@@ -29,7 +29,8 @@ from featstore.errors import FeatstoreError
 
 @dataclass
 class FeatureStats:
-    """Per-feature train statistics of one anchor, plus a random sample of train rows (for step sizes)."""
+    """Per-feature statistics of one anchor over the rows its probe learns from, plus a random sample of them (for
+    step sizes and the spectrum)."""
 
     mean: torch.Tensor  # [D] float32
     std: torch.Tensor  # [D] float32, >= a small floor

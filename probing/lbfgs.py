@@ -14,13 +14,14 @@ lower its loss by less than float32 can resolve (the precision floor), or at `ma
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import torch
 
-ARMIJO = 1e-4  # sufficient decrease of the backtracking line search
-MAX_BACKTRACKS = 20
+WOLFE_DECREASE = 1e-3  # sufficient decrease (scipy L-BFGS-B's ftol of its line search)
+WOLFE_CURVATURE = 0.9  # curvature condition (its gtol)
+MAX_EVALUATIONS = 20  # per line search
 RESOLUTION = 1e-6  # relative loss decrease float32 cannot tell from noise
 PATIENCE = 3
 LOGIT_BYTES = 256 * 2**20  # a row chunk's logits stay below this
@@ -67,10 +68,16 @@ class SolverState:
     y: list[torch.Tensor] = field(default_factory=list)
     rho: list[float] = field(default_factory=list)
     iterations: int = 0
+    evaluations: int = 0  # passes over the rows (the first one, at the start, included)
     stalls: int = 0
-    stop: str = ""  # "gradient" or "precision" (converged), "cap" (not)
+    stop: str = ""  # "gradient", "precision" (no step lowers the loss any more) or "cap"
     loss: float = float("nan")
     max_gradient: float = float("nan")
+
+    def converged(self, gtol: float) -> bool:
+        """By the gradient test, or at the float32 floor within 10x of it (not where a line search failed far
+        from the optimum)."""
+        return self.stop == "gradient" or (self.stop == "precision" and self.max_gradient <= 10 * gtol)
 
 
 def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, memory: int = 10,
@@ -83,6 +90,7 @@ def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, 
     if on_evaluation:
         on_evaluation()
     for i, st in enumerate(states):
+        st.evaluations = 1
         st.loss, st.max_gradient = float(f[i]), float(grad[i].abs().max())
         st.stop = "gradient" if st.max_gradient <= gtol else ""
     active = [i for i, st in enumerate(states) if not st.stop]
@@ -93,7 +101,7 @@ def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, 
         active = [i for i in active if not states[i].stop]
         if not active:
             break
-        dirs, slopes, steps = {}, {}, {}
+        dirs, searches, steps, tried = {}, {}, {}, {}
         for i in active:
             st = states[i]
             d = _direction(grad[i], st)
@@ -101,37 +109,47 @@ def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, 
             if slope >= 0:  # stale curvature: restart from the gradient
                 st.s.clear(), st.y.clear(), st.rho.clear()
                 d, slope = -grad[i], -float(grad[i].pow(2).sum())
-            dirs[i], slopes[i] = d, slope
-            steps[i] = 1.0 if st.s else min(1.0, 1.0 / max(float(grad[i].abs().sum()), 1e-12))
+            # the first step is one unit long (as scipy's L-BFGS-B takes it); later ones the quasi-Newton step
+            first = 1.0 if st.s else min(1.0, 1.0 / max(float(d.norm()), 1e-12))
+            dirs[i], tried[i] = d, []
+            searches[i] = _strong_wolfe(float(f[i]), slope, first, float(d.abs().max()))
+            steps[i] = next(searches[i])
+        chosen: dict[int, int] = {}
         pending = list(active)
-        for _ in range(MAX_BACKTRACKS):
+        while pending:
             idx = torch.tensor(pending, device=w.device)
             trial = w.index_select(0, idx) + torch.stack([steps[i] * dirs[i] for i in pending])
             f_new, g_new = objective(trial, idx)
             if on_evaluation:
                 on_evaluation()
-            failed = []
+            still = []
             for j, i in enumerate(pending):
-                value = float(f_new[j])
-                if value <= float(f[i]) + ARMIJO * steps[i] * slopes[i]:
-                    _accept(states[i], trial[j] - w[i], g_new[j] - grad[i], float(f[i]) - value, memory)
-                    w[i], grad[i], f[i] = trial[j], g_new[j], f_new[j]
-                    st = states[i]
-                    st.loss, st.max_gradient = value, float(g_new[j].abs().max())
-                    if st.max_gradient <= gtol:
-                        st.stop = "gradient"
-                    elif st.stalls >= PATIENCE:
-                        st.stop = "precision"
-                else:
-                    failed.append(i)
-                    steps[i] = (_backtrack(steps[i], float(f[i]), slopes[i], value) if math.isfinite(value)
-                                else 0.5 * steps[i])
-            pending = failed
-            if not pending:
-                break
-        for i in pending:  # no step lowered the loss: float32 precision reached
-            states[i].stop = "precision"
-            states[i].iterations += 1
+                value = float(f_new[j]) if math.isfinite(float(f_new[j])) else math.inf
+                states[i].evaluations += 1
+                tried[i].append((trial[j], value, g_new[j]))
+                try:
+                    steps[i] = searches[i].send((value, float((g_new[j] * dirs[i]).sum())))
+                    still.append(i)
+                except StopIteration as done:
+                    chosen[i] = done.value
+            pending = still
+        for i in active:
+            st = states[i]
+            if chosen[i] < 0:  # no step lowered the loss
+                st.iterations += 1
+                if st.s:  # the curvature pairs misled: start again from the gradient
+                    st.s.clear(), st.y.clear(), st.rho.clear()
+                else:  # along the gradient itself: float32 precision reached
+                    st.stop = "precision"
+                continue
+            point, value, g_point = tried[i][chosen[i]]
+            _accept(st, point - w[i], g_point - grad[i], float(f[i]) - value, memory)
+            w[i], grad[i], f[i] = point, g_point, value
+            st.loss, st.max_gradient = value, float(g_point.abs().max())
+            if st.max_gradient <= gtol:
+                st.stop = "gradient"
+            elif st.stalls >= PATIENCE:
+                st.stop = "precision"
         active = [i for i in active if not states[i].stop]
     return w, states
 
@@ -161,8 +179,86 @@ def _direction(grad: torch.Tensor, st: SolverState) -> torch.Tensor:
     return q.neg_()
 
 
-def _backtrack(step: float, f0: float, slope: float, f1: float) -> float:
-    """The minimiser of the quadratic through f0, slope and f1, kept within [0.1, 0.5] of the step."""
-    denom = 2.0 * (f1 - f0 - slope * step)
-    new = -slope * step * step / denom if denom > 0 else 0.5 * step
-    return min(max(new, 0.1 * step), 0.5 * step)
+Point = tuple[float, float, float, int]  # step, loss, slope along the direction, index of the evaluation (-1: start)
+
+
+def _strong_wolfe(f0: float, slope0: float, step: float, longest: float
+                  ) -> Generator[float, tuple[float, float], int]:
+    """One anchor's line search for a step meeting the strong Wolfe conditions (Nocedal & Wright, algorithms 3.5
+    and 3.6, with cubic interpolation; the constants of scipy's L-BFGS-B, which scikit-learn runs). A generator,
+    so that the searches of all anchors advance in lockstep and share each batched evaluation: it yields the
+    next step to evaluate, is sent (loss, slope) there, and returns the index of the accepted evaluation (the
+    lowest loss seen when no step meets the conditions), or -1 when none lowered the loss. Extrapolating (up to
+    10x per evaluation) matters: backtracking from the quasi-Newton step alone crawls where the loss keeps falling
+    along a direction (near-separable classes)."""
+    start: Point = (0.0, f0, slope0, -1)
+    best = start  # the lowest loss seen: the fall-back when no step meets the conditions
+
+    def armijo(p: Point) -> bool:
+        return p[1] <= f0 + WOLFE_DECREASE * p[0] * slope0
+
+    def curvature(p: Point) -> bool:
+        return abs(p[2]) <= -WOLFE_CURVATURE * slope0
+
+    value, slope = yield step
+    prev, cur, n = start, (step, value, slope, 0), 1
+    best = min(best, cur, key=lambda p: p[1])
+    bracket: list[Point] | None = None
+    while n < MAX_EVALUATIONS:  # widen until the minimum along the line is bracketed
+        if not armijo(cur) or (n > 1 and cur[1] >= prev[1]) or cur[2] >= 0:
+            bracket = [prev, cur]
+            break
+        if curvature(cur):
+            return cur[3]
+        low, high = cur[0] + 0.01 * (cur[0] - prev[0]), 10 * cur[0]
+        nxt = _cubic_minimum(prev, cur, (low, high))
+        value, slope = yield nxt
+        prev, cur, n = cur, (nxt, value, slope, n), n + 1
+        best = min(best, cur, key=lambda p: p[1])
+    if bracket is None:
+        return cur[3] if armijo(cur) else best[3]
+    low, high = sorted(bracket, key=lambda p: p[1])
+    stuck = False
+    while n < MAX_EVALUATIONS and abs(high[0] - low[0]) * longest >= 1e-9:  # zoom in
+        a, b = min(low[0], high[0]), max(low[0], high[0])
+        t = _cubic_minimum(low, high, (a, b))
+        margin = 0.1 * (b - a)
+        if min(b - t, t - a) < margin:  # too close to an end: step away from it, or at least next time
+            if stuck or t >= b or t <= a:
+                t = b - margin if abs(t - b) < abs(t - a) else a + margin
+                stuck = False
+            else:
+                stuck = True
+        else:
+            stuck = False
+        value, slope = yield t
+        new: Point = (t, value, slope, n)
+        n += 1
+        best = min(best, new, key=lambda p: p[1])
+        if not armijo(new) or new[1] >= low[1]:
+            high = new
+        else:
+            if curvature(new):
+                return new[3]
+            if new[2] * (high[0] - low[0]) >= 0:
+                high = low
+            low = new
+    if low[3] >= 0 and armijo(low):
+        return low[3]
+    return best[3]  # the conditions cannot be met (a loss far from smooth at this scale): any decrease, or -1
+
+
+def _cubic_minimum(p: Point, q: Point, bounds: tuple[float, float]) -> float:
+    """The minimiser of the cubic through two points' losses and slopes, kept within `bounds`."""
+    lo, hi = bounds
+    if p[0] == q[0]:
+        return (lo + hi) / 2
+    d1 = p[2] + q[2] - 3 * (p[1] - q[1]) / (p[0] - q[0])
+    square = d1 * d1 - p[2] * q[2]
+    if not math.isfinite(square) or square < 0:
+        return (lo + hi) / 2
+    d2 = math.sqrt(square)
+    (x1, _, g1, _), (x2, _, g2, _) = sorted([p, q])
+    denominator = g2 - g1 + 2 * d2
+    t = x2 - (x2 - x1) * (g2 + d2 - d1) / denominator if denominator else (lo + hi) / 2
+    return min(max(t, lo), hi)

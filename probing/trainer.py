@@ -42,7 +42,7 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     trains_on_val = variant.plan(len(rows.train)).train_on_val
     fit = np.concatenate([rows.train, rows.val]) if trains_on_val else rows.train
     plan = variant.plan(len(fit))
-    stats = source.stats(rows.train, seed=seed)
+    stats = source.stats(fit, seed=seed)  # the rows it learns from (as a standardising scikit-learn user does)
     contexts = [AnchorContext(anchor=a, dim=d, num_classes=num_classes, n_train=len(rows.train), n_fit=len(fit),
                               stats=stats[a], device=device, seed=seed) for a, d in enumerate(source.dims)]
     groups = [variant.make_group([contexts[a] for a in anchors])
@@ -60,6 +60,9 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     bar = _bar(label) if progress else None  # no total: probes stop by their criterion, not at the cap
     on_pass = (lambda: bar.update(len(fit))) if bar is not None else None
     shown = None
+    for g in groups if batches is not None else ():
+        if g.ready_to_finish():  # a full-batch method that starts without any epoch
+            g.finish(batches.stack(g), batches.y, on_pass)
     for epoch in range(plan.max_epochs):
         active = [g for g in groups if g.anchors]
         if not active:
@@ -86,9 +89,10 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     probes = [fitted[a] for a in range(len(source.dims))]
     unconverged = [a for a, p in enumerate(probes) if not p.converged]
     if unconverged:
-        warnings.warn(f"{label}: the probes of anchor(s) {', '.join(map(str, unconverged))} stopped at the cap of "
-                      f"{plan.max_epochs} epochs before converging; raise it with --variant "
-                      f"{variant.name}:max_epochs=N", UnconvergedProbe, stacklevel=2)
+        cap = probes[unconverged[0]].info.get("cap", "max_epochs")  # the parameter that capped it
+        warnings.warn(f"{label}: the probes of anchor(s) {', '.join(map(str, unconverged))} stopped at their cap "
+                      f"({cap}={variant.params.get(cap, plan.max_epochs)}) before converging; raise it with "
+                      f"--variant {variant.name}:{cap}=N", UnconvergedProbe, stacklevel=2)
     return probes
 
 

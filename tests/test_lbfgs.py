@@ -13,7 +13,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 from synthetic import class_clusters, write_feature_store
 
-from featstore.probing.lbfgs import SoftmaxObjective, minimise
+from featstore.probing.lbfgs import SoftmaxObjective, _strong_wolfe, minimise
 from featstore.specs import RunOptions
 from featstore.workflows.probe import ProbeConfig, probe
 
@@ -81,3 +81,36 @@ def test_resident_fits_finish_by_lbfgs_and_streamed_ones_by_sgd(tmp_path):
     # converged by the gradient test, or at the float32 floor a little above it
     assert all(c and stop in ("gradient", "precision") and g <= 1e-4 for c, stop, g in stops["4GB"]), stops
     assert all(c and stop is None for c, stop, _ in stops["0"]), stops
+
+
+def _search(f, slope, step: float) -> tuple[int, list[float]]:
+    """Run one line search on a function of the step: the index it accepts and the steps it tried."""
+    search = _strong_wolfe(f(0.0), slope(0.0), step, 1.0)
+    tried = [next(search)]
+    try:
+        while True:
+            tried.append(search.send((f(tried[-1]), slope(tried[-1]))))
+    except StopIteration as done:
+        return done.value, tried
+
+
+def test_the_line_search_meets_the_wolfe_conditions_extrapolating_when_needed():
+    """A minimum 50 unit steps away: the search extrapolates (10x per evaluation) instead of accepting the first
+    step that lowers the loss, and the accepted step meets both conditions (sufficient decrease, and the slope
+    shrunk to at most 0.9 of the initial one)."""
+    f, slope = (lambda t: (t - 50.0) ** 2), (lambda t: 2 * (t - 50.0))
+    index, tried = _search(f, slope, 1.0)
+    t = tried[index]
+    assert f(t) <= f(0) + 1e-3 * t * slope(0) and abs(slope(t)) <= 0.9 * abs(slope(0))
+    assert t >= 10 and len(tried) <= 4
+
+
+def test_the_line_search_takes_any_decrease_when_no_step_meets_the_conditions():
+    """A loss that falls steeply only within 1e-7 of the start, then gently (what a feature far off its
+    standardising scale makes): no tried step meets the sufficient-decrease condition, and the search returns
+    the lowest loss it saw instead of giving up (which stopped such fits at the start, at chance accuracy)."""
+    drop, width = 1e-3, 2e-8
+    f = lambda t: 2.3 - drop * (1 - np.exp(-t / width)) - 0.3 * t  # noqa: E731
+    slope = lambda t: -drop / width * np.exp(-t / width) - 0.3  # noqa: E731
+    index, tried = _search(f, slope, 0.0043)
+    assert index >= 0 and f(tried[index]) < f(0) - drop

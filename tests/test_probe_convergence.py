@@ -59,20 +59,27 @@ def test_1000_classes_match_standardised_sklearn_and_converge(imagenet_shaped, t
         assert 0 < train_loss < np.log(1000) and val_loss > 0 and 0 < val_accuracy <= 1
 
 
-def test_a_capped_probe_is_reported_unconverged(imagenet_shaped, tmp_path):
+@pytest.mark.parametrize(("variant", "budget", "cap"), [("linear:max_iterations=2", "4GB", "max_iterations"),
+                                                          ("linear:max_epochs=2", "0", "max_epochs")])
+def test_a_capped_probe_is_reported_unconverged(imagenet_shaped, tmp_path, variant, budget, cap):
+    """Both caps: L-BFGS iterations (rows in memory) and SGD epochs (rows streamed); the warning names the one
+    that stopped the fit."""
     from featstore.analytics.report import write_report
 
     store, _, _ = imagenet_shaped
     db = tmp_path / "f.duckdb"
-    with pytest.warns(UnconvergedProbe, match="max_epochs"):
-        probe(ProbeConfig(store=store, model="synthetic", db=db, variant="linear:max_epochs=2",
+    with pytest.warns(UnconvergedProbe, match=f"{cap}=2"):
+        probe(ProbeConfig(store=store, model="synthetic", db=db, variant=variant, memory_budget=budget,
                           run=RunOptions(progress=False)))
-    assert [(epochs, converged) for _, epochs, converged, *_ in fits_table(db)] == [(2, False)] * len(DIMS)
+    fits = fits_table(db)
+    assert [converged for _, _, converged, *_ in fits] == [False] * len(DIMS)
+    if cap == "max_epochs":
+        assert [epochs for _, epochs, *_ in fits] == [2] * len(DIMS)
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM unconverged_probes").fetchone() == (len(DIMS),)
     con.close()
     page = write_report(db, tmp_path / "report").read_text()
-    assert "unconverged probes" in page and "max_epochs" in page
+    assert "unconverged probes" in page and cap in page
 
 
 def test_anchors_of_one_width_train_as_one_group(imagenet_shaped, tmp_path, monkeypatch):
