@@ -28,9 +28,9 @@ import duckdb
 import numpy as np
 
 from featstore.probing.split import make_split
-from featstore.probing.threads import cores, idle_cores, runnable_elsewhere
 from featstore.runtime import tune_allocator
 from featstore.specs import RunOptions
+from featstore.threads import cores, idle_cores, runnable_elsewhere
 from featstore.workflows.probe import ProbeConfig, probe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the generated test data

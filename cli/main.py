@@ -61,7 +61,7 @@ def cli() -> None:
 @image_source_options()
 @option("--store", "create")
 @options(option("--views"), option("--anchors"), option("--taps"), option("--pool"), option("--chunk-rows"))
-@run_options("batch_size", "device", "workers", "seed", "progress")
+@run_options("batch_size", "device", "workers", "seed", "threads", "progress")
 @options(option("--precision"), option("--decode"), option("--skip-bad"), option("--name"))
 @user_errors
 def build(**given) -> None:
@@ -189,17 +189,17 @@ def report(db: Path, out: Path, ks: list[int], scope: str) -> None:
 @option("--model", "measured")
 @option("--db", "costs")
 @option("--store", "optional")
-@run_options("device")
+@run_options("device", "threads")
 @option("--batch-size", "measured")
 @option("--repeats")
 @option("--image-size")
 @user_errors
-def cost(model: str, db: Path, store: str | None, device: str, batch_sizes: list[int], repeats: int,
-         image_size: int | None) -> None:
+def cost(model: str, db: Path, store: str | None, device: str, threads: int | None, batch_sizes: list[int],
+         repeats: int, image_size: int | None) -> None:
     """Measure the cost of exiting at each anchor: network prefix + probes, ms and FLOPs, into DuckDB."""
     from featstore.workflows.cost import measure_model
 
-    for c in measure_model(model, db, store, device, batch_sizes, repeats, image_size):
+    for c in measure_model(model, db, store, device, batch_sizes, repeats, image_size, threads):
         click.echo(f"{model} on {c.device}, batch {c.batch_size}: full model {c.ms:.2f} ms, {c.flops / 1e9:.3f} GFLOP")
         for a in c.anchors:
             click.echo(f"  anchor {a.anchor:2d}: prefix {a.ms:8.3f} ms {a.flops / 1e9:8.3f} GFLOP  "
@@ -260,7 +260,7 @@ def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
 @image_source_options()
 @option("--db", "write")
 @options(option("--view", "circuit"), option("--ig-steps"))
-@run_options("batch_size", "device", "workers", "seed", "progress")
+@run_options("batch_size", "device", "workers", "seed", "threads", "progress")
 @user_errors
 def circuits(**given) -> None:
     """EAP-IG edge scores of a ViT on one view (label-free) into DuckDB's edges table."""
@@ -328,7 +328,9 @@ def format_info(summary: dict) -> str:
             if v.get("damaged_chunks"):
                 state = (f"DAMAGED (chunk files missing: {', '.join(map(str, v['damaged_chunks']))}; run featstore "
                          f"verify, then rerun build to re-do them)")
-            lines.append(f"  view {view}: {v['chunks_done']}/{v['chunks']} chunks, {v['skipped']} skipped, {state}")
+            threads = f" (CPU threads {', '.join(map(str, v['threads']))})" if v.get("threads") else ""
+            lines.append(f"  view {view}: {v['chunks_done']}/{v['chunks']} chunks, {v['skipped']} skipped, {state}"
+                         f"{threads}")
         if m.get("probes"):
             lines.append("  probes " + ", ".join(m["probes"]))
     return "\n".join(lines)
@@ -349,13 +351,14 @@ def anchors(model: str, show_all: bool) -> None:
 @cli.command()
 @option("--out", "demo")
 @options(option("--dataset"), option("--epochs"), option("--limit", "demo"))
-@run_options("progress")
+@run_options("threads", "progress")
 @user_errors
-def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, progress: bool) -> None:
+def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, threads: int | None, progress: bool) -> None:
     """The whole pipeline offline: images -> trained ResNet-18 -> store -> probes -> DuckDB -> k-sweep, report."""
     from featstore.workflows.demo import run_demo
 
-    result = run_demo(out, dataset=dataset, epochs=epochs, limit=limit, progress=progress)
+    result = run_demo(out, dataset=dataset, epochs=epochs, limit=limit,
+                      run=RunOptions(threads=threads, progress=progress))
     click.echo(f"\nWhere the clean test images decide (l*(k), {result.sweep['n'][0]} images, anchors 0..11):")
     print_frame(result.sweep.select("k", "mean", "median", "f_early", "f_mid", "f_late", "never_stable",
                                     "stable_but_wrong"))
@@ -391,7 +394,7 @@ def verify(store: str, model: str | None, quick: bool) -> None:
 @click.argument("config", type=click.Path(path_type=Path))
 @option("--db", "write")
 @options(option("--ig-steps"), option("--limit"))
-@run_options("batch_size", "device", "workers", "seed")
+@run_options("batch_size", "device", "workers", "seed", "threads")
 @options(option("--tau", "zoo"), option("--top-n"), option("--format"))
 @run_options("progress")
 @user_errors
@@ -409,13 +412,14 @@ def zoo(config: Path, fmt: str, **given) -> None:
 @option("--data", "override")
 @option("--out", "study")
 @option("--store", "study")
-@run_options("progress")
+@run_options("threads", "progress")
 @user_errors
-def study(study_file: Path, data: Path | None, out: Path | None, store: str | None, progress: bool) -> None:
+def study(study_file: Path, data: Path | None, out: Path | None, store: str | None, threads: int | None,
+          progress: bool) -> None:
     """Run a declared grid (models x weights x views x probes, a TOML file) end to end; reruns skip finished steps."""
     from featstore.workflows.study import run_study
 
-    result = run_study(study_file, data, out, progress, store)
+    result = run_study(study_file, data, out, progress, store, threads)
     click.echo(f"{len(result.ran)} step(s) run, {len(result.skipped)} already done")
     click.echo(f"\nthe paper's Table 1 shape beside its published figures ({result.published_source or 'none'}):")
     print_frame(result.table)

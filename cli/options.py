@@ -121,8 +121,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                              "shuffling and projections (runs of several probe seeds land side by side: macro "
                              "seed_spread)."))},
     "--threads": {"": ((), dict(type=click.IntRange(min=1), default=D.threads,
-                                help="CPU threads for the compute [default: the cores idle when it starts]; recorded "
-                                     "with the results."))},
+                                help="CPU threads for the compute [default: one per idle core, looked at again at "
+                                     "each chunk, epoch or batch]; recorded with the results."))},
     "--progress/--no-progress": {"": ((), dict(default=D.progress, help="Progress bars on stderr."))},
     # stores and databases
     # a store is a folder or an object-store URL (s3://BUCKET/PREFIX, gs://, az://; featstore.location): a plain

@@ -39,6 +39,7 @@ from featstore.specs import ImageSource, ModelSpec, RunOptions
 from featstore.store import ChunkData, FeatureStore, model_key
 from featstore.store_config import StoreConfig
 from featstore.tensor_input import decoder_name, input_batches, resolve_decode
+from featstore.threads import ThreadPolicy
 from featstore.views import View, parse_views
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
@@ -118,6 +119,7 @@ class BuildJob:
     precision: str
     decode: str
     config: StoreConfig
+    threads: ThreadPolicy  # CPU threads, re-decided per chunk
 
 
 def build(cfg: BuildConfig) -> BuildResult:
@@ -134,6 +136,12 @@ def build(cfg: BuildConfig) -> BuildResult:
         make_cuda_deterministic(precision)
     views = parse_views(cfg.views)
     images = cfg.images.discover(cfg.run.seed)
+    with ThreadPolicy(cfg.run.threads, device) as threads:  # every forward, the set-up's included
+        return _build(cfg, ranks, device, precision, decode, views, images, threads)
+
+
+def _build(cfg: BuildConfig, ranks: Ranks, device: torch.device, precision: str, decode: str, views: list[View],
+           images: ImageSet, threads: ThreadPolicy) -> BuildResult:
     loaded = load_model(cfg.model.model, cfg.model.weights, cfg.run.seed, cfg.model.image_size)
     memory_format = preferred_memory_format(loaded.module)
     model = loaded.module.to(device, memory_format=memory_format)
@@ -155,7 +163,7 @@ def build(cfg: BuildConfig) -> BuildResult:
         images_fingerprint=images.fingerprint(), memory_format=str(memory_format).removeprefix("torch."),
         decoder=decoder_name(decode, device))
     job = BuildJob(cfg, ranks, model_key(cfg.name or cfg.model.model), images, views, loaded,
-                   Tapper(model, anchors, pool_kind), device, memory_format, precision, decode, config)
+                   Tapper(model, anchors, pool_kind), device, memory_format, precision, decode, config, threads)
     init_distributed(ranks, device)
     with ExitStack() as held:
         store, damaged = _prepare_store(job, held)
@@ -253,12 +261,13 @@ def _run_chunks(job: BuildJob, store: FeatureStore, views: list[View], done: dic
                 if precision in ("fp16", "bf16") else nullcontext())
     bar = _progress(job, sum(len(b) for b in batches), views)
     buffers: dict[str, list] = {}
-    current = None
+    current, threads = None, 0
     try:
         for (rows, stacked, errors), chunk in zip(batches_in, chunk_of_batch, strict=True):
             if chunk != current:
                 buffers = {v.name: [] for v in views}
                 current = chunk
+                threads = job.threads.update() if device.type == "cpu" else 0  # recorded with the chunk
             bad = [i for i, e in enumerate(errors) if e is not None]
             for i in bad:
                 path = images.root / images.paths[rows[i]]
@@ -284,7 +293,7 @@ def _run_chunks(job: BuildJob, store: FeatureStore, views: list[View], done: dic
             if rows[-1] + 1 == rows_of_chunk(chunk).stop:  # the chunk's last batch
                 for v in views:
                     if not done[v.name][chunk]:
-                        writer.put(v.name, _assemble(chunk, buffers[v.name]))
+                        writer.put(v.name, _assemble(chunk, buffers[v.name], threads))
                 result.chunks_written += 1
                 result.images_processed += len(rows_of_chunk(chunk))
     finally:
@@ -306,11 +315,11 @@ def _forward(tapper: Tapper, loaded: LoadedModel, x: torch.Tensor, device: torch
     return parts[:-1], parts[-1]
 
 
-def _assemble(chunk: int, pieces: list) -> ChunkData:
+def _assemble(chunk: int, pieces: list, threads: int) -> ChunkData:
     n_anchors = len(pieces[0][0])
     features = [np.concatenate([p[0][a] for p in pieces]) for a in range(n_anchors)]
     return ChunkData(chunk, features, np.concatenate([p[1] for p in pieces]),
-                     np.concatenate([p[2] for p in pieces]))
+                     np.concatenate([p[2] for p in pieces]), threads)
 
 
 class _ChunkWriter:

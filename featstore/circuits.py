@@ -409,6 +409,7 @@ def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
     from featstore.datasets import ViewDataset
     from featstore.loading import iterate_batches
     from featstore.runtime import tune_allocator
+    from featstore.threads import ThreadPolicy
     from featstore.views import parse_view
 
     tune_allocator()
@@ -432,11 +433,13 @@ def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
             bad = [images.paths[rows[i]] for i, e in enumerate(errors) if e is not None]
             if bad:
                 raise FeatstoreError(f"cannot decode image {images.root / bad[0]}; remove or replace it")
+            policy.update()  # a batch of images is the unit: the thread count is looked at again before each
             yield loaded.preprocessing.normalize(x.to(device))
 
-    means, logits = node_means(graph, batches("means"))
-    accuracy = float((logits.argmax(dim=1).cpu().numpy() == images.labels).mean())
-    scores = eap_ig_scores(graph, batches(f"EAP-IG m={cfg.ig_steps}"), means, cfg.ig_steps)
+    with ThreadPolicy(cfg.run.threads, device) as policy:
+        means, logits = node_means(graph, batches("means"))
+        accuracy = float((logits.argmax(dim=1).cpu().numpy() == images.labels).mean())
+        scores = eap_ig_scores(graph, batches(f"EAP-IG m={cfg.ig_steps}"), means, cfg.ig_steps)
     key = (cfg.name or cfg.model.model).replace("/", "_")
     dataset_name = cfg.dataset or view.name
     names = [(graph.nodes[e.src].name, graph.nodes[e.dst].name + ("" if e.kind in ("mlp", "logits")
@@ -444,7 +447,7 @@ def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
               graph.nodes[e.src].layer, graph.nodes[e.dst].layer) for e in graph.edges]
     params = {"weights_id": loaded.weights_id, "arch": cfg.model.model, "source": images.source, "view": view.name,
               "limit": cfg.source.limit, "preprocessing": loaded.preprocessing.to_dict(), "seed": cfg.run.seed,
-              "accuracy": accuracy}
+              "accuracy": accuracy, "threads": policy.recorded}
     run = CircuitRun(f"{key}/{dataset_name}/eap-ig{cfg.ig_steps}", key, dataset_name, graph.layers, graph.heads,
                      cfg.ig_steps, len(images), len(names), params)
     return CircuitResult(run, names, scores.cpu().numpy(), accuracy)

@@ -61,6 +61,7 @@ class ChunkData:
     features: list[np.ndarray]  # per anchor, float16 [rows, C]
     logits: np.ndarray  # float16 [rows, classes]
     skipped: np.ndarray  # bool [rows]
+    threads: int = 0  # CPU threads its forward ran with (0: not on the CPU)
 
 
 class FeatureStore:
@@ -180,6 +181,7 @@ class FeatureStore:
         vg.create_array("logits", shape=(n, max(num_classes, 1)), chunks=(chunk_rows, max(num_classes, 1)),
                         dtype="float16", fill_value=np.nan)
         vg.create_array("skipped", shape=(n,), chunks=(chunk_rows,), dtype="bool", fill_value=False)
+        vg.create_array("threads", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="int16", fill_value=0)
         # the bitmap last: a view without it was interrupted while being created and is made again
         vg.create_array("done", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="bool", fill_value=False)
         vg.attrs.update(view)
@@ -271,9 +273,20 @@ class FeatureStore:
                                    for t, v in zip(targets, values, strict=True)])
 
         sync(write_all())
+        if "threads" in g:  # views made before thread counts were recorded have none
+            g["threads"][data.chunk] = data.threads
         if self.guard is not None:
             self.guard()  # a build that lost its lease on the model commits nothing more
         g["done"][data.chunk] = True
+
+    def threads_used(self, key: str, view: str) -> list[int]:
+        """The CPU thread counts the done chunks of a view were computed with ([] for a GPU build, or a view made
+        before they were recorded); float sums split over other counts can differ in the last bits."""
+        g = self.view_group(key, view)
+        if "threads" not in g:
+            return []
+        counts = np.asarray(g["threads"][:])[self.done(key, view)]
+        return sorted(int(c) for c in np.unique(counts) if c > 0)
 
     def read(self, key: str, view: str, anchor: str, rows: slice = slice(None)) -> np.ndarray:
         return self.view_group(key, view)["anchors"][anchor][rows]
@@ -335,7 +348,7 @@ class FeatureStore:
                     continue
                 done = self.done(key, v)
                 views[v] = {"chunks_done": int(done.sum()), "chunks": int(done.size),
-                            "skipped": int(self.read_skipped(key, v).sum()),
+                            "skipped": int(self.read_skipped(key, v).sum()), "threads": self.threads_used(key, v),
                             "damaged_chunks": sorted({p.chunk for p in self.check_view(key, v, deep=False)})}
             probes = sorted(k for k, _ in self.root[key]["probes"].groups()) if "probes" in self.root[key] else []
             out["models"][key] = {

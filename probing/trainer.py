@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,7 +11,7 @@ import torch
 
 from featstore.probing.base import AnchorContext, FittedProbe, ProbeGroup, ProbeVariant, UnconvergedProbe
 from featstore.probing.source import FeatureSource
-from featstore.probing.threads import fit_threads
+from featstore.threads import ThreadPolicy
 
 
 @dataclass
@@ -27,17 +27,18 @@ def fit_probes(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_
                progress: bool = False, label: str = "probe", threads: int | None = None) -> list[FittedProbe]:
     """Fit one probe per anchor of `source`, all in the same passes over the data; anchors of equal width train
     as one group (stacked features) when the variant batches them. With `progress`, one bar for the whole fit.
-    `threads`: CPU threads (None: the cores idle now, see `probing.threads`); the count used is recorded in
-    every probe's info, since float sums split over another number of threads can differ in the last bits."""
-    with fit_threads(threads, source.device) as used:
-        probes = _fit(source, variant, rows, num_classes, seed, progress, label)
+    `threads`: CPU threads (None: the idle cores, looked at again every epoch or pass, see `featstore.threads`);
+    what was used is recorded in every probe's info, since float sums split over another number of threads can
+    differ in the last bits."""
+    with ThreadPolicy(threads, source.device) as policy:
+        probes = _fit(source, variant, rows, num_classes, seed, progress, label, policy.update)
     for p in probes:
-        p.info["threads"] = used if source.device.type == "cpu" else None
+        p.info["threads"] = policy.recorded
     return probes
 
 
 def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classes: int, seed: int, progress: bool,
-         label: str) -> list[FittedProbe]:
+         label: str, unit: Callable[[], object]) -> list[FittedProbe]:
     device = source.device
     trains_on_val = variant.plan(len(rows.train)).train_on_val
     fit = np.concatenate([rows.train, rows.val]) if trains_on_val else rows.train
@@ -58,7 +59,12 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     for g in groups:
         g.resident = batches is not None
     bar = _bar(label) if progress else None  # no total: probes stop by their criterion, not at the cap
-    on_pass = (lambda: bar.update(len(fit))) if bar is not None else None
+
+    def on_pass() -> None:  # one pass over the rows of a full-batch method
+        unit()
+        if bar is not None:
+            bar.update(len(fit))
+
     shown = None
     for g in groups if batches is not None else ():
         if g.ready_to_finish():  # a full-batch method that starts without any epoch
@@ -67,6 +73,7 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
         active = [g for g in groups if g.anchors]
         if not active:
             break
+        unit()
         epoch_batches = (batches.epoch(active, plan.batch_size) if batches is not None else
                          streamed_batches(source, active, fit, labels, is_val_row, rng, plan.batch_size))
         for xs, y, is_val in epoch_batches:

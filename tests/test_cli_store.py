@@ -25,19 +25,19 @@ def test_limit_keeps_the_ids_of_the_full_set(image_dir):
 
 def test_info_reports_anchors_views_and_completeness(image_dir, tmp_path):
     store = tmp_path / "s.zarr"
-    run_cli("build", "--data", image_dir, "--store", store, *SMALL, "--views", "clean")
-    run_cli("build", "--data", image_dir, "--store", store, *SMALL, "--views", "clean,brightness-1")
+    run_cli("build", "--data", image_dir, "--store", store, *SMALL, "--views", "clean", "--threads", "1")
+    run_cli("build", "--data", image_dir, "--store", store, *SMALL, "--views", "clean,brightness-1", "--threads", "1")
     summary = json.loads(run_cli("info", store, "--json").output)
     m = summary["models"]["resnet18"]
     assert summary["images"]["count"] == 12 and summary["images"]["classes"] == 3
     assert [a[1] for a in m["anchors"]][:3] == ["relu", "maxpool", "layer1.0"]
     assert [a[3] for a in m["anchors"]] == [64, 64, 64, 64, 128, 128, 256, 256, 512, 512, 512, 512]
     assert m["anchors"][8][2] == "layer4.0.bn1"
-    assert m["views"] == {v: {"chunks_done": 2, "chunks": 2, "skipped": 0, "damaged_chunks": []}
+    assert m["views"] == {v: {"chunks_done": 2, "chunks": 2, "skipped": 0, "threads": [1], "damaged_chunks": []}
                           for v in ["brightness-1", "clean"]}
     assert {"torch", "torchvision", "zarr", "featstore"} <= set(m["versions"])
     text = run_cli("info", store).output
-    assert "view brightness-1: 2/2 chunks, 0 skipped, complete" in text
+    assert "view brightness-1: 2/2 chunks, 0 skipped, complete (CPU threads 1)" in text
 
 
 def test_second_build_adds_only_the_missing_view(image_dir, tmp_path):

@@ -1,6 +1,6 @@
 """The `linear` probe at ImageNet's class count: converged by its criterion, recorded per anchor, as accurate
 as scikit-learn's standardised LogisticRegression; an unconverged probe says so (warning, table, report);
-anchors of equal width train as one batched group; the thread policy; one progress bar per fit."""
+anchors of equal width train as one batched group; one progress bar per fit."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ import warnings
 import duckdb
 import numpy as np
 import pytest
-import torch
 from synthetic import pooled_activations, write_feature_store
 from test_probe import probe_accuracy, sklearn_accuracy
 
 from featstore.probing import trainer
 from featstore.probing.base import UnconvergedProbe
 from featstore.probing.split import make_split
-from featstore.probing.threads import cores, fit_threads, idle_cores
 from featstore.specs import RunOptions
 from featstore.workflows.probe import ProbeConfig, probe
 
@@ -109,11 +107,3 @@ def test_the_thread_count_of_each_fit_is_recorded(imagenet_shaped, tmp_path):
     assert "--threads" in fails("probe", "--store", store, "--model", "synthetic", "--db", tmp_path / "g.duckdb",
                                 "--threads", "0")
     assert not (tmp_path / "g.duckdb").exists()
-
-
-def test_thread_policy_takes_idle_cores_and_restores():
-    assert 1 <= idle_cores() <= cores()
-    before = torch.get_num_threads()
-    with fit_threads(1, torch.device("cpu")) as n:
-        assert n == 1 and torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before

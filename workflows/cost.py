@@ -13,13 +13,16 @@ from featstore.errors import FeatstoreError
 from featstore.models import load_model
 from featstore.runtime import resolve_device, tune_allocator
 from featstore.store import FeatureStore
+from featstore.threads import ThreadPolicy
 
 
 def measure_model(key: str, db: str | Path, store: str | Path | None = None, device: str = "auto",
                   batch_sizes: Sequence[int] = (1,), repeats: int = 20,
-                  image_size: int | None = None) -> list[ModelCost]:
+                  image_size: int | None = None, threads: int | None = None) -> list[ModelCost]:
     """Measure a model of the store/DB and save its costs. Weights do not change timings, so the architecture
-    is rebuilt with random weights (and the head width the stored model has)."""
+    is rebuilt with random weights (and the head width the stored model has). On the CPU each batch size is
+    timed with one thread count throughout (`threads`, or the cores idle when its measurement starts), so its
+    anchors compare; the count is part of the recorded device ('cpu: ..., 2 threads')."""
     tune_allocator()
     con = fsdb.connect(db)
     try:
@@ -47,7 +50,8 @@ def measure_model(key: str, db: str | Path, store: str | Path | None = None, dev
         dev = resolve_device(device)
         results = []
         for batch in batch_sizes:
-            cost = measure_costs(loaded.module, anchors, crop, probe_classes, dev, batch, pool_kind, repeats)
+            with ThreadPolicy(threads, dev):
+                cost = measure_costs(loaded.module, anchors, crop, probe_classes, dev, batch, pool_kind, repeats)
             fsdb.replace_costs(con, key, cost)
             results.append(cost)
         return results

@@ -29,6 +29,7 @@ from featstore.models import load_model
 from featstore.preprocessing import Preprocessing
 from featstore.probing.split import make_split
 from featstore.specs import ImageSource, ModelSpec, RunOptions
+from featstore.threads import ThreadPolicy
 from featstore.views import parse_views
 from featstore.workflows.cost import measure_model
 from featstore.workflows.layouts import LAYOUTS, LayoutConfig, layout_image_folder
@@ -95,10 +96,12 @@ def clean_batch(images: ImageSet, prep: Preprocessing) -> torch.Tensor:
 
 
 def fit_resnet18(x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, num_classes: int, epochs: int,
-                 seed: int = 0, progress: bool = True, desc: str = "training resnet18") -> torch.nn.Module:
+                 seed: int = 0, progress: bool = True, desc: str = "training resnet18",
+                 threads: int | None = None) -> torch.nn.Module:
     """Train torchvision's resnet18 from scratch on rows `train` of a normalised in-memory batch (AdamW, one-cycle
     learning rate to 2e-3, batches of 64): the demo's recipe, shared with bench/demo_depth.py. The weights are
-    initialised from torch's global generator (seed it first); `seed` orders the batches."""
+    initialised from torch's global generator (seed it first); `seed` orders the batches. CPU threads: `threads`,
+    or the idle cores, looked at again as batches go (`featstore.threads`)."""
     import torchvision
     from tqdm import tqdm
 
@@ -110,22 +113,26 @@ def fit_resnet18(x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, num_clas
     model.train()
     bar = tqdm(total=epochs * len(train), unit="img", desc=desc, disable=not progress, dynamic_ncols=True,
                leave=True)
-    for epoch in range(epochs):
-        order = train[torch.randperm(len(train), generator=gen)]
-        for i in range(0, len(order), 64):
-            batch = order[i : i + 64]
-            loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
-            optimiser.zero_grad()
-            loss.backward()
-            optimiser.step()
-            schedule.step()
-            bar.update(len(batch))
-            bar.set_postfix(epoch=f"{epoch + 1}/{epochs}", loss=f"{loss.item():.3f}", refresh=False)
+    with ThreadPolicy(threads, x.device) as policy:
+        for epoch in range(epochs):
+            order = train[torch.randperm(len(train), generator=gen)]
+            for i in range(0, len(order), 64):
+                policy.update()
+                batch = order[i : i + 64]
+                loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
+                optimiser.zero_grad()
+                loss.backward()
+                optimiser.step()
+                schedule.step()
+                bar.update(len(batch))
+                bar.set_postfix(epoch=f"{epoch + 1}/{epochs}", loss=f"{loss.item():.3f}", threads=policy.current,
+                                refresh=False)
     bar.close()
     return model.eval()
 
 
-def train_resnet18(data: Path, target: Path, epochs: int, seed: int = 0, progress: bool = True) -> Path:
+def train_resnet18(data: Path, target: Path, epochs: int, seed: int = 0, progress: bool = True,
+                   threads: int | None = None) -> Path:
     """Train torchvision's resnet18 on the train split of an image folder, with featstore's own
     preprocessing at 32 px, and save its state dict. Test images are never trained on."""
     prep = load_model("resnet18", weights="none", seed=seed, image_size=IMAGE_SIZE).preprocessing  # seeds torch
@@ -133,15 +140,17 @@ def train_resnet18(data: Path, target: Path, epochs: int, seed: int = 0, progres
     train = torch.from_numpy(np.flatnonzero(make_split(images.image_ids, seed) == "train"))
     model = fit_resnet18(clean_batch(images, prep), torch.from_numpy(images.labels), train,
                          len(images.class_names), epochs, seed, progress,
-                         desc=f"training resnet18 on {data.parent.name}")
+                         desc=f"training resnet18 on {data.parent.name}", threads=threads)
     target.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), target)
     return target
 
 
 def run_demo(out: Path, dataset: str = "layouts", epochs: int | None = None, limit: int | None = None,
-             progress: bool = True) -> DemoResult:
-    """Everything under out/<dataset>/: images, cached network, store, database and report."""
+             run: RunOptions | None = None) -> DemoResult:
+    """Everything under out/<dataset>/: images, cached network, store, database and report. `run` gives the
+    progress bars and CPU threads of every step (its device is the CPU's: the demo is a CPU demo)."""
+    run = run or RunOptions()
     if dataset not in DATASETS:
         raise FeatstoreError(f"--dataset {dataset!r}: choose one of {', '.join(DATASETS)}")
     preset = DATASETS[dataset]
@@ -161,15 +170,16 @@ def run_demo(out: Path, dataset: str = "layouts", epochs: int | None = None, lim
         timed("data", lambda: preset.write(data, limit))
     weights = home / f"resnet18-e{epochs}.pth"
     if not weights.exists():  # cached: a second demo run skips training
-        timed("train", lambda: train_resnet18(data, weights, epochs, progress=progress))
+        timed("train", lambda: train_resnet18(data, weights, epochs, progress=run.progress, threads=run.threads))
     store, db = home / "store.zarr", home / "featstore.duckdb"
-    run = RunOptions(progress=progress)
+    run = RunOptions(progress=run.progress, threads=run.threads)
     timed("build", lambda: build(BuildConfig(model=ModelSpec("resnet18", str(weights), IMAGE_SIZE),
                                              images=ImageSource(data), store=store, views=VIEWS, chunk_rows=256,
                                              run=run)))
     timed("probe", lambda: probe(ProbeConfig(store=store, model="resnet18", db=db, view="all", run=run)))
     record_image_source(db, data, discover(data).class_names)
-    timed("cost", lambda: measure_model("resnet18", db, store, device="cpu", batch_sizes=(1,), repeats=5))
+    timed("cost", lambda: measure_model("resnet18", db, store, device="cpu", batch_sizes=(1,), repeats=5,
+                                        threads=run.threads))
     report = home / "report"
     timed("report", lambda: write_report(db, report))
     sweep = q.k_sweep(db).filter(pl.col("view") == "clean")

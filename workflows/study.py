@@ -202,6 +202,7 @@ def _params(cfg: BuildConfig | ProbeConfig) -> dict:
     for k, v in asdict(cfg).items():
         flat.update(v if isinstance(v, dict) else {k: v})
     flat.pop("progress", None)
+    flat.pop("threads", None)  # how many CPU threads computed a step does not make it another step
     return {k: str(v) if isinstance(v, Path) else v for k, v in flat.items()}
 
 
@@ -226,9 +227,12 @@ def _probed(db: Path, runs: list[str]) -> bool:
 
 
 def run_study(path: str | Path, data: str | Path | None = None, out: str | Path | None = None,
-              progress: bool = True, store: str | Path | None = None) -> StudyResult:
-    """Run every unfinished step of the study, then return the paper-shaped table beside the published one."""
+              progress: bool = True, store: str | Path | None = None, threads: int | None = None) -> StudyResult:
+    """Run every unfinished step of the study, then return the paper-shaped table beside the published one.
+    `threads` pins the CPU threads of its builds and probes (None: the thread policy decides)."""
     study = load_study(path, data, out, store)
+    study = replace(study, build_run=replace(study.build_run, threads=threads),
+                    probe_run=replace(study.probe_run, threads=threads))
     if not study.images.data.is_dir():
         raise FeatstoreError(f"image folder {study.images.data} does not exist; pass --data or fix [data] path")
     study.out.mkdir(parents=True, exist_ok=True)
