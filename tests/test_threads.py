@@ -124,7 +124,9 @@ def _two_threads_before():
 
 
 def test_build_and_probe_given_one_thread_compute_with_one(image_dir, tmp_path, monkeypatch):
+    from featstore import cost as cost_module
     from featstore.extraction import Tapper
+    from featstore.probing import run as probe_run
     from featstore.probing.lbfgs import SoftmaxObjective
     from featstore.store import FeatureStore
 
@@ -137,10 +139,14 @@ def test_build_and_probe_given_one_thread_compute_with_one(image_dir, tmp_path, 
             "--store", store, "--chunk-rows", "6", "--workers", "0", "--no-progress", "--threads", "1")
     assert forward.counts and set(forward.counts) == {1} and torch.get_num_threads() == 2
     assert FeatureStore(store).threads_used("resnet18", "clean") == [1]
+    predictions = Seen(monkeypatch, probe_run, "predict")
     run_cli("probe", "--store", store, "--model", "resnet18", "--db", db, "--no-progress", "--threads", "1")
     assert passes.counts and set(passes.counts) == {1}
+    assert predictions.counts == [1] and torch.get_num_threads() == 2  # the predictions too, not only the fits
     assert one(db, "SELECT list(DISTINCT info->>'threads') FROM probe_fits") == ["1"]
+    timings = Seen(monkeypatch, cost_module, "median_ms")
     run_cli("cost", "--model", "resnet18", "--db", db, "--store", store, "--repeats", "1", "--threads", "1")
+    assert timings.counts and set(timings.counts) == {1}
     assert one(db, "SELECT list(DISTINCT device) FROM model_costs")[0].endswith(", 1 threads")
 
 

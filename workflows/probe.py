@@ -34,6 +34,7 @@ from featstore.records import DatasetInfo, ProbeRun, RunRows
 from featstore.runtime import resolve_device
 from featstore.specs import RunOptions
 from featstore.store import FeatureStore, model_key
+from featstore.threads import ThreadPolicy
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,6 @@ def probe(cfg: ProbeConfig) -> list[str]:
     finally:
         con.close()
 
-    fits = fit_all(data, variant, train_view, cfg.run.progress, cfg.run.threads)
     probe_id = variant.canonical_id
     seed = cfg.run.seed
     probe_name = probe_name_for(probe_id, train_view, cfg.cross_fit, seed)
@@ -99,14 +99,18 @@ def probe(cfg: ProbeConfig) -> list[str]:
               "split_seed": cfg.split_seed, "val_frac": cfg.val_frac, "featstore": __version__,
               "weights_id": store.config(key).weights_id}
     outputs = []
-    for view in views:
-        predicted = predict_view(data, fits, view)
-        run = ProbeRun(run_id_for(key, view, probe_id, train_view, cfg.cross_fit, seed), key, view, train_view,
-                       variant.name, params, cfg.cross_fit, seed, len(data.valid), len(data.anchors), str(cfg.store))
-        rows = RunRows(run, data.table["image_id"][data.valid], predicted.pred, predicted.conf, predicted.fold,
-                       predicted.fit_records)
-        outputs.append((rows, model_outputs(data, view)))
-        data.release(view)
+    with ThreadPolicy(cfg.run.threads, data.device) as threads:  # the reads and predictions too, not only the fits
+        fits = fit_all(data, variant, train_view, cfg.run.progress, cfg.run.threads)
+        for view in views:
+            threads.update()  # a view is the unit of prediction
+            predicted = predict_view(data, fits, view)
+            run = ProbeRun(run_id_for(key, view, probe_id, train_view, cfg.cross_fit, seed), key, view, train_view,
+                           variant.name, params, cfg.cross_fit, seed, len(data.valid), len(data.anchors),
+                           str(cfg.store))
+            rows = RunRows(run, data.table["image_id"][data.valid], predicted.pred, predicted.conf, predicted.fold,
+                           predicted.fit_records)
+            outputs.append((rows, model_outputs(data, view)))
+            data.release(view)
     table, labels = data.table, data.table["label"]
     con = None
     try:  # weights as a new version, then the rows in one transaction, then that version becomes current
