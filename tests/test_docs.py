@@ -187,7 +187,7 @@ def test_commands_in_the_docs_use_options_the_cli_has():
 
 # -- the store layout and the tables, checked against what the code writes ---------------------------------------
 
-LAYOUT_LINE = re.compile(r"(?P<path>\S+)\s+(?P<kind>group|string|bool|int64|float16|float32)"
+LAYOUT_LINE = re.compile(r"(?P<path>\S+)\s+(?P<kind>group|string|bool|int16|int64|float16|float32)"
                          r"(?:\s+\[(?P<shape>[^\]]*)\]\s+chunks\s+\[(?P<chunks>[^\]]*)\])?(?:\s+attrs:\s*(?P<attrs>.+))?")
 
 

@@ -23,6 +23,7 @@ from featstore.datasets import ViewDataset
 from featstore.errors import FeatstoreError
 from featstore.records import ZooRow
 from featstore.specs import ImageSource, ModelSpec, RunOptions
+from featstore.threads import ThreadPolicy
 from featstore.views import parse_view
 from featstore.workflows.toml_files import local_path, read_toml, section
 
@@ -125,7 +126,8 @@ def check_zoo(spec: ZooSpec, cfg: ZooConfig) -> None:
         probe = ViewDataset(images[spec.id.name], loaded.preprocessing, [parse_view(spec.id.view)])
         x = torch.stack([probe[i][1][0] for i in range(min(4, len(probe)))])
         device = next(graph.model.parameters()).device
-        graph.self_check(loaded.preprocessing.normalize(x.to(device)))
+        with ThreadPolicy(cfg.run.threads, device):
+            graph.self_check(loaded.preprocessing.normalize(x.to(device)))
         del loaded, graph
 
 
