@@ -10,7 +10,8 @@ change of the machine's load falls on all of them alike:
 - `duckdb`: DuckDB's threads (its default, one per core, against 1) landing one probe run's rows (600k) right
   after torch computed in the same process, as `featstore probe` does.
 
-Prints seconds per setting (median of the repeats) and the ratio to the default setting, per condition. On a
+Prints wall and CPU seconds (every thread's: spinning OpenMP workers show there) per setting, medians of the
+repeats, and their ratios to the first (default) setting, per condition. On a
 shared machine the figures say little: it prints the runnable threads of other processes before each cell.
 
     python bench/knobs.py [--only wait,interop,decoders,duckdb] [--repeats 2] [--quick]
@@ -57,11 +58,11 @@ elif work == "small":
     n = 150 * scale
 with torch.inference_mode(work == "forward"), ThreadPolicy(threads) as policy:
     steps()  # warm up
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(n):
         policy.update()
         steps()
-    print(time.perf_counter() - start)
+    print(time.perf_counter() - start, time.process_time() - cpu)
 """
 
 DUCKDB_CELL = """
@@ -81,15 +82,16 @@ rows = run_rows({{"run_id": "bench", "model": "m", "view": "clean"}}, np.arange(
 con = fsdb.connect({db!r})
 if {threads} is not None:
     con.execute("SET threads TO {threads}")
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 fsdb.write_runs(con, [rows])
-print(time.perf_counter() - start)
+print(time.perf_counter() - start, time.process_time() - cpu)
 con.close()
 """
 
 
-def seconds(code: str, env: dict[str, str], busy: bool) -> float:
-    """One cell in a fresh process (beside a busy one when `busy`)."""
+def seconds(code: str, env: dict[str, str], busy: bool) -> tuple[float, float]:
+    """One cell in a fresh process (beside a busy one when `busy`): wall and CPU seconds (every thread's; the
+    spinning of OpenMP workers shows there)."""
     competitor = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE) if busy else None
     try:
         if competitor is not None:
@@ -98,7 +100,8 @@ def seconds(code: str, env: dict[str, str], busy: bool) -> float:
                               env={**os.environ, "HF_HUB_OFFLINE": "1", **env})
         if done.returncode != 0:
             raise SystemExit(f"a cell failed:\n{done.stderr[-2000:]}")
-        return float(done.stdout.strip().splitlines()[-1])
+        wall, cpu = done.stdout.strip().splitlines()[-1].split()
+        return float(wall), float(cpu)
     finally:
         if competitor is not None:
             competitor.kill()
@@ -109,8 +112,9 @@ def build_cell(images: Path, out: Path, workers: int) -> str:
     """`featstore build` of the images with `workers` decoders, timed in its own process."""
     return (f"import sys, time, shutil\nfrom featstore.cli.main import main\nsys.argv = ['featstore', 'build', "
             f"'--model', 'resnet18', '--weights', 'none', '--image-size', '64', '--data', {str(images)!r}, "
-            f"'--store', {str(out)!r}, '--workers', '{workers}', '--no-progress']\nstart = time.perf_counter()\n"
-            f"try:\n    main()\nexcept SystemExit:\n    pass\nprint(time.perf_counter() - start)\n"
+            f"'--store', {str(out)!r}, '--workers', '{workers}', '--no-progress']\n"
+            f"start, cpu = time.perf_counter(), time.process_time()\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            f"print(time.perf_counter() - start, time.process_time() - cpu)\n"
             f"shutil.rmtree({str(out)!r}, ignore_errors=True)\n")
 
 
@@ -150,27 +154,28 @@ def main() -> None:
     table = knobs(tmp, args.quick)
     for knob in args.only.split(","):
         settings = table[knob]
-        times: dict[tuple[str, bool], list[float]] = {}
+        times: dict[tuple[str, bool], list[tuple[float, float]]] = {}
         for _ in range(args.repeats):
             for busy in (False, True):
                 for name, (code, env) in settings.items():
                     before = runnable_elsewhere(samples=5, interval=0.02)
                     times.setdefault((name, busy), []).append(seconds(code, env, busy))
-                    print(f"  {knob:8s} {name:45s} {'busy' if busy else 'as is':5s} {times[name, busy][-1]:7.2f} s "
-                          f"(runnable elsewhere before: {before:.1f})", flush=True)
-        print(f"\n| {knob} | as is (s) | as is (x first) | beside a busy process (s) | busy (x first) |\n"
-              "|---|---|---|---|---|")
-        first: dict[tuple[str, bool], float] = {}
+                    wall, cpu = times[name, busy][-1]
+                    print(f"  {knob:8s} {name:40s} {'busy' if busy else 'as is':5s} {wall:7.2f} s wall {cpu:7.2f} s "
+                          f"CPU (runnable elsewhere before: {before:.1f})", flush=True)
+        print(f"\n| {knob} | as is: wall s (x first) | CPU s (x first) | beside a busy process: wall s (x first) | "
+              "CPU s (x first) |\n|---|---|---|---|---|")
+        first: dict[tuple[str, bool], tuple[float, float]] = {}
         for name in settings:
             cells = [name]
             for busy in (False, True):
-                median = statistics.median(times[name, busy])
+                wall = statistics.median(w for w, _ in times[name, busy])
+                cpu = statistics.median(c for _, c in times[name, busy])
                 group = name.rsplit(" ", 1)[0] if knob == "wait" else knob  # wait: compare within a workload
-                base = first.setdefault((group, busy), median)
-                cells += [f"{median:.2f}", f"{median / base:.2f}"]
+                base_wall, base_cpu = first.setdefault((group, busy), (wall, cpu))
+                cells += [f"{wall:.2f} ({wall / base_wall:.2f})", f"{cpu:.2f} ({cpu / base_cpu:.2f})"]
             print("| " + " | ".join(cells) + " |")
         print(flush=True)
-
 
 if __name__ == "__main__":
     main()
