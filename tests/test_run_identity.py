@@ -41,20 +41,22 @@ def rows(db, sql, params=()):
 def test_parameters_name_runs_and_reruns_replace_only_their_own(store, tmp_path):
     db = tmp_path / "f.duckdb"
     probe(store, db)
-    probe(store, db, "--variant", "linear:max_epochs=3")
-    probe(store, db, "--variant", "linear:max_epochs=3.0,tol=0.002")  # the same parameters: replaces its own run
-    probe(store, db, "--variant", "linear:max_epochs=3", "--seed", "1")
+    probe(store, db, "--variant", "linear:max_iterations=3")
+    probe(store, db, "--variant", "linear:max_iterations=3.0,tol=0.002")  # the same parameters: replaces its own run
+    probe(store, db, "--variant", "linear:max_iterations=3", "--seed", "1")
     probe(store, db, "--project-dim", "8")
     got = [r[0] for r in rows(db, "SELECT run_id FROM runs ORDER BY run_id")]
-    assert got == ["synthetic/clean/linear", "synthetic/clean/linear:max_epochs=3",
-                   "synthetic/clean/linear:max_epochs=3/seed1", "synthetic/clean/projected8"]
+    assert got == ["synthetic/clean/linear", "synthetic/clean/linear:max_iterations=3",
+                   "synthetic/clean/linear:max_iterations=3/seed1", "synthetic/clean/projected8"]
     assert rows(db, "SELECT count(*) FROM predictions")[0][0] == 4 * 900 * len(DIMS)
     fs = FeatureStore(store)
     assert set(fs.info()["models"]["synthetic"]["probes"]) >= {
-        "linear@clean", "linear:max_epochs=3@clean", "linear:max_epochs=3-seed1@clean", "projected8@clean"}
-    params = json.loads(rows(db, "SELECT params FROM runs WHERE run_id = 'synthetic/clean/linear:max_epochs=3'")[0][0])
-    assert params["probe_id"] == "linear:max_epochs=3" and params["max_epochs"] == 3 and params["split_seed"] == 0
-    short = read_probe(fs, "synthetic", "linear:max_epochs=3@clean", "anchor02")[0]
+        "linear@clean", "linear:max_iterations=3@clean", "linear:max_iterations=3-seed1@clean", "projected8@clean"}
+    params = json.loads(rows(db, "SELECT params FROM runs WHERE run_id = 'synthetic/clean/linear:max_iterations=3'"
+                             )[0][0])
+    assert params["probe_id"] == "linear:max_iterations=3" and params["max_iterations"] == 3
+    assert params["split_seed"] == 0
+    short = read_probe(fs, "synthetic", "linear:max_iterations=3@clean", "anchor02")[0]
     default = read_probe(fs, "synthetic", "linear@clean", "anchor02")[0]
     assert not np.allclose(short, default)  # the default run was not overwritten by the shorter one
 
@@ -62,7 +64,7 @@ def test_parameters_name_runs_and_reruns_replace_only_their_own(store, tmp_path)
 def test_probe_seed_is_not_the_split_seed_and_spread_is_one_query(store, tmp_path):
     db = tmp_path / "f.duckdb"
     for seed in (0, 1, 2):
-        probe(store, db, "--seed", seed, "--variant", "linear:tol=0.02")
+        probe(store, db, "--seed", seed, "--variant", "linear:full_batch=0,tol=0.02")  # SGD: the seed shuffles
     splits = rows(db, "SELECT split, count(*) FROM images GROUP BY split ORDER BY split")
     assert splits == [("test", 270), ("train", 567), ("val", 63)]  # one split for every probe seed
     line = fails("probe", "--store", store, "--model", "synthetic", "--db", db, "--split-seed", "5")
