@@ -130,7 +130,7 @@ def _unconverged(fits: pl.DataFrame) -> list[str]:
             f"<p class='warn'>{len(fits)} probe(s) hit their cap (epochs, or L-BFGS iterations) before their "
             "stopping criterion was met; every statistic computed from their predictions may be off. Rerun with a "
             "higher cap, e.g. <code>--variant linear:max_iterations=1000</code> (or <code>max_epochs</code> where "
-            "the rows are streamed).</p>", _table(fits)]
+            "the rows are streamed), <code>--variant paper:epochs=200</code>.</p>", _table(fits)]
 
 
 def _anchor_axis(ax, names: Sequence[str], label: str = "anchor") -> None:

@@ -171,6 +171,7 @@ class ProbeVariant(ABC):
         return self.name
 
     label_params: ClassVar[tuple[str, ...]] = ()  # parameters `label` already shows
+    cap_param: ClassVar[str] = "max_epochs"  # the parameter that sets the epoch cap (`Plan.max_epochs`)
 
     @property
     def canonical_id(self) -> str:

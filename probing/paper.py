@@ -31,6 +31,7 @@ from featstore.probing.base import AnchorContext, AnchorProbe, FittedProbe, Plan
 @register
 class Paper(ProbeVariant):
     name = "paper"
+    cap_param = "epochs"
 
     def __init__(self, epochs: int = 100, batch_size: int = 256, lr: float = 0.1, weight_decay: float = 1e-4,
                  momentum: float = 0.9, patience: int = 10, cosine: int = 1, train_on_val: int = 1):

@@ -96,7 +96,7 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     probes = [fitted[a] for a in range(len(source.dims))]
     unconverged = [a for a, p in enumerate(probes) if not p.converged]
     if unconverged:
-        cap = probes[unconverged[0]].info.get("cap", "max_epochs")  # the parameter that capped it
+        cap = probes[unconverged[0]].info.get("cap", variant.cap_param)  # the parameter that capped it
         warnings.warn(f"{label}: the probes of anchor(s) {', '.join(map(str, unconverged))} stopped at their cap "
                       f"({cap}={variant.params.get(cap, plan.max_epochs)}) before converging; raise it with "
                       f"--variant {variant.name}:{cap}=N", UnconvergedProbe, stacklevel=2)

@@ -80,6 +80,18 @@ def test_a_capped_probe_is_reported_unconverged(imagenet_shaped, tmp_path, varia
     assert "unconverged probes" in page and cap in page
 
 
+def test_the_unconverged_warning_names_each_variants_own_cap_parameter(imagenet_shaped, tmp_path):
+    """The paper variant's cap is `epochs`: the hint must be a --variant that the paper variant accepts."""
+    from featstore.probing.base import get_variant
+
+    store, _, _ = imagenet_shaped
+    with pytest.warns(UnconvergedProbe, match="--variant paper:epochs=N") as caught:
+        probe(ProbeConfig(store=store, model="synthetic", db=tmp_path / "p.duckdb", variant="paper:epochs=1",
+                          run=RunOptions(progress=False)))
+    hint = str(caught[0].message).rsplit("--variant ", 1)[1].replace("=N", "=3")
+    assert get_variant(hint).params["epochs"] == 3  # the hint parses
+
+
 def test_anchors_of_one_width_train_as_one_group(imagenet_shaped, tmp_path, monkeypatch):
     """One group per width, and one progress bar for the whole fit (not one per epoch)."""
     store, _, _ = imagenet_shaped
