@@ -15,25 +15,35 @@ from torch import nn
 
 from featstore.errors import FeatstoreError
 
-# Presets (docs/design.md, "Anchors"). Names are anchor names; `.mid` suffixes are resolved by `resolve_anchor`.
-PRESETS: dict[str, list[str]] = {
+# Presets (docs/design.md, "Anchors"), per library, in that library's module names. Names are anchor names;
+# `.mid` suffixes are resolved by `resolve_anchor`. torchvision's ViT-B/16 and ConvNeXt-T anchors are the same
+# places as timm's: blocks 0-10 then the final norm (whose CLS token the head reads), and the stem, stage blocks and
+# the head's norm (the pooled pre-logits).
+_VIT_B16_TV = [f"encoder.layers.encoder_layer_{i}" for i in range(11)] + ["encoder.ln"]
+PRESETS: dict[str, list[str]] = {  # torchvision
     "resnet18": ["relu", "maxpool", "layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0", "layer3.1",
                  "layer4.0.mid", "layer4.0", "layer4.1.mid", "avgpool"],
     "resnet50": ["maxpool", "layer1.1", "layer1.2", "layer2.1", "layer2.3", "layer3.1", "layer3.3", "layer3.4",
                  "layer3.5", "layer4.0", "layer4.1", "avgpool"],
     "resnet101": ["maxpool", "layer1.2", "layer2.3", "layer3.3", "layer3.7", "layer3.11", "layer3.15",
                   "layer3.18", "layer3.22", "layer4.0", "layer4.1", "avgpool"],
+    "vit_b_16": _VIT_B16_TV,
+    "convnext_tiny": ["features.0", "features.1.1", "features.1.2", "features.3.1", "features.3.2", "features.5.2",
+                      "features.5.4", "features.5.6", "features.5.8", "features.7.0", "features.7.1", "classifier.0"],
+}
+TIMM_PRESETS: dict[str, list[str]] = {
     "vit_base_patch16_224": [f"blocks.{i}" for i in range(11)] + ["norm"],
     "convnext_tiny": ["stem", "stages.0.blocks.1", "stages.0.blocks.2", "stages.1.blocks.1", "stages.1.blocks.2",
                       "stages.2.blocks.2", "stages.2.blocks.4", "stages.2.blocks.6", "stages.2.blocks.8",
                       "stages.3.blocks.0", "stages.3.blocks.1", "head.norm"],
 }
+_PRESETS_BY_LIBRARY = {"torchvision": PRESETS, "timm": TIMM_PRESETS}
 
-# The library whose module names a preset uses; a bare name with a preset resolves to that library.
-PRESET_LIBRARY = {"resnet18": "torchvision", "resnet50": "torchvision", "resnet101": "torchvision",
-                  "vit_base_patch16_224": "timm", "convnext_tiny": "timm"}
 
-DEFAULT_COUNT = 12
+def preset_for(library: str, arch: str) -> list[str] | None:
+    """The preset anchors of `arch` in `library` (a timm pretrained tag, `convnext_tiny.fb_in1k`, is ignored)."""
+    return _PRESETS_BY_LIBRARY.get(library, {}).get(arch.partition(".")[0])
+
 
 # Transformer module taps per block (docs/design.md, "Transformer module taps"): tap -> (submodule of the
 # block, which side of it).
@@ -47,13 +57,15 @@ TAPS: dict[str, tuple[str, str]] = {
 
 HOOK_SIDES = ("output", "input")
 POST_OPS = ("relu",)
+INPUT_SUFFIX = ".input"  # `X.input`: what enters module X (`<head>.input` is what the classifier reads)
 
 
 @dataclass(frozen=True)
 class Anchor:
     """One tap, resolved: what users and tables see (`name`), and how the extractor records it: a forward hook
     on `module`'s output (`side="output"`) or a pre-hook on what enters it (`side="input"`), then `post` (an
-    elementwise op, `relu` for `.mid`) before pooling. `dim` is the pooled width, known after one forward."""
+    elementwise op, `relu` for `.mid`) before pooling. `dim` is the pooled width, known after one forward;
+    `channels_last` says a 4-D output is [B,H,W,C] (Swin's stages), so pooling averages H and W, not W and C."""
 
     index: int
     name: str
@@ -64,6 +76,7 @@ class Anchor:
     post: str | None = None
     block: int | None = None  # Transformer module taps: the block index ...
     tap: str | None = None  # ... and the tap name (ln1, attn, resid_mid, ln2, fc1, act, fc2, resid)
+    channels_last: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,7 +87,7 @@ class Anchor:
         if post == "input":  # stores written before `side` existed kept the hook side in `post`
             side, post = "input", None
         return cls(d["index"], d["name"], d["module"], d["dim"], d["depth_frac"], side, post, d.get("block"),
-                   d.get("tap"))
+                   d.get("tap"), bool(d.get("channels_last", False)))
 
 
 def _taps_of(block: nn.Module, block_name: str, modules: dict[str, nn.Module]) -> list[str]:
@@ -90,12 +103,16 @@ def _has_mid(module: nn.Module) -> bool:
 
 def valid_anchor_names(model: nn.Module) -> list[str]:
     """Every name `--anchors` accepts, in model order (the idea of torchvision's `get_graph_node_names`):
-    each module, `X.mid` inside blocks with a bn1, and `X.<tap>` for timm ViT-style blocks."""
+    each module, `X.mid` inside blocks with a bn1, `X.<tap>` for timm ViT-style blocks, and `<head>.input`, what
+    the classifier reads (`X.input` is accepted for any module X)."""
     modules = dict(model.named_modules())
+    head = head_name(model)
     names: list[str] = []
     for name, module in modules.items():
         if not name:
             continue
+        if name == head:
+            names.append(name + INPUT_SUFFIX)
         names.append(name)
         if _has_mid(module):
             names.append(f"{name}.mid")
@@ -121,6 +138,9 @@ def resolve_anchor(model: nn.Module, name: str) -> tuple[str, str, str | None]:
                              f"`.mid` taps exist only inside ResNet blocks")
     if name in modules and name != "":
         return name, "output", None
+    target = name.removesuffix(INPUT_SUFFIX)
+    if target != name and target and target in modules:
+        return target, "input", None
     close = difflib.get_close_matches(name, valid_anchor_names(model), n=5, cutoff=0.5)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise FeatstoreError(f"anchor {name!r} is not a module of this model{hint}; "
@@ -133,48 +153,8 @@ def head_name(model: nn.Module) -> str | None:
     return linears[-1] if linears else None
 
 
-def block_candidates(model: nn.Module, head: str | None = None) -> list[str]:
-    """Numbered blocks (children of plain Sequential/ModuleList containers), outermost first, in model order.
-
-    Subclasses of Sequential (torchvision's Conv2dNormActivation, say) count as blocks, not containers.
-    The classifier `head` is left out: its output is the logits, which the store keeps anyway.
-    """
-    containers = (nn.Sequential, nn.ModuleList)
-    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
-    found: list[str] = []
-    for parent_name, parent in model.named_modules():
-        if type(parent) not in containers:
-            continue
-        for child_name, child in parent.named_children():
-            full = f"{parent_name}.{child_name}" if parent_name else child_name
-            if type(child) in containers or full == head or not any(True for _ in child.parameters()):
-                continue
-            if any(full.startswith(f + ".") for f in found):
-                continue
-            found.append(full)
-    found = [f for f in found if not any(f.startswith(g + ".") for g in found)]
-    return sorted(found, key=order.__getitem__)
-
-
-def default_anchor_names(model: nn.Module, count: int = DEFAULT_COUNT) -> list[str]:
-    """Evenly spaced blocks over the model's depth, always including the last one."""
-    blocks = block_candidates(model, head=head_name(model))
-    if not blocks:
-        raise FeatstoreError("this model has no numbered blocks to choose anchors from; pass --anchors a,b,c")
-    if len(blocks) <= count:
-        return blocks
-    step = (len(blocks) - 1) / (count - 1)
-    return [blocks[round(i * step)] for i in range(count)]
-
-
-def anchor_names_for(arch: str, library: str, model: nn.Module, anchors: str | None) -> list[str]:
-    """The user's --anchors, else the preset for this model, else evenly spaced blocks."""
-    if anchors:
-        names = [a.strip() for a in anchors.split(",") if a.strip()]
-    elif PRESET_LIBRARY.get(arch) == library:
-        names = PRESETS[arch]
-    else:
-        names = default_anchor_names(model)
+def check_anchor_names(names: list[str]) -> list[str]:
+    """A usable anchor list: no name twice, and a start and an end."""
     if len(set(names)) != len(names):
         raise FeatstoreError(f"--anchors lists a name twice: {','.join(names)}")
     if len(names) < 2:

@@ -20,10 +20,11 @@ import numpy as np
 import torch
 
 from featstore import __version__
-from featstore.anchors import anchor_names_for, tap_anchor_names
+from featstore.anchors import tap_anchor_names
 from featstore.datasets import IMAGENET_CLASSES, ImageSet, check_labels
+from featstore.depth import anchor_names_for
 from featstore.errors import FeatstoreError
-from featstore.extraction import Tapper, describe_anchors
+from featstore.extraction import Tapper, default_token_pool, describe_anchors
 from featstore.location import StoreLocation
 from featstore.models import LoadedModel, load_model
 from featstore.runtime import (
@@ -147,12 +148,13 @@ def _build(cfg: BuildConfig, ranks: Ranks, device: torch.device, precision: str,
     model = loaded.module.to(device, memory_format=memory_format)
     if cfg.taps and cfg.anchors:
         raise FeatstoreError("--taps and --anchors exclude each other: taps define the anchors")
-    names = tap_anchor_names(model, cfg.taps) if cfg.taps else anchor_names_for(loaded.arch, loaded.library, model,
-                                                                                 cfg.anchors)
-    pool_kind = cfg.pool or ("mean" if cfg.taps else "cls")  # module taps pool over all tokens (docs/design.md §3)
     sample = loaded.preprocessing.normalize(torch.zeros(1, 3, loaded.preprocessing.crop, loaded.preprocessing.crop))
-    anchors, num_classes = describe_anchors(model, names, sample.to(device).contiguous(memory_format=memory_format),
-                                            pool_kind)
+    sample = sample.to(device).contiguous(memory_format=memory_format)
+    # module taps pool over all tokens (docs/design.md §3); other token anchors read the CLS token where there is one
+    pool_kind = cfg.pool or ("mean" if cfg.taps else default_token_pool(model))
+    names = tap_anchor_names(model, cfg.taps) if cfg.taps else anchor_names_for(loaded.arch, loaded.library, model,
+                                                                                 cfg.anchors, sample, pool_kind)
+    anchors, num_classes = describe_anchors(model, names, sample, pool_kind)
     if num_classes != IMAGENET_CLASSES:  # WNID labels mean ImageNet-1k indices only to a 1000-way head
         images = images.with_folder_ranks()
     check_labels(images, num_classes)

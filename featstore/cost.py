@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from featstore.anchors import Anchor
-from featstore.extraction import hook_anchor, pool
+from featstore.extraction import hook_anchor, output_shapes, pool
 from featstore.records import AnchorCost, ModelCost
 
 
@@ -62,12 +62,7 @@ def measure_costs(model: nn.Module, anchors: Sequence[Anchor], crop: int, num_cl
     """Prefix and probe cost of every anchor, and the full model's, at one batch size."""
     model = model.to(device).eval()
     x = torch.randn(batch_size, 3, crop, crop, device=device)
-    shapes: dict[str, torch.Size] = {}
-    hooks = [hook_anchor(model, a, lambda t, name=a.name: shapes.__setitem__(name, t.shape)) for a in anchors]
-    with torch.inference_mode():
-        model(x)
-    for h in hooks:
-        h.remove()
+    shapes = output_shapes(model, anchors, x)
 
     def prefix(anchor: Anchor) -> Callable[[], None]:
         def run() -> None:
@@ -89,13 +84,14 @@ def measure_costs(model: nn.Module, anchors: Sequence[Anchor], crop: int, num_cl
     for index, anchor in enumerate(anchors):
         run = prefix(anchor)
         feature_map = torch.randn(shapes[anchor.name], device=device)
-        dim = pool(feature_map, token_pool).shape[1]
+        dim = pool(feature_map, token_pool, anchor.channels_last).shape[1]
         weight = torch.randn(num_classes, dim, device=device)
         bias = torch.randn(num_classes, device=device)
 
-        def probe(feature_map=feature_map, weight=weight, bias=bias) -> torch.Tensor:
+        def probe(feature_map=feature_map, weight=weight, bias=bias, channels_last=anchor.channels_last):
             with torch.inference_mode():
-                return torch.softmax(pool(feature_map, token_pool) @ weight.T + bias, dim=-1).max(dim=-1)
+                pooled = pool(feature_map, token_pool, channels_last)
+                return torch.softmax(pooled @ weight.T + bias, dim=-1).max(dim=-1)
 
         costs.append(AnchorCost(index, median_ms(run, device, repeats, warmup), _flops(run),
                                 median_ms(probe, device, repeats, warmup), _flops(probe)))

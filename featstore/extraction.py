@@ -13,17 +13,18 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from featstore.anchors import Anchor, anchor_names_for, resolve_anchor, resolve_anchors, valid_anchor_names
+from featstore.anchors import Anchor, resolve_anchor, resolve_anchors, valid_anchor_names
 from featstore.errors import FeatstoreError
 
 TOKEN_POOLS = ("cls", "mean")
 
 
-def pool(x: torch.Tensor, token_pool: str = "cls") -> torch.Tensor:
-    """[B,C,H,W] -> mean over H,W; [B,N,D] tokens -> CLS token or mean over tokens; [B,C] unchanged."""
+def pool(x: torch.Tensor, token_pool: str = "cls", channels_last: bool = False) -> torch.Tensor:
+    """[B,C,H,W] (or [B,H,W,C] when `channels_last`) -> mean over H,W; [B,N,D] tokens -> CLS token or mean over
+    tokens; [B,C] unchanged."""
     x = _first(x)
     if x.ndim == 4:
-        return x.mean(dim=(2, 3))
+        return x.mean(dim=(1, 2) if channels_last else (2, 3))
     if x.ndim == 3:
         return x[:, 0] if token_pool == "cls" else x.mean(dim=1)
     if x.ndim == 2:
@@ -60,7 +61,7 @@ class Tapper:
         def record(x: torch.Tensor) -> None:
             if anchor.post == "relu":
                 x = torch.relu(x)
-            self._pooled[anchor.name] = pool(x, self.token_pool).float()
+            self._pooled[anchor.name] = pool(x, self.token_pool, anchor.channels_last).float()
 
         return record
 
@@ -87,11 +88,44 @@ class Tapper:
         self.close()
 
 
+def default_token_pool(model: nn.Module) -> str:
+    """How token anchors are read by default: the CLS token where the model has one (the token its head reads),
+    else the mean over tokens (MLP-Mixer, LeViT: no token stands for the image)."""
+    names = (name.rpartition(".")[2] for name, _ in model.named_parameters())
+    return "cls" if any(n.startswith(("cls_token", "class_token")) for n in names) else "mean"
+
+
+def is_channels_last(shape: Sequence[int]) -> bool:
+    """A 4-D output [B,H,W,C]: featstore's crops are square, so its two spatial sides are equal; an output whose
+    sides 1 and 2 are equal and differ from side 3 has its channels last (torchvision's and timm's Swin)."""
+    return len(shape) == 4 and shape[1] == shape[2] != shape[3]
+
+
+def output_shapes(model: nn.Module, anchors: Sequence[Anchor], sample: torch.Tensor) -> dict[str, torch.Size]:
+    """The raw (unpooled) shape each anchor records, from one forward on `sample`."""
+    shapes: dict[str, torch.Size] = {}
+    _run_hooked(model, sample, [hook_anchor(model, a, lambda t, name=a.name: shapes.__setitem__(name, t.shape))
+                                for a in anchors])
+    return shapes
+
+
+def _run_hooked(model: nn.Module, sample: torch.Tensor, handles: Sequence[RemovableHandle]) -> None:
+    """One inference forward on `sample` with `handles` installed, removed afterwards whatever happens."""
+    try:
+        with torch.inference_mode():
+            model(sample)
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def describe_anchors(model: nn.Module, names: Sequence[str], sample: torch.Tensor,
                      token_pool: str = "cls") -> tuple[list[Anchor], int]:
-    """Resolve anchor names and measure their pooled widths (and the head's class count) with one forward
-    on `sample`: the complete anchor description, before any image is extracted."""
+    """Resolve anchor names, find each one's layout and measure its pooled width (and the head's class count)
+    with forwards on `sample`: the complete anchor description, before any image is extracted."""
     anchors = resolve_anchors(model, list(names))
+    shapes = output_shapes(model, anchors, sample)
+    anchors = [replace(a, channels_last=is_channels_last(shapes.get(a.name, ()))) for a in anchors]
     with Tapper(model, anchors, token_pool) as tapper, torch.inference_mode():
         feats, logits = tapper.forward(sample)
     dims = [replace(a, dim=int(f.shape[1])) for a, f in zip(anchors, feats, strict=True)]
@@ -102,29 +136,26 @@ def runnable_anchor_names(model: nn.Module, sample: torch.Tensor) -> list[str]:
     """`valid_anchor_names` less the modules that one forward on `sample` never calls (e.g. an attention
     dropout skipped by fused attention): exactly the names a build can extract."""
     ran: set[str] = set()
-    handles = [m.register_forward_hook(lambda *_, name=name: ran.add(name))
-               for name, m in model.named_modules() if name]
-    try:
-        with torch.inference_mode():
-            model(sample)
-    finally:
-        for h in handles:
-            h.remove()
+    _run_hooked(model, sample, [m.register_forward_hook(lambda *_, name=name: ran.add(name))
+                                for name, m in model.named_modules() if name])
     return [n for n in valid_anchor_names(model) if resolve_anchor(model, n)[0] in ran]
 
 
 def anchor_listing(model_name: str, every: bool = False) -> list[str]:
     """Lines for `featstore anchors`: the default anchors with what they hook, or every name a build can
     extract, one per line (each accepted verbatim by `--anchors`)."""
+    from featstore.depth import anchor_names_for
     from featstore.models import load_model
 
     loaded = load_model(model_name, weights="none")
     model = loaded.module.eval()
+    crop = loaded.preprocessing.crop
+    sample = loaded.preprocessing.normalize(torch.zeros(1, 3, crop, crop))
     if every:
-        crop = loaded.preprocessing.crop
-        return runnable_anchor_names(model, loaded.preprocessing.normalize(torch.zeros(1, 3, crop, crop)))
+        return runnable_anchor_names(model, sample)
     lines = []
-    for a in resolve_anchors(model, anchor_names_for(loaded.arch, loaded.library, model, None)):
+    names = anchor_names_for(loaded.arch, loaded.library, model, None, sample, default_token_pool(model))
+    for a in resolve_anchors(model, names):
         how = "" if a.module == a.name else f"  (hooks {a.module} {a.side}{' + ' + a.post if a.post else ''})"
         lines.append(f"{a.index:3d}  {a.name}{how}")
     return lines

@@ -1,10 +1,16 @@
 """One registry over torchvision and timm: a name and a weights choice in, an eval-mode model out.
 
-Weights: `auto` (the paper's weights for the paper's five models, else the library default), `paper` (the
-source paper's weights, see `PAPER_WEIGHTS`), `default` (the library's pretrained weights, fetched by
-torch/timm), a torchvision weights name such as `IMAGENET1K_V1` or a timm pretrained tag such as `fb_in1k`, a
-local state-dict path (loaded with `weights_only=True`), or `none` (seeded random init). Every choice gets a
-`weights_id` recorded in the store, so a store never mixes two models.
+Names: a torchvision name (`resnet50`, `vit_b_16`, `convnext_tiny`) is torchvision's model; a name only timm knows
+(`vit_base_patch16_224`) is timm's; `timm/NAME` and `torchvision/NAME` choose the library. A bare name both
+libraries know goes to timm only when `--weights` is one of timm's pretrained tags for it (`convnext_tiny
+--weights fb_in1k`), since torchvision's weights names (`IMAGENET1K_V1`) never are.
+
+Weights: `auto` (the paper's weights for the paper's five models; timm's ImageNet-1k-only checkpoints for timm's
+ViT-B/16 and ConvNeXt-T; else the library default), `paper` (the source paper's weights, see `PAPER_WEIGHTS`),
+`default` (the library's pretrained weights, fetched by torch/timm), a torchvision weights name such as
+`IMAGENET1K_V1` or a timm pretrained tag such as `fb_in1k`, a local state-dict path (loaded with
+`weights_only=True`), or `none` (seeded random init). Every choice gets a `weights_id` recorded in the store, so
+a store never mixes two models. docs/paper.md gives the reasoning and the published top-1 of each.
 """
 
 from __future__ import annotations
@@ -18,22 +24,26 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from featstore.anchors import PRESET_LIBRARY, head_name
+from featstore.anchors import head_name
 from featstore.errors import FeatstoreError
 from featstore.preprocessing import Preprocessing
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-# The source paper's weights. Its ResNets are torchvision's original ImageNet-1k weights (ResNet-50 at full depth
-# 76.15%, resize 256 -> crop 224). It does not name its ViT-B/16 and ConvNeXt-T weights; ours are timm's
-# checkpoints trained on ImageNet-1k only, like the ResNets (docs/paper.md gives the reasoning and figures).
-PAPER_WEIGHTS = {"resnet18": "IMAGENET1K_V1", "resnet50": "IMAGENET1K_V1", "resnet101": "IMAGENET1K_V1",
-                 "vit_base_patch16_224": "augreg_in1k", "convnext_tiny": "fb_in1k"}
+# The source paper's weights: it studies "torchvision's ResNet-18/50/101" (ResNet-50 at full depth 76.15%,
+# resize 256 -> crop 224), extended to ViT-B/16 and ConvNeXt-T; these are torchvision's original ImageNet-1k
+# checkpoints of all five, each with its own eval transform.
+PAPER_WEIGHTS = {("torchvision", arch): "IMAGENET1K_V1"
+                 for arch in ("resnet18", "resnet50", "resnet101", "vit_b_16", "convnext_tiny")}
 
-# Published ImageNet-1k val top-1 (%) of the timm checkpoints above, from timm's results/results-imagenet.csv
-# (torchvision weights carry theirs in `meta["_metrics"]`).
+# timm's checkpoints of the same two architectures trained on ImageNet-1k only: what `auto` gives under timm's
+# names, the timm row beside the torchvision one in studies/paper.toml. Their published ImageNet-1k val top-1 (%)
+# is from timm's results/results-imagenet.csv (torchvision weights carry theirs in `meta["_metrics"]`).
+TIMM_IN1K = {"vit_base_patch16_224": "augreg_in1k", "convnext_tiny": "fb_in1k"}
 TIMM_PUBLISHED_TOP1 = {"vit_base_patch16_224.augreg_in1k": 79.154, "convnext_tiny.fb_in1k": 82.066}
+PAPER_TWIN = {"vit_base_patch16_224": "vit_b_16", "convnext_tiny": "convnext_tiny"}  # timm name -> paper's model
+SPECIAL_WEIGHTS = ("auto", "paper", "default", "none")
 
 
 @dataclass
@@ -56,16 +66,15 @@ def _torchvision_names() -> frozenset[str]:
     return frozenset(torchvision.models.list_models())
 
 
-def library_of(name: str) -> tuple[str, str]:
-    """'resnet50' -> ('torchvision', 'resnet50'); 'timm/resnet50' forces timm; unknown names fail."""
+def library_of(name: str, weights: str = "auto") -> tuple[str, str]:
+    """'resnet50' -> ('torchvision', 'resnet50'); 'timm/resnet50' forces timm; a name both libraries know goes to
+    timm when `weights` is one of timm's pretrained tags for it; unknown names fail."""
     if name.startswith("timm/"):
         return "timm", name[len("timm/"):]
     if name.startswith("torchvision/"):
         return "torchvision", name[len("torchvision/"):]
-    if name in PRESET_LIBRARY:
-        return PRESET_LIBRARY[name], name
     if name in _torchvision_names():
-        return "torchvision", name
+        return ("timm" if _is_timm_tag(name, weights) else "torchvision"), name
     import timm
 
     if timm.is_model(name):
@@ -77,17 +86,31 @@ def library_of(name: str) -> tuple[str, str]:
     raise FeatstoreError(f"unknown model {name!r}: not a torchvision or timm model name{hint}")
 
 
+def _is_timm_tag(name: str, weights: str) -> bool:
+    if weights in SPECIAL_WEIGHTS or _weights_path(weights) is not None or not weights.islower():
+        return False
+    import timm
+
+    return bool(timm.list_pretrained(f"{name}.{weights}"))
+
+
 def resolve_weights(library: str, arch: str, weights: str) -> str:
-    """`auto` -> the paper's weights where the paper names a model, else `default`; `paper` -> its weights."""
-    paper = PAPER_WEIGHTS.get(arch) if PRESET_LIBRARY.get(arch) == library else None
+    """`auto` -> the paper's weights where the paper names a model (timm's ImageNet-1k checkpoint for timm's
+    twins of its ViT-B/16 and ConvNeXt-T), else `default`; `paper` -> the paper's weights."""
+    base = arch.partition(".")[0]
+    paper = PAPER_WEIGHTS.get((library, base))
     if weights == "auto":
-        return paper or "default"
+        return paper or (TIMM_IN1K.get(base) if library == "timm" else None) or "default"
     if weights == "paper":
-        if paper is None:
-            models = ", ".join(PAPER_WEIGHTS)
-            raise FeatstoreError(f"--weights paper: the paper studies {models} ({library}/{arch} is not one of "
-                                 f"them); use --weights default, a weights name, a PATH or none")
-        return paper
+        if paper is not None:
+            return paper
+        if library == "timm" and base in PAPER_TWIN:
+            raise FeatstoreError(
+                f"--weights paper: the paper's model is torchvision's {PAPER_TWIN[base]} IMAGENET1K_V1; use --model "
+                f"{PAPER_TWIN[base]}, or --weights {TIMM_IN1K[base]} for timm's ImageNet-1k checkpoint of {base}")
+        models = ", ".join(arch for _, arch in PAPER_WEIGHTS)
+        raise FeatstoreError(f"--weights paper: the paper studies torchvision's {models} ({library}/{arch} is not "
+                             f"one of them); use --weights default, a weights name, a PATH or none")
     return weights
 
 
@@ -112,13 +135,13 @@ def load_model(name: str, weights: str = "auto", seed: int = 0, image_size: int 
                num_classes: int | None = None) -> LoadedModel:
     """Build `name` with the chosen weights, in eval mode, with its own eval preprocessing.
     `num_classes` sets the head's width for `weights="none"` (cost measurement of a fine-tuned model)."""
-    library, arch = library_of(name)
+    library, arch = library_of(name, weights)
     weights = resolve_weights(library, arch, weights)
     path = _weights_path(weights)
     if num_classes is not None and weights != "none":
         raise FeatstoreError("num_classes applies to random-init models only; checkpoints bring their own head")
     if library == "torchvision":
-        loaded = _torchvision(arch, weights, path, seed, num_classes)
+        loaded = _torchvision(arch, weights, path, seed, image_size, num_classes)
     else:
         loaded = _timm(arch, weights, path, seed, image_size, num_classes)
     loaded.name, loaded.arch = name, arch
@@ -138,7 +161,8 @@ def _weights_path(weights: str) -> Path | None:
     return None
 
 
-def _torchvision(arch: str, weights: str, path: Path | None, seed: int, num_classes: int | None = None) -> LoadedModel:
+def _torchvision(arch: str, weights: str, path: Path | None, seed: int, image_size: int | None = None,
+                 num_classes: int | None = None) -> LoadedModel:
     import torchvision.models as tvm
 
     try:
@@ -153,7 +177,10 @@ def _torchvision(arch: str, weights: str, path: Path | None, seed: int, num_clas
             chosen = enum.DEFAULT if weights == "default" else enum[weights]
         except KeyError as e:
             names = ", ".join(w.name for w in enum)
-            raise FeatstoreError(f"--weights {weights}: {arch} weights are {names}, default, none or a path") from e
+            twin = {tv: tm for tm, tv in PAPER_TWIN.items()}.get(arch)
+            hint = f" (timm's {twin} checkpoints: --model timm/{twin} --weights TAG)" if twin else ""
+            raise FeatstoreError(f"--weights {weights}: {arch} weights are {names}, default, none or a path"
+                                 f"{hint}") from e
     reference = chosen or (enum.DEFAULT if enum is not None else None)
     prep = _torchvision_preprocessing(reference)
     if chosen is not None:
@@ -168,13 +195,25 @@ def _torchvision(arch: str, weights: str, path: Path | None, seed: int, num_clas
         return LoadedModel(arch, arch, "torchvision", model, f"torchvision:{chosen}", prep,
                            _num_classes(model))
     torch.manual_seed(seed)
-    model = tvm.get_model(arch, weights=None, **({"num_classes": num_classes} if num_classes else {}))
+    model = _create_torchvision(arch, image_size, **({"num_classes": num_classes} if num_classes else {}))
     if path is None:
         return LoadedModel(arch, arch, "torchvision", model, f"none:seed={seed}", prep, _num_classes(model))
     state = _read_state_dict(path)
-    model = _fit_head(model, state, lambda n: tvm.get_model(arch, weights=None, num_classes=n), seed)
+    model = _fit_head(model, state, lambda n: _create_torchvision(arch, image_size, num_classes=n), seed)
     _load_state(model, state, path, arch)
     return LoadedModel(arch, arch, "torchvision", model, _file_id(path), prep, _num_classes(model))
+
+
+def _create_torchvision(arch: str, image_size: int | None, **kwargs) -> nn.Module:
+    """torchvision model with random weights; ViTs are built for `image_size` (their position embedding)."""
+    import torchvision.models as tvm
+
+    if image_size is not None:
+        try:
+            return tvm.get_model(arch, weights=None, image_size=image_size, **kwargs)
+        except TypeError:  # convolutional models take any input size
+            pass
+    return tvm.get_model(arch, weights=None, **kwargs)
 
 
 def _torchvision_preprocessing(weights) -> Preprocessing:

@@ -8,7 +8,7 @@ import torch
 import torchvision
 from torchvision.models.feature_extraction import create_feature_extractor
 
-from featstore.anchors import PRESETS
+from featstore.anchors import PRESETS, TIMM_PRESETS
 from featstore.store import FeatureStore
 
 from conftest import assert_fp16_close, reference_batch, run_cli
@@ -32,7 +32,7 @@ def _build(image_dir, tmp_path, model: str, size: int, *extra: str) -> tuple[Fea
     store = tmp_path / "s.zarr"
     run_cli("build", "--model", model, "--data", image_dir, "--store", store, "--weights", "none",
             "--image-size", size, "--chunk-rows", 6, "--batch-size", BATCH, "--workers", 0, "--no-progress", *extra)
-    return FeatureStore(store), model
+    return FeatureStore(store), model.replace("/", "_")
 
 
 def _inputs(store: FeatureStore, key: str, image_dir):
@@ -62,10 +62,37 @@ def test_torchvision_presets_match_feature_extractor(image_dir, tmp_path, name):
     assert_fp16_close(store.read_logits(key, "clean"), logits.numpy(), "logits")
 
 
+@pytest.mark.parametrize(("name", "size"), [("vit_b_16", 32), ("convnext_tiny", 64)])
+def test_torchvision_vit_and_convnext_presets_match_feature_extractor(image_dir, tmp_path, name, size):
+    """The paper's ViT-B/16 and ConvNeXt-T are torchvision's: their presets, in torchvision's module names, against
+    torchvision's own feature extractor (ViT: the CLS token of each block and of the final norm, which the head
+    reads; ConvNeXt: average-pooled stage blocks and the head's norm)."""
+    store, key = _build(image_dir, tmp_path, name, size, "--limit", 6)
+    torch.manual_seed(0)
+    extra = {"image_size": size} if name.startswith("vit") else {}
+    model = getattr(torchvision.models, name)(weights=None, **extra).eval()
+    extractor = create_feature_extractor(model, return_nodes=PRESETS[name])
+    x = _inputs(store, key, image_dir)
+    with torch.no_grad():
+        outs = batched(extractor, x)
+        logits = batched(model, x)
+    assert [a.name for a in store.anchors(key)] == PRESETS[name]
+    assert store.model_attrs(key)["config"]["library"] == "torchvision"
+    for anchor in PRESETS[name]:
+        out = outs[anchor]
+        ref = out[:, 0] if out.ndim == 3 else out.mean(dim=(2, 3))
+        assert_fp16_close(store.read(key, "clean", anchor), ref.numpy(), anchor)
+    head = model.heads.head if name.startswith("vit") else model.classifier[2]
+    last = torch.from_numpy(store.read(key, "clean", PRESETS[name][-1]).astype("float32"))
+    assert_fp16_close(store.read_logits(key, "clean"), logits.numpy(), "logits")
+    assert torch.allclose(head(last), logits, rtol=0.01, atol=0.01 * float(logits.abs().max()))  # what it reads
+
+
 @pytest.mark.parametrize("pool", ["cls", "mean"])
 def test_vit_preset_matches_forward_intermediates(image_dir, tmp_path, pool):
     name = "vit_base_patch16_224"
     store, key = _build(image_dir, tmp_path, name, 32, "--pool", pool)
+    assert [a.name for a in store.anchors(key)] == TIMM_PRESETS[name]
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, img_size=32).eval()
     x = _inputs(store, key, image_dir)
@@ -84,13 +111,13 @@ def test_vit_preset_matches_forward_intermediates(image_dir, tmp_path, pool):
     assert_fp16_close(store.read_logits(key, "clean"), logits.numpy(), "logits")
 
 
-def test_convnext_preset_matches_hooks_and_head(image_dir, tmp_path):
+def test_timm_convnext_preset_matches_hooks_and_head(image_dir, tmp_path):
     name = "convnext_tiny"
-    store, key = _build(image_dir, tmp_path, name, 64)
+    store, key = _build(image_dir, tmp_path, f"timm/{name}", 64)
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False).eval()
     modules = dict(model.named_modules())
-    captured: dict[str, list[torch.Tensor]] = {a: [] for a in PRESETS[name][:-1]}
+    captured: dict[str, list[torch.Tensor]] = {a: [] for a in TIMM_PRESETS[name][:-1]}
     for anchor in captured:
         modules[anchor].register_forward_hook(lambda m, i, o, a=anchor: captured[a].append(o.clone()))
     x = _inputs(store, key, image_dir)

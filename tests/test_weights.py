@@ -83,12 +83,54 @@ def test_paper_weights_are_torchvision_v1_with_the_v1_transform(tmp_path, monkey
     assert published_top1(loaded.weights_id) == 76.13
     assert published_top1("torchvision:ResNet50_Weights.IMAGENET1K_V2") == 80.858
     assert resolve_weights("torchvision", "resnet34", "auto") == "default"
-    with pytest.raises(FeatstoreError, match="the paper studies resnet18"):
+    with pytest.raises(FeatstoreError, match="the paper studies torchvision's resnet18"):
         resolve_weights("torchvision", "resnet34", "paper")
 
 
-def test_paper_weights_of_vit_and_convnext_are_imagenet_1k_timm_tags(monkeypatch):
-    """The paper names no checkpoint for ViT-B/16 and ConvNeXt-T: ours are timm's IN-1k-only ones."""
+def _light_state_dict(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """`model`'s state dict with the right shapes but one random value per output row (stride 0 elsewhere):
+    a file of kilobytes that loads like an 86M-parameter checkpoint."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for k, v in model.state_dict().items():
+        if not v.is_floating_point() or v.ndim == 0:
+            out[k] = v
+            continue
+        rows = torch.randn(v.shape[0], generator=gen) * 0.05 + (1.0 if k.endswith("weight") and v.ndim == 1 else 0)
+        out[k] = rows.view(-1, *([1] * (v.ndim - 1))).expand(v.shape)
+    return out
+
+
+@pytest.mark.parametrize(("name", "weights", "resize", "top1"), [
+    ("vit_b_16", torchvision.models.ViT_B_16_Weights.IMAGENET1K_V1, 256, 81.072),
+    ("convnext_tiny", torchvision.models.ConvNeXt_Tiny_Weights.IMAGENET1K_V1, 236, 82.52)])
+def test_the_papers_vit_and_convnext_are_torchvision_v1_with_their_transform(name, weights, resize, top1, image_dir,
+                                                                           tmp_path, monkeypatch):
+    """`featstore build --model vit_b_16` / `convnext_tiny` without --weights: torchvision's IMAGENET1K_V1, read
+    from the torch hub cache under its official file name, with that checkpoint's own eval transform."""
+    architecture = getattr(torchvision.models, name)(weights=None)
+    state = _light_state_dict(architecture, seed=len(name))
+    hub = tmp_path / "hub"
+    (hub / "checkpoints").mkdir(parents=True)
+    torch.save(state, hub / "checkpoints" / os.path.basename(weights.url))
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(hub))
+    store = tmp_path / "s.zarr"
+    run_cli("build", "--model", name, "--data", image_dir, "--store", store, "--limit", "2", "--batch-size", "2",
+            "--workers", "0", "--no-progress")
+    fs = FeatureStore(store)
+    cfg = fs.model_attrs(name)["config"]
+    tf = weights.transforms()
+    assert cfg["weights_id"] == f"torchvision:{weights}" and cfg["library"] == "torchvision"
+    assert (cfg["preprocessing"]["resize"], cfg["preprocessing"]["crop"], cfg["preprocessing"]["interpolation"]) == (
+        resize, 224, "bilinear") == (tf.resize_size[0], tf.crop_size[0], tf.interpolation.value)
+    assert tuple(cfg["preprocessing"]["mean"]) == tuple(tf.mean) and published_top1(cfg["weights_id"]) == top1
+    architecture.load_state_dict(state)
+    assert_fp16_close(fs.read_logits(name, "clean"), _logits(architecture, fs, name, image_dir).numpy(), "logits")
+
+
+def test_timm_twins_of_the_papers_vit_and_convnext_stay_selectable(monkeypatch):
+    """timm's ImageNet-1k-only checkpoints: `auto` under timm's names, a timm tag on the shared bare name, and
+    `--weights paper` on a timm name points at the paper's torchvision model."""
     import timm
 
     asked = []
@@ -100,14 +142,22 @@ def test_paper_weights_of_vit_and_convnext_are_imagenet_1k_timm_tags(monkeypatch
         return SimpleNamespace(pretrained_cfg=timm.models.get_pretrained_cfg(arch).to_dict())
 
     monkeypatch.setattr(featstore.models, "_create_timm", offline_timm)
-    for name, tag in [("vit_base_patch16_224", "vit_base_patch16_224.augreg_in1k"),
-                      ("convnext_tiny", "convnext_tiny.fb_in1k")]:
+    for name, weights, tag in [("vit_base_patch16_224", "auto", "vit_base_patch16_224.augreg_in1k"),
+                               ("vit_base_patch16_224", "augreg_in1k", "vit_base_patch16_224.augreg_in1k"),
+                               ("timm/convnext_tiny", "auto", "convnext_tiny.fb_in1k"),
+                               ("convnext_tiny", "fb_in1k", "convnext_tiny.fb_in1k")]:
         with pytest.raises(FeatstoreError, match=f"timm/{tag}"):
-            load_model(name)  # auto = paper for the paper's models; offline, the error names the file
+            load_model(name, weights)  # offline, the error names the timm file
         assert asked[-2:] == [(tag, True), (tag, False)]
         assert published_top1(f"timm:timm/{tag}") > 79
+    assert published_top1("timm:timm/vit_base_patch16_224.augreg_in1k") == 79.154
+    assert published_top1("timm:timm/convnext_tiny.fb_in1k") == 82.066
     with pytest.raises(FeatstoreError, match="no timm pretrained tag 'in1k_v9'"):
-        load_model("convnext_tiny", "in1k_v9")
+        load_model("timm/convnext_tiny", "in1k_v9")
+    with pytest.raises(FeatstoreError, match="torchvision's vit_b_16 IMAGENET1K_V1; use --model vit_b_16"):
+        load_model("vit_base_patch16_224", "paper")
+    with pytest.raises(FeatstoreError, match="--model timm/vit_base_patch16_224 --weights TAG"):
+        load_model("vit_b_16", "augreg_in1k")
 
 
 def test_info_shows_weights_and_their_published_top1(image_dir, tmp_path, monkeypatch):
