@@ -21,7 +21,7 @@ import torch
 
 from featstore import __version__
 from featstore.anchors import tap_anchor_names
-from featstore.datasets import IMAGENET_CLASSES, ImageSet, check_labels
+from featstore.datasets import ImageSet, labels_for_head
 from featstore.depth import anchor_names_for
 from featstore.errors import FeatstoreError
 from featstore.extraction import Tapper, default_token_pool, describe_anchors
@@ -155,9 +155,7 @@ def _build(cfg: BuildConfig, ranks: Ranks, device: torch.device, precision: str,
     names = tap_anchor_names(model, cfg.taps) if cfg.taps else anchor_names_for(loaded.arch, loaded.library, model,
                                                                                  cfg.anchors, sample, pool_kind)
     anchors, num_classes = describe_anchors(model, names, sample, pool_kind)
-    if num_classes != IMAGENET_CLASSES:  # WNID labels mean ImageNet-1k indices only to a 1000-way head
-        images = images.with_folder_ranks()
-    check_labels(images, num_classes)
+    images = labels_for_head(images, num_classes)
     config = StoreConfig(
         model=cfg.model.model, library=loaded.library, weights_id=loaded.weights_id,
         preprocessing=loaded.preprocessing, token_pool=pool_kind, num_classes=num_classes,

@@ -406,7 +406,7 @@ def load_graph(spec: ModelSpec, seed: int = 0, device: str = "auto", name: str |
 def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
     """Mean activations over the image set (the first batch checks the rewrite against the model), then
     EAP-IG edge scores; nothing is written."""
-    from featstore.datasets import ViewDataset
+    from featstore.datasets import ViewDataset, labels_for_head
     from featstore.loading import iterate_batches
     from featstore.runtime import tune_allocator
     from featstore.threads import ThreadPolicy
@@ -418,6 +418,7 @@ def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
     view = parse_view(cfg.view)
     images = cfg.source.discover(cfg.run.seed)
     loaded, graph = load_graph(cfg.model, cfg.run.seed, cfg.run.device, cfg.name)
+    images = labels_for_head(images, loaded.num_classes)  # the labels a build of this model would store
     device = next(graph.model.parameters()).device
     dataset = ViewDataset(images, loaded.preprocessing, [view])
     batch = cfg.run.batch(BATCH_SIZE)

@@ -231,6 +231,16 @@ def _from_csv(root: Path, labels: Path) -> tuple[list[str], list[int], list[str]
     return paths, values, classes
 
 
+def labels_for_head(images: ImageSet, num_classes: int) -> ImageSet:
+    """The one label rule of every command that scores images against a model's head (build, and through its
+    store probe, cost and study; circuits; zoo): WNID classes keep their ImageNet-1k indices for a 1000-wide head
+    and become the folder ranks 0..n-1 for any other head; then every label must index the head, or the command
+    refuses in one line (`check_labels`). The same images so always carry the same labels for the same head."""
+    labelled = images if num_classes == IMAGENET_CLASSES else images.with_folder_ranks()
+    check_labels(labelled, num_classes)
+    return labelled
+
+
 def check_labels(images: ImageSet, num_classes: int) -> None:
     """Labels must index the model's classes, or probe accuracy and 'correct' mean nothing."""
     if num_classes and len(images) and int(images.labels.max()) >= num_classes:

@@ -103,3 +103,31 @@ def test_a_head_that_is_not_imagenet_keeps_folder_ranks(wnid_dir, tmp_path):
     ranks = [INDICES.index(wnids.index(p.split("/")[0])) for p in fs.image_table()["path"]]
     assert fs.image_table()["label"].tolist() == ranks
     assert fs.image_attrs()["label_space"] == "folder-rank"
+
+
+@pytest.mark.parametrize(("classes", "predicted", "label"), [(10, 3, "folder rank 3"), (1000, 333, "index 333")])
+def test_circuits_score_a_wnid_folder_with_the_labels_a_build_would_store(wnid_dir, tmp_path, classes, predicted,
+                                                                          label):
+    """One label rule: a head that is not 1000 wide is scored against folder ranks, a 1000-wide one against
+    ImageNet indices, by `featstore circuits` as by `featstore build`. The head always answers one class, so the
+    right accuracy is that class's share of the images (3 of 30), counted here from the folder names."""
+    import timm
+
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=classes)
+    with torch.no_grad():
+        vit.head.weight.zero_()
+        vit.head.bias.zero_()
+        vit.head.bias[predicted] = 10.0
+    weights = tmp_path / "vit.pth"
+    torch.save(vit.state_dict(), weights)
+    db = tmp_path / "f.duckdb"
+    run_cli("circuits", "--model", "vit_tiny_patch16_224", "--weights", weights, "--image-size", "32", "--data",
+            wnid_dir, "--db", db, "--ig-steps", "1", "--workers", "0", "--no-progress")
+    con = duckdb.connect(str(db), read_only=True)
+    accuracy = float(con.execute("SELECT params->>'accuracy' FROM circuit_runs").fetchone()[0])
+    con.close()
+    wnids = ImageNetInfo().label_names()
+    answered = wnids[INDICES[predicted]] if classes == 10 else wnids[predicted]  # the class the head names
+    share = sum(1 for p in (wnid_dir).rglob("*.JPEG") if p.parent.name == answered) / 30
+    assert share == pytest.approx(0.1) and accuracy == pytest.approx(share), label

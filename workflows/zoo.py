@@ -19,7 +19,7 @@ from featstore.analytics import db as fsdb
 from featstore.analytics.circuit_graphs import store_graph_css
 from featstore.analytics.queries import query
 from featstore.circuits import CircuitConfig, compute_circuit, load_graph
-from featstore.datasets import ViewDataset
+from featstore.datasets import ViewDataset, labels_for_head
 from featstore.errors import FeatstoreError
 from featstore.records import ZooRow
 from featstore.specs import ImageSource, ModelSpec, RunOptions
@@ -119,10 +119,10 @@ def check_zoo(spec: ZooSpec, cfg: ZooConfig) -> None:
     for model in spec.models:
         loaded, graph = load_graph(model.model, cfg.run.seed, cfg.run.device, model.name)
         for s in sets:
-            classes = int(images[s.name].labels.max()) + 1
-            if classes > loaded.num_classes:
-                raise FeatstoreError(f"model {model.name} has {loaded.num_classes} outputs but image set {s.name} "
-                                     f"has {classes} classes; its accuracy would be meaningless")
+            try:
+                labels_for_head(images[s.name], loaded.num_classes)  # the rule compute_circuit scores with
+            except FeatstoreError as e:
+                raise FeatstoreError(f"zoo model {model.name}, image set {s.name}: {e}") from e
         probe = ViewDataset(images[spec.id.name], loaded.preprocessing, [parse_view(spec.id.view)])
         x = torch.stack([probe[i][1][0] for i in range(min(4, len(probe)))])
         device = next(graph.model.parameters()).device
