@@ -62,7 +62,7 @@ def cli() -> None:
 @option("--store", "create")
 @options(option("--views"), option("--anchors"), option("--taps"), option("--pool"), option("--chunk-rows"))
 @run_options("batch_size", "device", "workers", "seed", "threads", "progress")
-@options(option("--precision"), option("--decode"), option("--skip-bad"), option("--name"))
+@options(option("--precision"), option("--store-dtype"), option("--decode"), option("--skip-bad"), option("--name"))
 @user_errors
 def build(**given) -> None:
     """Extract pooled anchor activations (and logits) of MODEL over DATA into STORE; resumable."""

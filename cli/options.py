@@ -166,14 +166,18 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     # build
     "--views": {"": ((), dict(default="clean", help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, "
                               "brightness-S."))},
-    "--anchors": {"": ((), dict(help="Comma list of module names (X.mid inside ResNet blocks); default: preset."))},
+    "--anchors": {"": ((), dict(help="Comma list of module names (X.mid inside ResNet blocks, X.input what enters "
+                                "X); default: the preset, else traced places ending at what the head reads."))},
     "--taps": {"": ((), dict(help="Transformer module taps per block: all, or a list of ln1,attn,resid_mid,ln2,fc1,"
                              "act,fc2,resid (timm ViTs); anchors become (block, tap) pairs."))},
-    "--pool": {"": ((), dict(type=click.Choice(["cls", "mean"]), help="Token pooling for ViTs [default: cls; mean "
-                             "with --taps]."))},
+    "--pool": {"": ((), dict(type=click.Choice(["cls", "mean"]), help="Token pooling for ViTs [default: cls where "
+                             "the model has a class token, else mean; mean with --taps]."))},
     "--chunk-rows": {"": ((), dict(default=1024, help="Store chunk size along images; the unit of resume."))},
     "--precision": {"": ((), dict(type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",
                                   help="auto = fp16 autocast on CUDA, fp32 on CPU."))},
+    "--store-dtype": {"": ((), dict(type=click.Choice(["auto", "float16", "float32"]), default="auto",
+                                    help="Stored type of anchors and logits; auto = float16, float32 for an array "
+                                         "whose values float16 cannot hold."))},
     "--decode": {"": ((), dict(type=click.Choice(["auto", "cpu", "gpu"]), default="auto", help="auto = gpu on CUDA: "
                                "decode, crop and views on the device; cpu = PIL in the loader (the reference)."))},
     "--skip-bad": {"": ((), dict(is_flag=True, help="Record corrupt images as skipped instead of stopping."))},

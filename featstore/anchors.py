@@ -65,7 +65,8 @@ class Anchor:
     """One tap, resolved: what users and tables see (`name`), and how the extractor records it: a forward hook
     on `module`'s output (`side="output"`) or a pre-hook on what enters it (`side="input"`), then `post` (an
     elementwise op, `relu` for `.mid`) before pooling. `dim` is the pooled width, known after one forward;
-    `channels_last` says a 4-D output is [B,H,W,C] (Swin's stages), so pooling averages H and W, not W and C."""
+    `channels_last` says a 4-D output is [B,H,W,C] (Swin's stages), so pooling averages H and W, not W and C;
+    `dtype` is the type the store keeps it in (`featstore.store_dtype`)."""
 
     index: int
     name: str
@@ -77,6 +78,7 @@ class Anchor:
     block: int | None = None  # Transformer module taps: the block index ...
     tap: str | None = None  # ... and the tap name (ln1, attn, resid_mid, ln2, fc1, act, fc2, resid)
     channels_last: bool = False
+    dtype: str = "float16"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,7 +89,7 @@ class Anchor:
         if post == "input":  # stores written before `side` existed kept the hook side in `post`
             side, post = "input", None
         return cls(d["index"], d["name"], d["module"], d["dim"], d["depth_frac"], side, post, d.get("block"),
-                   d.get("tap"), bool(d.get("channels_last", False)))
+                   d.get("tap"), bool(d.get("channels_last", False)), d.get("dtype", "float16"))
 
 
 def _taps_of(block: nn.Module, block_name: str, modules: dict[str, nn.Module]) -> list[str]:

@@ -39,6 +39,7 @@ from featstore.runtime import (
 from featstore.specs import ImageSource, ModelSpec, RunOptions
 from featstore.store import ChunkData, FeatureStore, model_key
 from featstore.store_config import StoreConfig
+from featstore.store_dtype import check_storable, to_host
 from featstore.tensor_input import decoder_name, input_batches, resolve_decode
 from featstore.threads import ThreadPolicy
 from featstore.views import View, parse_views
@@ -63,6 +64,7 @@ class BuildConfig:
     pool: str | None = None
     chunk_rows: int = 1024
     precision: str = "auto"
+    store_dtype: str = "auto"  # featstore.store_dtype: float16, float32 where float16 cannot hold the values
     decode: str = "auto"
     skip_bad: bool = False
     name: str | None = None
@@ -151,17 +153,17 @@ def _build(cfg: BuildConfig, ranks: Ranks, device: torch.device, precision: str,
     sample = loaded.preprocessing.normalize(torch.zeros(1, 3, loaded.preprocessing.crop, loaded.preprocessing.crop))
     sample = sample.to(device).contiguous(memory_format=memory_format)
     # module taps pool over all tokens (docs/design.md §3); other token anchors read the CLS token where there is one
-    pool_kind = cfg.pool or ("mean" if cfg.taps else default_token_pool(model))
+    pool_kind = cfg.pool or ("mean" if cfg.taps else default_token_pool(model, sample))
     names = tap_anchor_names(model, cfg.taps) if cfg.taps else anchor_names_for(loaded.arch, loaded.library, model,
                                                                                  cfg.anchors, sample, pool_kind)
-    anchors, num_classes = describe_anchors(model, names, sample, pool_kind)
+    anchors, num_classes, logits_dtype = describe_anchors(model, names, sample, pool_kind, cfg.store_dtype)
     images = labels_for_head(images, num_classes)
     config = StoreConfig(
         model=cfg.model.model, library=loaded.library, weights_id=loaded.weights_id,
         preprocessing=loaded.preprocessing, token_pool=pool_kind, num_classes=num_classes,
         chunk_rows=cfg.chunk_rows, batch_size=cfg.batch_size, precision=precision, anchors=tuple(anchors),
         images_fingerprint=images.fingerprint(), memory_format=str(memory_format).removeprefix("torch."),
-        decoder=decoder_name(decode, device))
+        decoder=decoder_name(decode, device), logits_dtype=logits_dtype)
     job = BuildJob(cfg, ranks, model_key(cfg.name or cfg.model.model), images, views, loaded,
                    Tapper(model, anchors, pool_kind), device, memory_format, precision, decode, config, threads)
     init_distributed(ranks, device)
@@ -211,7 +213,8 @@ def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[FeatureStore, list[s
             lock = held.enter_context(location.writer_lock(key, wait=False, what=f"model {key!r} of store {location}"))
             store.guard = lock.check
             for v in job.views:
-                store.prepare_view(key, v.to_dict(), config.anchors, config.num_classes, cfg.chunk_rows)
+                store.prepare_view(key, v.to_dict(), config.anchors, config.num_classes, cfg.chunk_rows,
+                                   config.logits_dtype)
                 problems = store.check_view(key, v.name)
                 store.undo_chunks(key, v.name, sorted({p.chunk for p in problems}))
                 damaged += [str(p) for p in problems]
@@ -283,7 +286,8 @@ def _run_chunks(job: BuildJob, store: FeatureStore, views: list[View], done: dic
                                        else torch.float32) for v in views]
             with torch.inference_mode(), autocast:
                 for v, x in zip(views, stacked, strict=True):
-                    feats, logits = _forward(job.tapper, loaded, x, device, job.memory_format)
+                    where = [None if i in bad else f"{images.paths[r]} (view {v.name})" for i, r in enumerate(rows)]
+                    feats, logits = _forward(job, x, where)
                     if bad:
                         for f in feats + [logits]:
                             f[bad] = np.nan
@@ -302,16 +306,20 @@ def _run_chunks(job: BuildJob, store: FeatureStore, views: list[View], done: dic
         writer.close()
 
 
-def _forward(tapper: Tapper, loaded: LoadedModel, x: torch.Tensor, device: torch.device,
-             memory_format: torch.memory_format):
-    x = loaded.preprocessing.normalize(x.to(device, non_blocking=True)).contiguous(memory_format=memory_format)
-    feats, logits = tapper.forward(x)
-    # one device->host copy per batch: concatenated float16 features (outside autocast: CPU autocast refuses
-    # float16 inputs to cat, which broke --precision bf16 on CPU)
+def _forward(job: BuildJob, x: torch.Tensor, rows: list[str | None]):
+    """One batch through the tapped model: its anchors and logits as host arrays of their stored types. `rows`
+    names each image (None for a skipped one) for the refusal of a value the store cannot hold."""
+    device = job.device
+    x = job.loaded.preprocessing.normalize(x.to(device, non_blocking=True)).contiguous(memory_format=job.memory_format)
+    feats, logits = job.tapper.forward(x)
+    # nothing its stored type cannot hold reaches a chunk (featstore.store_dtype)
+    dtypes = [a.dtype for a in job.tapper.anchors] + [job.config.logits_dtype]
+    check_storable(feats + [logits], dtypes, [f"anchor {a.name!r} of {job.key}" for a in job.tapper.anchors]
+                   + [f"the logits of {job.key}"], rows)
+    # one device->host copy per stored type (outside autocast: CPU autocast refuses float16 inputs to cat, which
+    # broke --precision bf16 on CPU)
     with torch.autocast(device.type, enabled=False):
-        flat = torch.cat([f.half() for f in feats] + [logits.half()], dim=1).cpu().numpy()
-    splits = np.cumsum([f.shape[1] for f in feats])
-    parts = np.split(flat, splits, axis=1)
+        parts = to_host(feats + [logits], dtypes)
     return parts[:-1], parts[-1]
 
 

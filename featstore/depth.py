@@ -21,7 +21,7 @@ from torch import nn
 
 from featstore.anchors import INPUT_SUFFIX, check_anchor_names, preset_for
 from featstore.errors import FeatstoreError
-from featstore.extraction import is_channels_last
+from featstore.extraction import is_channels_last, noisy_pair
 
 DEFAULT_COUNT = 12
 
@@ -123,11 +123,10 @@ def trace_places(model: nn.Module, sample: torch.Tensor, token_pool: str = "cls"
         weighted = isinstance(weight, torch.Tensor) and weight.ndim >= 2  # convolutions, linear layers
         handles.append(module.register_forward_pre_hook(on_start(name, module)))
         handles.append(module.register_forward_hook(on_end(name, weighted)))
-    noise = torch.randn(sample.shape[1:], generator=torch.Generator().manual_seed(0)).to(sample)
     leaf = torch.zeros_like(sample[:1], requires_grad=True)
     try:
         with torch.inference_mode(False), torch.enable_grad():
-            image = torch.cat([sample[:1], sample[:1] + noise]) + leaf  # the input's own node: paths end here
+            image = noisy_pair(sample) + leaf  # the input's own node: every path from the logits ends here
             logits = model(image)
             logits = logits[0] if isinstance(logits, (tuple, list)) else logits
     except RuntimeError as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -15,6 +16,7 @@ from torch.utils.hooks import RemovableHandle
 
 from featstore.anchors import Anchor, resolve_anchor, resolve_anchors, valid_anchor_names
 from featstore.errors import FeatstoreError
+from featstore.store_dtype import choose_dtype
 
 TOKEN_POOLS = ("cls", "mean")
 
@@ -88,11 +90,21 @@ class Tapper:
         self.close()
 
 
-def default_token_pool(model: nn.Module) -> str:
+def default_token_pool(model: nn.Module, sample: torch.Tensor) -> str:
     """How token anchors are read by default: the CLS token where the model has one (the token its head reads),
-    else the mean over tokens (MLP-Mixer, LeViT: no token stands for the image)."""
+    else the mean over tokens (MLP-Mixer, LeViT: no token stands for the image). A model whose forward on
+    `sample` has no token outputs at all ([B, N, D]) records `cls`, the value stores have always recorded."""
     names = (name.rpartition(".")[2] for name, _ in model.named_parameters())
-    return "cls" if any(n.startswith(("cls_token", "class_token")) for n in names) else "mean"
+    if any(n.startswith(("cls_token", "class_token")) for n in names):
+        return "cls"
+    tokens: list[bool] = []
+
+    def seen(_m, _i, output) -> None:
+        out = _first(output)
+        tokens.append(isinstance(out, torch.Tensor) and out.ndim == 3 and out.is_floating_point())
+
+    _run_hooked(model, sample, [m.register_forward_hook(seen) for name, m in model.named_modules() if name])
+    return "mean" if any(tokens) else "cls"
 
 
 def is_channels_last(shape: Sequence[int]) -> bool:
@@ -119,17 +131,34 @@ def _run_hooked(model: nn.Module, sample: torch.Tensor, handles: Sequence[Remova
             h.remove()
 
 
-def describe_anchors(model: nn.Module, names: Sequence[str], sample: torch.Tensor,
-                     token_pool: str = "cls") -> tuple[list[Anchor], int]:
-    """Resolve anchor names, find each one's layout and measure its pooled width (and the head's class count)
-    with forwards on `sample`: the complete anchor description, before any image is extracted."""
+def noisy_pair(sample: torch.Tensor) -> torch.Tensor:
+    """`sample`'s first image and a copy with seeded unit noise added: two inputs that differ, to tell how
+    much an output depends on its input."""
+    noise = torch.randn(sample.shape[1:], generator=torch.Generator().manual_seed(0)).to(sample)
+    return torch.cat([sample[:1], sample[:1] + noise])
+
+
+class AnchorSet(NamedTuple):
+    """A model's resolved anchors, its head's class count and the type its logits are stored in."""
+
+    anchors: list[Anchor]
+    num_classes: int
+    logits_dtype: str
+
+
+def describe_anchors(model: nn.Module, names: Sequence[str], sample: torch.Tensor, token_pool: str = "cls",
+                     store_dtype: str = "auto") -> AnchorSet:
+    """Resolve anchor names, find each one's layout, measure its pooled width (and the head's class count) and
+    choose its stored type (`featstore.store_dtype`) with forwards on `sample`: the complete anchor description,
+    before any image is extracted."""
     anchors = resolve_anchors(model, list(names))
     shapes = output_shapes(model, anchors, sample)
     anchors = [replace(a, channels_last=is_channels_last(shapes.get(a.name, ()))) for a in anchors]
     with Tapper(model, anchors, token_pool) as tapper, torch.inference_mode():
-        feats, logits = tapper.forward(sample)
-    dims = [replace(a, dim=int(f.shape[1])) for a, f in zip(anchors, feats, strict=True)]
-    return dims, int(logits.shape[1])
+        feats, logits = tapper.forward(noisy_pair(sample))
+    described = [replace(a, dim=int(f.shape[1]), dtype=choose_dtype(store_dtype, f))
+                 for a, f in zip(anchors, feats, strict=True)]
+    return AnchorSet(described, int(logits.shape[1]), choose_dtype(store_dtype, logits))
 
 
 def runnable_anchor_names(model: nn.Module, sample: torch.Tensor) -> list[str]:
@@ -154,7 +183,7 @@ def anchor_listing(model_name: str, every: bool = False) -> list[str]:
     if every:
         return runnable_anchor_names(model, sample)
     lines = []
-    names = anchor_names_for(loaded.arch, loaded.library, model, None, sample, default_token_pool(model))
+    names = anchor_names_for(loaded.arch, loaded.library, model, None, sample, default_token_pool(model, sample))
     for a in resolve_anchors(model, names):
         how = "" if a.module == a.name else f"  (hooks {a.module} {a.side}{' + ' + a.post if a.post else ''})"
         lines.append(f"{a.index:3d}  {a.name}{how}")

@@ -165,7 +165,7 @@ class FeatureStore:
         g.attrs.update({"config": config.to_dict(), "versions": versions})
 
     def prepare_view(self, key: str, view: dict, anchors: Sequence[Anchor], num_classes: int,
-                     chunk_rows: int) -> None:
+                     chunk_rows: int, logits_dtype: str = "float16") -> None:
         """Create a view's arrays (NaN-filled) and its all-False done bitmap, unless they exist."""
         g = self.root[key]
         if view["name"] in g and "done" in g[view["name"]]:
@@ -176,10 +176,10 @@ class FeatureStore:
         vg = g.create_group(view["name"])
         ag = vg.create_group("anchors")
         for a in anchors:
-            ag.create_array(a.name, shape=(n, a.dim), chunks=(chunk_rows, a.dim), dtype="float16",
+            ag.create_array(a.name, shape=(n, a.dim), chunks=(chunk_rows, a.dim), dtype=a.dtype,
                             fill_value=np.nan)
         vg.create_array("logits", shape=(n, max(num_classes, 1)), chunks=(chunk_rows, max(num_classes, 1)),
-                        dtype="float16", fill_value=np.nan)
+                        dtype=logits_dtype, fill_value=np.nan)
         vg.create_array("skipped", shape=(n,), chunks=(chunk_rows,), dtype="bool", fill_value=False)
         vg.create_array("threads", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="int16", fill_value=0)
         # the bitmap last: a view without it was interrupted while being created and is made again

@@ -34,6 +34,7 @@ class StoreConfig:
     images_fingerprint: str
     memory_format: str | None = None
     decoder: str = "pil"
+    logits_dtype: str = "float16"  # anchors carry their own (`Anchor.dtype`); see featstore.store_dtype
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -50,7 +51,8 @@ class StoreConfig:
                    batch_size=int(d["batch_size"]), precision=d["precision"],
                    anchors=tuple(Anchor.from_dict(a) for a in d["anchors"]),
                    images_fingerprint=d["images_fingerprint"], memory_format=d.get("memory_format"),
-                   decoder=d.get("decoder", "pil"))  # stores written before the decoder was recorded: all PIL
+                   decoder=d.get("decoder", "pil"),  # stores written before the decoder was recorded: all PIL
+                   logits_dtype=d.get("logits_dtype", "float16"))  # ... and before per-array types: all float16
 
     def differences(self, other: StoreConfig) -> list[str]:
         """The fields in which two configs differ, compared as they are written."""

@@ -133,7 +133,7 @@ def test_the_tapper_hooks_what_the_anchor_describes():
     torch.manual_seed(0)
     model = load_model("resnet18", weights="none", image_size=32).module.eval()
     x = torch.randn(2, 3, 32, 32)
-    anchors, classes = describe_anchors(model, ["layer1.0.mid", "layer2"], x)
+    anchors, classes, _ = describe_anchors(model, ["layer1.0.mid", "layer2"], x)
     assert [(a.module, a.side, a.post, a.dim) for a in anchors] == [("layer1.0.bn1", "output", "relu", 64),
                                                                    ("layer2", "output", None, 128)]
     assert classes == 1000

@@ -1,0 +1,96 @@
+"""Which type each stored array gets, and the guard that nothing is written that its type cannot hold.
+
+The store keeps anchors and logits as float16 (half the bytes of float32, and pooled activations of trained
+networks are O(0.01-100)). float16 holds |x| <= 65504 and has full precision only above 2^-14; a network whose
+activations leave that range (torchvision's inception_v3 with random weights reaches logits of 3e7; deep
+random-init nets shrink to 1e-9) would be written as infinities or zeros without a word. So:
+
+- `--store-dtype auto` (the default) stores an array as float32 when, on the blank image every build forwards
+  first (and a noisy copy of it), its pooled values come within `HEADROOM` of float16's limits (peak above
+  65504/64, or every value below 2^-14·64), or float16 rounding would blur more than `SIGNAL_LOSS` of the
+  difference between the two images (timm's repvgg_a0 with random weights: its late blocks vary by 1e-7 of their
+  size, below float16's resolution, so a float16 store holds the same vector for every image and its probes
+  predict NaN); the type is recorded per anchor (`Anchor.dtype`) and for the logits (`StoreConfig.logits_dtype`).
+  `float16` / `float32` force one type for every array.
+- while building, a value that is not finite, or that a float16 array cannot hold, stops the build with one line
+  naming the anchor and the image, before its chunk is committed: nothing downstream ever reads an infinity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from featstore.errors import FeatstoreError
+
+STORE_DTYPES = ("auto", "float16", "float32")
+FLOAT16_MAX = 65504.0
+FLOAT16_TINY = 2.0**-14  # the smallest normal float16: below it, values lose precision, then flush to zero
+HEADROOM = 64.0  # real images reach further than a blank one
+SIGNAL_LOSS = 0.1  # float16 may blur at most this share of the difference an input change makes
+
+
+def choose_dtype(policy: str, values: torch.Tensor) -> str:
+    """The type an array gets under `policy`, from its pooled values [2, D] on the blank image and on a noisy
+    copy of it (`featstore.extraction.noisy_pair`)."""
+    if policy not in STORE_DTYPES:
+        raise FeatstoreError(f"--store-dtype {policy!r}: use one of {', '.join(STORE_DTYPES)}")
+    if policy != "auto":
+        return policy
+    values = values.double()
+    peak = float(values.abs().max()) if values.numel() else 0.0
+    if not math.isfinite(peak) or peak * HEADROOM > FLOAT16_MAX or 0 < peak < FLOAT16_TINY * HEADROOM:
+        return "float32"
+    change = values[1] - values[0]
+    kept = values.half().double()
+    lost = float(((kept[1] - kept[0]) - change).norm())
+    return "float32" if lost > SIGNAL_LOSS * float(change.norm()) else "float16"
+
+
+def unstorable_rows(values: Sequence[torch.Tensor], dtypes: Sequence[str]) -> torch.Tensor:
+    """[arrays, rows] flags: the row of that array holds a value that is not finite or, for a float16 array,
+    beyond ±65504. Computed where the values are (one small copy to the host)."""
+    flags = []
+    for v, dtype in zip(values, dtypes, strict=True):
+        bad = ~torch.isfinite(v)
+        if dtype == "float16":
+            bad |= v.abs() > FLOAT16_MAX
+        flags.append(bad.flatten(1).any(dim=1))
+    return torch.stack(flags).cpu()
+
+
+def refusal(what: str, dtype: str, value: float, where: str) -> FeatstoreError:
+    """The one-line error for a value `what` (an anchor, the logits) cannot be stored as."""
+    if math.isfinite(value):
+        return FeatstoreError(f"{what} reaches {value:.4g} on {where}, beyond float16's ±65504; rebuild with "
+                              f"--store-dtype float32 (in a new --store, or under --name)")
+    return FeatstoreError(f"{what} is {value} on {where} ({dtype}): the network itself overflows there; build with "
+                          f"--precision fp32, or leave the anchor out with --anchors")
+
+
+def check_storable(values: Sequence[torch.Tensor], dtypes: Sequence[str], names: Sequence[str],
+                   rows: Sequence[str | None]) -> None:
+    """Refuse in one line (`refusal`) the first value of the batch its array cannot hold: `names` say what each
+    array is, `rows` where each row comes from (None: a row the build records as skipped, not checked)."""
+    flags = unstorable_rows(values, dtypes)
+    flags[:, [i for i, r in enumerate(rows) if r is None]] = False
+    if flags.any():
+        array, row = (int(i) for i in torch.nonzero(flags)[0])
+        bad = values[array][row]
+        worst = bad[~torch.isfinite(bad)][0] if not torch.isfinite(bad).all() else bad.abs().max()
+        raise refusal(names[array], dtypes[array], float(worst), str(rows[row]))
+
+
+def to_host(values: Sequence[torch.Tensor], dtypes: Sequence[str]) -> list[np.ndarray]:
+    """Each [B, D] tensor as a host array of its stored type, with one device->host copy per type."""
+    out: list[np.ndarray] = [np.empty(0)] * len(values)
+    for dtype in dict.fromkeys(dtypes):
+        members = [i for i, d in enumerate(dtypes) if d == dtype]
+        flat = torch.cat([values[i].to(getattr(torch, dtype)) for i in members], dim=1).cpu().numpy()
+        for i, part in zip(members, np.split(flat, np.cumsum([values[i].shape[1] for i in members])[:-1], axis=1),
+                           strict=True):
+            out[i] = part
+    return out
