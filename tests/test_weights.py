@@ -199,20 +199,26 @@ def test_weights_are_loaded_without_unpickling_arbitrary_objects(tmp_path):
         load_model("resnet18", weights=str(path))
 
 
-def test_timm_default_weights_load_from_the_hugging_face_cache(image_dir, tmp_path):
-    """With HF_HUB_OFFLINE=1, timm's own pretrained path reads a file placed in the HF cache."""
-    import timm
+def _hf_cache_holding(placed: torch.nn.Module, cache: Path) -> dict:
+    """An environment whose offline Hugging Face cache holds `placed` as timm's resnet18.a1_in1k."""
     from safetensors.torch import save_file
 
-    torch.manual_seed(11)
-    placed = timm.create_model("resnet18", pretrained=False)
-    snapshot = tmp_path / "hf" / "models--timm--resnet18.a1_in1k" / "snapshots" / ("0" * 40)
+    snapshot = cache / "models--timm--resnet18.a1_in1k" / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
     save_file(placed.state_dict(), snapshot / "model.safetensors")
     (snapshot.parent.parent / "refs").mkdir()
     (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
+
+
+def test_timm_default_weights_load_from_the_hugging_face_cache(image_dir, tmp_path):
+    """With HF_HUB_OFFLINE=1, timm's own pretrained path reads a file placed in the HF cache."""
+    import timm
+
+    torch.manual_seed(11)
+    placed = timm.create_model("resnet18", pretrained=False)
+    env = _hf_cache_holding(placed, tmp_path / "hf")
     store = tmp_path / "s.zarr"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hf")}
     cmd = [sys.executable, "-m", "featstore.cli.main", "build", "--model", "timm/resnet18", "--weights", "default",
            "--data", str(image_dir), "--store", str(store), *SMALL]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -226,3 +232,24 @@ def test_timm_default_weights_load_from_the_hugging_face_cache(image_dir, tmp_pa
     done = subprocess.run(cmd[:-len(SMALL)] + ["--store", str(tmp_path / "t.zarr"), *SMALL], env=env,
                           capture_output=True, text=True)
     assert done.returncode == 2 and "timm/resnet18.a1_in1k" in done.stderr and "--weights PATH" in done.stderr
+
+
+def test_a_timm_tag_on_a_name_both_libraries_know_builds_timms_model_and_cost_rebuilds_it(image_dir, tmp_path):
+    """`--model resnet18 --weights a1_in1k` is timm's resnet18 (torchvision has no such weights); the store
+    records the library, and `featstore cost` rebuilds that library's architecture, not torchvision's."""
+    import timm
+
+    torch.manual_seed(12)
+    placed = timm.create_model("resnet18", pretrained=False)
+    env = _hf_cache_holding(placed, tmp_path / "hf")
+    store = tmp_path / "s.zarr"
+    cmd = [sys.executable, "-m", "featstore.cli.main", "build", "--model", "resnet18", "--weights", "a1_in1k",
+           "--data", str(image_dir), "--store", str(store), "--limit", "3", *SMALL]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-1500:]
+    config = FeatureStore(store).config("resnet18")
+    assert (config.library, config.weights_id) == ("timm", "timm:timm/resnet18.a1_in1k")
+    assert config.anchors[0].module not in dict(torchvision.models.resnet18().named_modules())  # timm's names
+    out = run_cli("cost", "--model", "resnet18", "--store", store, "--db", tmp_path / "f.duckdb", "--repeats", "1",
+                  "--device", "cpu").output
+    assert "resnet18" in out

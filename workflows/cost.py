@@ -43,6 +43,8 @@ def measure_model(key: str, db: str | Path, store: str | Path | None = None, dev
             name, pool_kind, head = key, "cls", None
             probe_classes = con.execute("SELECT max(label) + 1 FROM images").fetchone()[0] or 1000
             crop = None
+        if store is not None and "/" not in name:  # the library the store was built with (convnext_tiny: both have it)
+            name = f"{cfg.library}/{name}"
         loaded = load_model(name, weights="none", image_size=image_size if store is None else crop, num_classes=head)
         if store is None:
             anchors = resolve_anchors(loaded.module, names)
