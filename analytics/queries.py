@@ -113,6 +113,14 @@ def paper_table(db: Db, k: int = 2, scope: str = "auto") -> pl.DataFrame:
     return query(db, "SELECT * FROM paper_table(?, scope := ?)", [k, check_scope(scope)])
 
 
+def paper_table_spread(db: Db, k: int = 2, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM paper_table_spread(?, scope := ?)", [k, check_scope(scope)])
+
+
+def population(db: Db, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM population(scope := ?)", [check_scope(scope)])
+
+
 def decision_examples(db: Db, k: int = 2, per_side: int = 4, scope: str = "auto") -> pl.DataFrame:
     return query(db, "SELECT * FROM decision_examples(?, per_side := ?, scope := ?)", [k, per_side, scope])
 

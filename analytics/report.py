@@ -90,7 +90,7 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
             _table(sweep.drop("model", "probe")),
             f"<h2>Cross-model table (k = {k_mid}, shaped like the paper's Table 1)</h2>",
             _table(q.paper_table(con, k_mid, scope)),
-        ]
+        ] + _seeds_and_population(con, k_mid, scope)
         clean = runs.filter(pl.col("view") == "clean")
         for run in clean.iter_rows(named=True):
             names = q.anchor_names(con, run["model"])
@@ -120,6 +120,19 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
     path = out / "report.html"
     path.write_text(page)
     return path
+
+
+def _seeds_and_population(con, k: int, scope: str) -> list[str]:
+    """Which images each clean run counts, and, where runs differ only in their probe seed, every figure of the
+    table as its mean over the seeds beside their spread: a gap to a published figure is told from seed noise."""
+    population = q.population(con, scope).filter(pl.col("view") == "clean")
+    sections = ["<h2>Population (the images each clean run counts)</h2>",
+                _table(population.select("run_id", "cross_fit", "seed", "source", "images", "counted", "classes"))]
+    spread = q.paper_table_spread(con, k, scope)
+    if not spread.is_empty() and int(spread["seeds"].max()) > 1:
+        sections += [f"<h2>Across probe seeds (k = {k}): mean, sample std, min and max of each figure</h2>",
+                     _table(spread.drop("seed_list"))]
+    return sections
 
 
 def _unconverged(fits: pl.DataFrame) -> list[str]:

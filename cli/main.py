@@ -421,7 +421,9 @@ def study(study_file: Path, data: Path | None, out: Path | None, store: str | No
 
     result = run_study(study_file, data, out, progress, store, threads)
     click.echo(f"{len(result.ran)} step(s) run, {len(result.skipped)} already done")
-    click.echo(f"\nthe paper's Table 1 shape beside its published figures ({result.published_source or 'none'}):")
+    click.echo(f"\nthe paper's Table 1 shape beside its published figures ({result.published_source or 'none'});")
+    click.echo("featstore = mean over the probe seeds, seed_std/min/max their spread, n = images counted")
+    click.echo(result.population)
     print_frame(result.table)
     click.echo(f"\nreport: {result.report}\ndatabase: {result.db}\nstore: {result.store}")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from featstore.analytics.queries import paper_table
+from featstore.analytics.queries import paper_table_spread, population
 from featstore.analytics.report import write_report
 from featstore.build import BuildConfig, build
 from featstore.errors import FeatstoreError
@@ -41,11 +41,14 @@ COMPARED = {"last_anchor_accuracy": "last_anchor_accuracy", "mean_layer": "mean_
 
 @dataclass(frozen=True)
 class StudyModel:
-    """One model x weights of the study: the network, its key in the store and database, its anchors."""
+    """One model x weights of the study: the network, its key in the store and database, its anchors, how its
+    token anchors are read (`pool`: cls | mean, None = the build's default) and which published row it faces."""
 
     spec: ModelSpec
     key: str
     anchors: str | None = None
+    pool: str | None = None
+    figures: str = ""
 
 
 @dataclass(frozen=True)
@@ -96,13 +99,15 @@ class StudyResult:
     ran: list[str]
     skipped: list[str]
     published_source: str
+    population: str = ""  # which images the table counts, and how many
 
 
 KEYS = {"": ({"models"}, {"name", "k", "published", "data", "build", "probe"}),
         "data": (set(), {"path", "labels", "limit"}),
         "build": (set(), {"views", "batch_size", "chunk_rows", "device", "workers", "precision"}),
         "probe": (set(), {"variants", "seeds", "split_seed", "cross_fit", "device", "memory_budget", "val_frac"}),
-        "models": ({"name"}, {"weights", "image_size", "anchors"})}
+        "models": ({"name"}, {"weights", "image_size", "anchors", "pool", "key", "figures"})}
+POOLS = ("cls", "mean")
 
 
 def load_study(path: str | Path, data: str | Path | None = None, out: str | Path | None = None,
@@ -131,11 +136,19 @@ def load_study(path: str | Path, data: str | Path | None = None, out: str | Path
     for i, m in enumerate(entries):
         section(f"{where} [[models]] #{i + 1}", m, *KEYS["models"])
         weights = m.get("weights", "auto")
+        if m.get("pool") is not None and m["pool"] not in POOLS:
+            raise FeatstoreError(f"{where} [[models]] #{i + 1}: pool {m['pool']!r}: use cls or mean")
         for w in [weights] if isinstance(weights, str) else weights:
-            key = model_key(m["name"]) if isinstance(weights, str) else model_key(f"{m['name']}.{w}")
-            models.append(StudyModel(ModelSpec(m["name"], str(w), m.get("image_size")), key, m.get("anchors")))
+            named = m.get("key") or (m["name"] if isinstance(weights, str) else f"{m['name']}.{w}")
+            models.append(StudyModel(ModelSpec(m["name"], str(w), m.get("image_size")), model_key(named),
+                                     m.get("anchors"), m.get("pool"), str(m.get("figures", m["name"]))))
     if not models:
         raise FeatstoreError(f"study file {path} lists no [[models]]")
+    keys = [m.key for m in models]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise FeatstoreError(f"{where}: two [[models]] entries share the key {twice[0]!r} (a store group and run "
+                             f"name); give one of them `key = \"...\"`")
     variants = list(probe_section.get("variants", ["linear"]))
     for v in variants:
         get_variant(v)  # unknown variants fail before anything runs
@@ -173,7 +186,7 @@ def plan(study: Study) -> list[Step]:
     steps = []
     for m in study.models:
         cfg = BuildConfig(model=m.spec, images=study.images, store=store, views=",".join(study.views),
-                          anchors=m.anchors, chunk_rows=study.chunk_rows, precision=study.precision,
+                          anchors=m.anchors, pool=m.pool, chunk_rows=study.chunk_rows, precision=study.precision,
                           name=m.key if m.key != model_key(m.spec.model) else None, run=study.build_run)
         params = _params(cfg)
         steps.append(Step(f"build {m.key}", params, f"build {m.key} [{len(study.views)} views]",
@@ -265,25 +278,49 @@ def run_study(path: str | Path, data: str | Path | None = None, out: str | Path 
             bar.close()
     db = study.out / "featstore.duckdb"
     return StudyResult(db, study.store_at, study.out / "report" / "report.html", beside_paper(study, db),
-                       ran, skipped, study.published_source)
+                       ran, skipped, study.published_source, population_line(study, db))
+
+
+TABLE_SCHEMA = {"model": pl.String, "weights": pl.String, "pool": pl.String, "statistic": pl.String,
+                "featstore": pl.Float64, "seed_std": pl.Float64, "seed_min": pl.Float64, "seed_max": pl.Float64,
+                "seeds": pl.Int64, "n": pl.Int64, "paper": pl.Float64}
 
 
 def beside_paper(study: Study, db: Path) -> pl.DataFrame:
-    """One row per (model, weights, statistic): ours at k (first variant, first seed) and the paper's figure."""
+    """One row per (model, weights, statistic): ours at k (first variant) as the mean over the probe seeds with
+    their spread (sample std, min, max; `sql/paper_table_spread.sql`), the images each figure counts, and the
+    paper's figure."""
     variant = get_variant(study.variants[0]).canonical_id
-    ours = paper_table(db, study.k)
+    spread = paper_table_spread(db, study.k).filter((pl.col("probe_id") == variant) & (pl.col("train_view") == "clean")
+                                                    & (pl.col("cross_fit") == study.cross_fit))
+    pools = {m.key: m.pool for m in study.models}
+    stored = FeatureStore(study.store_at) if StoreLocation.parse(study.store_at).has_store() else None
     rows = []
     for m in study.models:
-        run_id = run_id_for(m.key, "clean", variant, "clean", study.cross_fit, study.seeds[0])
-        found = ours.filter(pl.col("run_id") == run_id).to_dicts()
-        paper = study.published.get(m.spec.model, {})
+        found = {r["statistic"]: r for r in spread.filter(pl.col("model") == m.key).to_dicts()}
+        paper = study.published.get(m.figures, {})
+        pool = pools[m.key] or (stored.config(m.key).token_pool if stored and m.key in stored.models() else None)
         for column, figure in COMPARED.items():
-            value = found[0].get(column) if found else None
-            rows.append({"model": m.key, "weights": m.spec.weights, "statistic": column,
-                         "featstore": None if value is None else float(value),
+            r = found.get(column, {})
+            rows.append({"model": m.key, "weights": m.spec.weights, "pool": pool, "statistic": column,
+                         "featstore": r.get("mean"), "seed_std": r.get("std"), "seed_min": r.get("min"),
+                         "seed_max": r.get("max"), "seeds": r.get("seeds"), "n": r.get("n"),
                          "paper": None if figure not in paper else float(paper[figure])})
-    return pl.DataFrame(rows, schema={"model": pl.String, "weights": pl.String, "statistic": pl.String,
-                                      "featstore": pl.Float64, "paper": pl.Float64})
+    return pl.DataFrame(rows, schema=TABLE_SCHEMA)
+
+
+def population_line(study: Study, db: Path) -> str:
+    """Which images the table counts: the image set, how many of its images, by which rule, over which seeds."""
+    pop = population(db).filter(pl.col("view") == "clean")
+    if pop.is_empty():
+        return "population: no probe runs yet"
+    counted = sorted(set(pop["counted"].to_list()))
+    rule = (f"every image out of sample ({study.cross_fit}-fold cross-fit)" if study.cross_fit
+            else "the held-out 30% test split")
+    first = pop.row(0, named=True)
+    how_many = str(counted[0]) if len(counted) == 1 else f"{counted[0]}-{counted[-1]}"
+    return (f"population: {how_many} of {first['images']} images ({first['classes']} classes) of "
+            f"{first['source']}: {rule}; probe seeds {', '.join(map(str, study.seeds))}")
 
 
 def _jsonable(params: dict) -> dict:
