@@ -32,7 +32,7 @@ chunk_rows = 32
 workers = 0
 """
 
-TINY = HEADER + """
+TINY = HEADER.replace("{name}", "tiny") + """
 [probe]
 variants = ["linear:tol=0.02"]
 seeds = [0, 1]
@@ -48,7 +48,7 @@ image_size = 32
 def tiny(tmp_path):
     make_image_folder(tmp_path / "images", n_classes=3, per_class=10, size=(40, 32), seed=2)
     path = tmp_path / "tiny.toml"
-    path.write_text(TINY.format(name="tiny", figures=ROOT / "docs" / "paper_figures.toml"))
+    path.write_text(TINY.format(figures=ROOT / "docs" / "paper_figures.toml"))
     return path
 
 
