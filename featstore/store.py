@@ -299,13 +299,15 @@ class FeatureStore:
 
     # -- probes -------------------------------------------------------------------------------------
 
-    def write_probe(self, key: str, name: str, anchor: str, weight: np.ndarray, bias: np.ndarray,
-                    attrs: dict, version: str) -> None:
-        """Save one anchor's probe weights [folds, C, D] and biases [folds, C] under
-        <model>/probes/<name>/<version>/; nothing reads them until `make_probe_current` names that version."""
+    def write_probe(self, key: str, name: str, anchor: str, arrays: dict[str, np.ndarray], attrs: dict,
+                    version: str) -> None:
+        """Save what one anchor's probe keeps, one array per name with folds first (linear: weight [folds, C, D]
+        float32, bias [folds, C]; knn: reference [folds, N] bool), under <model>/probes/<name>/<version>/;
+        nothing reads them until `make_probe_current` names that version."""
         g = self.root[key].require_group("probes").require_group(name).require_group(version).require_group(anchor)
-        g.create_array("weight", shape=weight.shape, chunks=weight.shape, dtype="float32", overwrite=True)[:] = weight
-        g.create_array("bias", shape=bias.shape, chunks=bias.shape, dtype="float32", overwrite=True)[:] = bias
+        for array, values in arrays.items():
+            dtype = "bool" if values.dtype == bool else "float32"
+            g.create_array(array, shape=values.shape, chunks=values.shape, dtype=dtype, overwrite=True)[:] = values
         g.attrs.put(attrs)
 
     def check_writable(self, key: str) -> None:

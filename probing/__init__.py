@@ -1,9 +1,19 @@
 """Probe variants (one class per file) and the streaming trainer that fits all anchors in one pass."""
 
-from featstore.probing.base import VARIANTS, AnchorProbe, FittedProbe, ProbeVariant, get_variant, register
+from featstore.probing.base import (
+    VARIANTS,
+    AnchorProbe,
+    FittedProbe,
+    LinearFit,
+    ProbeVariant,
+    get_variant,
+    register,
+)
+from featstore.probing.knn import Knn
+from featstore.probing.lens import Lens
 from featstore.probing.linear import Linear
 from featstore.probing.paper import Paper
 from featstore.probing.projected import Projected
 
-__all__ = ["VARIANTS", "AnchorProbe", "FittedProbe", "Linear", "Paper", "ProbeVariant", "Projected",
-           "get_variant", "register"]
+__all__ = ["VARIANTS", "AnchorProbe", "FittedProbe", "Knn", "Lens", "Linear", "LinearFit", "Paper", "ProbeVariant",
+           "Projected", "get_variant", "register"]

@@ -9,19 +9,24 @@ To add a variant, write one file in `probing/` with a subclass of `ProbeVariant`
         def make(self, ctx: AnchorContext) -> AnchorProbe: ...
 
 Its `AnchorProbe` sees raw float32 features (standardise them yourself from `ctx.stats` if you want to),
-learns from mini-batches, and finally returns weights in the raw feature space, so that a prediction is
-always argmax(W x + b) on the stored features and every variant lands in the same tables. A variant whose
-probes can share kernels overrides `make_group` instead (see `linear`): it then gets all anchors of one width
-at once, as stacked features [G, n, D]. Probes stop by their own criterion; the plan only caps the epochs.
+learns from mini-batches, and finally returns a `FittedProbe`: something that predicts a block of raw stored
+features (a class and a confidence per row), so that every variant lands in the same tables. Most return a
+`LinearFit` (argmax(W x + b), weights in the raw feature space); `knn` returns the train rows it memorised.
+A variant whose probes can share kernels overrides `make_group` instead (see `linear`): it then gets all anchors
+of one width at once, as stacked features [G, n, D]. Probes stop by their own criterion; the plan only caps
+the epochs. What a probe learns to predict is the label, or with `learns_from = "model"` the model's own
+output distribution (softmax of the stored logits of the training view; `lens`): the trainer then hands it
+probability rows [n, C] where it would hand labels [n].
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from featstore.errors import FeatstoreError
@@ -49,6 +54,8 @@ class AnchorContext:
     stats: FeatureStats
     device: torch.device
     seed: int
+    fit_rows: np.ndarray | None = None  # positions in the store of the rows the batches carry (sorted)
+    store_rows: int = 0  # rows of the store (the length of a per-row record such as knn's reference mask)
 
 
 @dataclass
@@ -61,24 +68,56 @@ class Plan:
     train_on_val: bool = False  # True: batches also carry val rows, flagged, for heads refit on train+val
 
 
-@dataclass
-class FittedProbe:
-    """A trained probe in the raw feature space: logits = x @ weight.T + bias, and how its training ended."""
+@dataclass(kw_only=True)
+class FittedProbe(ABC):
+    """A trained probe of one anchor and how its training ended. It predicts blocks of raw stored features, and
+    says what the store keeps of it, so the trainer, the run and the store never ask what kind of probe it is."""
 
-    weight: torch.Tensor  # [C, D]
-    bias: torch.Tensor  # [C]
     info: dict = field(default_factory=dict)  # chosen hyper-parameters, history
     epochs: int = 0  # epochs this probe trained
     converged: bool = True  # False: it hit the epoch cap before its stopping criterion was met
     train_loss: float = float("nan")  # final objective on the rows it learnt from (NaN: not tracked)
     val_loss: float = float("nan")  # cross-entropy on the val rows
-    val_accuracy: float = float("nan")
+    val_accuracy: float = float("nan")  # on the val rows: of the label, or of the model's head (`learns_from`)
+
+    @abstractmethod
+    def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(class int64 [n], confidence float32 [n]) of every row of a block of raw features x [n, D]."""
+
+    @abstractmethod
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What the store keeps of this fit (one fold), by array name; folds are stacked along a first axis."""
+
+    def unprojected(self, projection: torch.Tensor) -> FittedProbe:
+        """This probe reading the raw features, given the fixed [D, D'] projection it was trained behind."""
+        raise NotImplementedError(f"{type(self).__name__} cannot fold a projection into itself")
 
     def record(self) -> dict:
         """What the store and the `probe_fits` table keep about this fit (JSON-ready)."""
         ended = {"epochs": self.epochs, "converged": self.converged, "train_loss": self.train_loss,
                  "val_loss": self.val_loss, "val_accuracy": self.val_accuracy}
         return {**self.info, **{k: None if v != v else v for k, v in ended.items()}}  # NaN -> null
+
+
+@dataclass
+class LinearFit(FittedProbe):
+    """A linear probe in the raw feature space: logits = x @ weight.T + bias; confidence = max softmax."""
+
+    weight: torch.Tensor  # [C, D]
+    bias: torch.Tensor  # [C]
+
+    def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = x @ self.weight.T.to(x.device) + self.bias.to(x.device)
+        conf, pred = torch.softmax(logits, dim=-1).max(dim=-1)
+        return pred, conf
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"weight": self.weight.cpu().numpy(), "bias": self.bias.cpu().numpy()}
+
+    def unprojected(self, projection: torch.Tensor) -> LinearFit:
+        weight = self.weight @ projection.T.to(self.weight.device)
+        return replace(self, weight=weight, info={**self.info, "projected_from": int(projection.shape[0]),
+                                                  "projected_to": int(projection.shape[1])})
 
 
 class UnconvergedProbe(UserWarning):
@@ -162,6 +201,7 @@ class ProbeVariant(ABC):
     """A family of probes with its parameters; `label` names its runs, `params` are recorded with them."""
 
     name: ClassVar[str]
+    learns_from: ClassVar[str] = "labels"  # or "model": the model's own output distribution (stored logits)
 
     def __init__(self, **params):
         self.params = params
@@ -210,8 +250,10 @@ def _defaults(cls: type) -> dict:
         return {}
 
 
-def _number(value: float) -> str:
-    """12 and 12.0 -> '12'; 0.1 -> '0.1'; 1e-4 -> '0.0001'."""
+def _number(value: float | str) -> str:
+    """12 and 12.0 -> '12'; 0.1 -> '0.1'; 1e-4 -> '0.0001'; a word stays itself."""
+    if isinstance(value, str):
+        return value
     value = float(value)
     return str(int(value)) if value.is_integer() else format(value, ".10g")
 
@@ -229,8 +271,21 @@ def register(cls: type[ProbeVariant]) -> type[ProbeVariant]:
     return cls
 
 
+def _value(text: str) -> int | float | str:
+    """A parameter's value: a whole number, a number, or a word (knn's metric=cosine)."""
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        if text.isidentifier():
+            return text
+        raise
+
+
 def get_variant(spec: str) -> ProbeVariant:
-    """'linear', 'paper', 'projected' or 'projected:dim=128' -> a variant instance."""
+    """'linear', 'paper', 'projected:dim=128' or 'knn:k=10,metric=euclidean' -> a variant instance."""
     name, _, args = spec.partition(":")
     if name not in VARIANTS:
         raise FeatstoreError(f"unknown probe variant {name!r}: use one of {', '.join(sorted(VARIANTS))}")
@@ -238,13 +293,17 @@ def get_variant(spec: str) -> ProbeVariant:
     for item in filter(None, args.split(",")):
         key, _, value = item.partition("=")
         try:
-            params[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+            params[key.strip()] = _value(value)
         except ValueError as e:
-            raise FeatstoreError(f"--variant {spec}: parameters are key=number pairs") from e
+            raise FeatstoreError(f"--variant {spec}: parameters are key=value pairs (a number or a word)") from e
+    defaults = _defaults(VARIANTS[name])
+    for key, value in params.items():
+        if key in defaults and isinstance(value, str) != isinstance(defaults[key], str):
+            wanted = "a word" if isinstance(defaults[key], str) else "a number"
+            raise FeatstoreError(f"--variant {spec}: {key} takes {wanted} (default {defaults[key]})")
     try:
-        defaults = _defaults(VARIANTS[name])
-        params = {k: int(v) if isinstance(defaults.get(k), int) and float(v).is_integer() else v
-                  for k, v in params.items()}  # max_epochs=3.0 is 3 epochs
+        params = {k: int(v) if isinstance(defaults.get(k), int) and not isinstance(v, str) and float(v).is_integer()
+                  else v for k, v in params.items()}  # max_epochs=3.0 is 3 epochs
         return VARIANTS[name](**params)
     except TypeError as e:
         raise FeatstoreError(f"--variant {spec}: {e}") from e

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from featstore.probing import targets
+
 WOLFE_DECREASE = 1e-3  # sufficient decrease (scipy L-BFGS-B's ftol of its line search)
 WOLFE_CURVATURE = 0.9  # curvature condition (its gtol)
 MAX_EVALUATIONS = 20  # per line search
@@ -31,7 +33,8 @@ Objective = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Ten
 
 @dataclass
 class SoftmaxObjective:
-    """f(W) = mean CE(z W[:D] + W[D], y) + l2 |W[:D]|^2 / 2 for G anchors; W: [G, D+1, C], z: [G, n, D]."""
+    """f(W) = mean CE(z W[:D] + W[D], y) + l2 |W[:D]|^2 / 2 for G anchors; W: [G, D+1, C], z: [G, n, D]; y labels
+    or target distributions (`probing.targets`)."""
 
     z: torch.Tensor
     y: torch.Tensor
@@ -48,10 +51,8 @@ class SoftmaxObjective:
         for start in range(0, n, rows):
             zc, yc = z[:, start : start + rows], self.y[start : start + rows]
             logp = torch.log_softmax(torch.baddbmm(w[:, d:], zc, w[:, :d]), dim=-1)
-            target = yc.view(1, -1, 1).expand(g, -1, 1)
-            loss -= logp.gather(2, target).sum(dim=(1, 2)).double()
-            p = logp.exp_()
-            p.scatter_add_(2, target, torch.full(target.shape, -1.0, dtype=p.dtype, device=p.device))
+            loss += targets.nll(logp, yc).sum(dim=1).double()
+            p = targets.subtract_(logp.exp_(), yc)
             grad[:, :d].baddbmm_(zc.transpose(1, 2), p)
             grad[:, d:] += p.sum(dim=1, keepdim=True)
         grad /= n

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from featstore.probing.base import AnchorContext, FittedProbe, Plan, ProbeGroup, ProbeVariant, register
+from featstore.probing import targets
+from featstore.probing.base import AnchorContext, LinearFit, Plan, ProbeGroup, ProbeVariant, register
 from featstore.probing.lbfgs import SoftmaxObjective, minimise
 
 PRECONDITION_ABOVE = 8.0  # top eigenvalue / mean eigenvalue beyond which an anchor is preconditioned
@@ -170,16 +171,16 @@ class LinearGroup(ProbeGroup):
     def step(self, x, y, is_val, report=False):
         z = x
         g, n, k = z.shape[0], z.shape[1], self.heads
-        p = torch.softmax(torch.baddbmm(self.b, z, self.w).view(g, n, k, self.c), dim=-1)
-        target = y.view(1, n, 1, 1).expand(g, n, k, 1)
-        nll = -torch.log(p.gather(3, target).squeeze(3).clamp_min(1e-30))  # [G, n, K]
+        logp = torch.log_softmax(torch.baddbmm(self.b, z, self.w).view(g, n, k, self.c), dim=-1)
+        nll = targets.nll(logp, y)  # [G, n, K]
+        p = logp.exp_()
         learns = torch.ones(n, device=z.device, dtype=z.dtype) if self.chosen else (~is_val).to(z.dtype)
         self.loss_sum += (nll * learns[None, :, None]).sum(dim=1).double()
         self.rows_seen += learns.sum().double()
         stats = None
         if report:
-            stats = (nll[-1, :, -1].mean(), (p[-1, :, -1].argmax(dim=-1) == y).float().mean())
-        p.scatter_add_(3, target, torch.full((g, n, k, 1), -1.0, device=p.device))  # softmax - onehot
+            stats = (nll[-1, :, -1].mean(), (p[-1, :, -1].argmax(dim=-1) == targets.hard(y)).float().mean())
+        targets.subtract_(p, y)  # softmax - target
         p.mul_((learns / n)[None, :, None, None])
         grad = p.view(g, n, k * self.c)
         self.vw.baddbmm_(z.transpose(1, 2), grad, beta=self.momentum).add_(self.w, alpha=self.wd)
@@ -246,9 +247,8 @@ class LinearGroup(ProbeGroup):
         xv = torch.stack([val_x[a] for a in self.anchors])
         g, n, k = xv.shape[0], xv.shape[1], self.heads
         logits = torch.baddbmm(self.b, self.prepare(xv), self.w).view(g, n, k, self.c)
-        target = val_y.view(1, n, 1).expand(g, n, k)
-        loss = torch.nn.functional.cross_entropy(logits.permute(0, 3, 1, 2), target, reduction="none").mean(dim=1)
-        acc = (logits.argmax(dim=-1) == target).float().mean(dim=1)
+        loss = targets.nll(torch.log_softmax(logits, dim=-1), val_y).mean(dim=1)
+        acc = (logits.argmax(dim=-1) == targets.hard(val_y).view(1, n, 1)).float().mean(dim=1)
         loss = torch.nan_to_num(loss, nan=float("inf"))  # a diverged head is never chosen
         self.chosen = [int(i) for i in loss.argmin(dim=1)]
         for i, a in enumerate(self.anchors):
@@ -273,7 +273,7 @@ class LinearGroup(ProbeGroup):
             setattr(self, name, getattr(self, name)[keep].contiguous())
         self.chosen.pop(i)
 
-    def fitted(self, val_x, val_y) -> dict[int, FittedProbe]:
+    def fitted(self, val_x, val_y) -> dict[int, LinearFit]:
         if self.chosen is None:  # capped before the first epoch ended: select now
             self._select(val_x, val_y)
         while self.anchors:
@@ -287,8 +287,8 @@ class LinearGroup(ProbeGroup):
             info = {"lr": self.lrs[chosen] if chosen >= 0 else None, "preconditioned": self.preconditioned[a],
                     "lr_cuts": self.cuts[a],
                     "objective_history": self.history[a], **self.selection.get(a, {}), **self.solver.get(a, {})}
-            out[a] = FittedProbe(weight.T.contiguous(), bias.contiguous(), info, epochs=self.epochs[a],
-                                 converged=converged, train_loss=train_loss,
-                                 val_loss=float(torch.nn.functional.cross_entropy(logits, val_y)),
-                                 val_accuracy=float((logits.argmax(dim=-1) == val_y).float().mean()))
+            out[a] = LinearFit(weight.T.contiguous(), bias.contiguous(), info=info, epochs=self.epochs[a],
+                               converged=converged, train_loss=train_loss,
+                               val_loss=float(torch.nn.functional.cross_entropy(logits, val_y)),
+                               val_accuracy=float((logits.argmax(dim=-1) == targets.hard(val_y)).float().mean()))
         return out

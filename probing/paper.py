@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from featstore.probing.base import AnchorContext, AnchorProbe, FittedProbe, Plan, ProbeVariant, register
+from featstore.probing.base import AnchorContext, AnchorProbe, LinearFit, Plan, ProbeVariant, register
 
 
 @register
@@ -107,10 +107,10 @@ class SgdProbe(AnchorProbe):
         self.stopped = epoch - self.best[3] >= self.patience
         return self.stopped
 
-    def fitted(self, val_x, val_y) -> FittedProbe:
+    def fitted(self, val_x, val_y) -> LinearFit:
         acc, w, b, epoch = self.best
         val_loss = float(torch.nn.functional.cross_entropy(val_x @ w + b, val_y))
-        return FittedProbe(w.T.contiguous(), b.contiguous(),
-                           {"best_epoch": epoch, "val_accuracy_history": self.history,
-                            "trained_on": "train+val" if self.heads == 2 else "train"},
-                           epochs=len(self.history), converged=self.stopped, val_loss=val_loss, val_accuracy=acc)
+        return LinearFit(w.T.contiguous(), b.contiguous(),
+                         info={"best_epoch": epoch, "val_accuracy_history": self.history,
+                               "trained_on": "train+val" if self.heads == 2 else "train"},
+                         epochs=len(self.history), converged=self.stopped, val_loss=val_loss, val_accuracy=acc)

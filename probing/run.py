@@ -8,7 +8,7 @@ width, training view, cross-fit): `run_id_for` and `probe_name_for` are the only
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -134,6 +134,8 @@ def fit_all(data: ProbeData, variant: ProbeVariant, train_view: str, progress: b
             threads: int | None) -> list[Fit]:
     """One fit on the 70/30 split, or K fits whose held-out folds cover every valid image once."""
     settings, valid, labels = data.settings, data.valid, data.table["label"]
+    targets = head_distribution(data, train_view) if variant.learns_from == "model" else None
+    num_classes = data.num_classes if targets is None else targets.shape[1]
     plans: list[tuple[FitRows, np.ndarray]] = []
     if settings.cross_fit:
         folds = make_folds(len(valid), settings.cross_fit, settings.split_seed)
@@ -141,10 +143,11 @@ def fit_all(data: ProbeData, variant: ProbeVariant, train_view: str, progress: b
             fit_rows = valid[folds != k]
             n_val = int(round(settings.val_frac * len(fit_rows)))
             order = np.random.default_rng(settings.split_seed + 100 + k).permutation(fit_rows)
-            plans.append((FitRows(np.sort(order[n_val:]), np.sort(order[:n_val]), labels), valid[folds == k]))
+            plans.append((FitRows(np.sort(order[n_val:]), np.sort(order[:n_val]), labels, targets),
+                          valid[folds == k]))
     else:
         in_split = lambda name: valid[data.split[valid] == name]  # noqa: E731
-        plans.append((FitRows(in_split("train"), in_split("val"), labels), valid))
+        plans.append((FitRows(in_split("train"), in_split("val"), labels, targets), valid))
     fits = []
     for k, (rows, predicted) in enumerate(plans):
         projections = [variant.projection(a.dim, a.index, settings.seed) for a in data.anchors]
@@ -156,8 +159,9 @@ def fit_all(data: ProbeData, variant: ProbeVariant, train_view: str, progress: b
             source = data.source(train_view)
         label = f"{data.key} {variant.label}" + (f" fold {k + 1}/{len(plans)}" if settings.cross_fit else "")
         label += " (streaming)" if not source.in_memory else ""
-        fitted = fit_probes(source, variant, rows, data.num_classes, settings.seed + k, progress, label, threads)
-        fits.append(Fit(predicted, [_unproject(f, p) for f, p in zip(fitted, projections, strict=True)]))
+        fitted = fit_probes(source, variant, rows, num_classes, settings.seed + k, progress, label, threads)
+        fits.append(Fit(predicted, [f if p is None else f.unprojected(p) for f, p in zip(fitted, projections,
+                                                                                        strict=True)]))
     return fits
 
 
@@ -182,22 +186,14 @@ def predict_view(data: ProbeData, fits: list[Fit], view: str) -> ViewPredictions
     return ViewPredictions(view, pred, conf, fold, records)
 
 
-def _unproject(fitted: FittedProbe, projection: torch.Tensor | None) -> FittedProbe:
-    """Fold a fixed projection into the weights, so every probe reads the raw stored features."""
-    if projection is None:
-        return fitted
-    weight = fitted.weight @ projection.T.to(fitted.weight.device)
-    return replace(fitted, weight=weight, info={**fitted.info, "projected_from": int(projection.shape[0]),
-                                                "projected_to": int(projection.shape[1])})
-
-
 def save_probes(data: ProbeData, name: str, version: str, fits: list[Fit], variant: ProbeVariant) -> None:
-    """Every anchor's probe weights [folds, C, D] as a new (not yet current) version in the store."""
+    """Every anchor's probe, as a new (not yet current) version in the store: what each fit keeps (linear:
+    weights [folds, C, D] and biases [folds, C]; knn: which rows it used), stacked over folds."""
     settings = data.settings
     for a, anchor in enumerate(data.anchors):
-        weight = np.stack([f.probes[a].weight.cpu().numpy() for f in fits])
-        bias = np.stack([f.probes[a].bias.cpu().numpy() for f in fits])
-        data.store.write_probe(data.key, name, anchor.name, weight, bias,
+        kept = [f.probes[a].arrays() for f in fits]
+        arrays = {array: np.stack([k[array] for k in kept]) for array in kept[0]}
+        data.store.write_probe(data.key, name, anchor.name, arrays,
                                {"variant": variant.name, "params": variant.params, "seed": settings.seed,
                                 "split_seed": settings.split_seed, "cross_fit": settings.cross_fit,
                                 "folds": [f.probes[a].record() for f in fits]}, version)
@@ -208,6 +204,13 @@ def model_outputs(data: ProbeData, view: str) -> tuple[np.ndarray, np.ndarray]:
     logits = torch.from_numpy(data.store.read_logits(data.key, view)[data.valid].astype(np.float32))
     conf, pred = torch.softmax(logits, dim=-1).max(dim=-1)
     return pred.numpy(), conf.numpy()
+
+
+def head_distribution(data: ProbeData, view: str) -> np.ndarray:
+    """The model's own output distribution (softmax of the stored logits) of every row of the store, float32
+    [rows, head width]: what a variant with `learns_from = "model"` learns (skipped rows are never read)."""
+    logits = torch.from_numpy(data.store.read_logits(data.key, view).astype(np.float32))
+    return torch.softmax(logits, dim=-1).numpy()
 
 
 def check_complete(store: FeatureStore, key: str, view: str) -> None:

@@ -16,11 +16,16 @@ from featstore.threads import ThreadPolicy
 
 @dataclass
 class FitRows:
-    """Row positions (into the store) of one fit: train rows, val rows, and their labels."""
+    """Row positions (into the store) of one fit: train rows, val rows, and what the probes learn to predict."""
 
     train: np.ndarray
     val: np.ndarray
     labels: np.ndarray  # label of every row of the store, by position
+    targets: np.ndarray | None = None  # [rows, C] float32 distributions to learn instead (`learns_from = "model"`)
+
+    def learnt(self) -> np.ndarray:
+        """Per row of the store, what the probes learn: its label, or its target distribution."""
+        return self.labels if self.targets is None else self.targets
 
 
 def fit_probes(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classes: int, seed: int,
@@ -45,12 +50,13 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     plan = variant.plan(len(fit))
     stats = source.stats(fit, seed=seed)  # the rows it learns from (as a standardising scikit-learn user does)
     contexts = [AnchorContext(anchor=a, dim=d, num_classes=num_classes, n_train=len(rows.train), n_fit=len(fit),
-                              stats=stats[a], device=device, seed=seed) for a, d in enumerate(source.dims)]
+                              stats=stats[a], device=device, seed=seed, fit_rows=np.sort(fit),
+                              store_rows=len(rows.labels)) for a, d in enumerate(source.dims)]
     groups = [variant.make_group([contexts[a] for a in anchors])
               for anchors in anchor_groups(source.dims, variant.batches_anchors())]
     val_x = source.gather(rows.val)
-    val_y = torch.from_numpy(rows.labels[rows.val]).to(device)
-    labels = torch.from_numpy(rows.labels).to(device)
+    labels = torch.from_numpy(rows.learnt()).to(device)
+    val_y = labels[torch.from_numpy(rows.val).to(device)]
     is_val_row = torch.zeros(len(rows.labels), dtype=torch.bool, device=device)
     is_val_row[torch.from_numpy(rows.val).to(device)] = True
     rng = np.random.default_rng(seed)
@@ -165,15 +171,14 @@ def stack_anchors(feats: Sequence[torch.Tensor], anchors: Sequence[int]) -> torc
 
 
 def predict(source: FeatureSource, probes: Sequence[FittedProbe], rows: np.ndarray) -> tuple[np.ndarray, ...]:
-    """argmax and max softmax of every probe on `rows` (in row order): int32 and float32 [n, anchors]."""
+    """Class and confidence of every probe on `rows` (in row order): int32 and float32 [n, anchors]."""
     preds = np.empty((len(rows), len(probes)), dtype=np.int32)
     confs = np.empty((len(rows), len(probes)), dtype=np.float32)
     index = {r: i for i, r in enumerate(np.asarray(rows).tolist())}
     for positions, feats in source.blocks(rows):
         where = np.fromiter((index[r] for r in positions.tolist()), dtype=np.int64, count=len(positions))
         for a, (probe, x) in enumerate(zip(probes, feats, strict=True)):
-            logits = x @ probe.weight.T.to(x.device) + probe.bias.to(x.device)
-            conf, pred = torch.softmax(logits, dim=-1).max(dim=-1)
+            pred, conf = probe.predict(x)
             preds[where, a] = pred.cpu().numpy()
             confs[where, a] = conf.cpu().numpy()
     return preds, confs

@@ -1,0 +1,149 @@
+"""`knn`: a k-nearest-neighbour probe per anchor, as in Baldock, Maennel and Neyshabur, "Deep Learning Through the
+Lens of Example Difficulty" (NeurIPS 2021), whose prediction depth reads k-NN classifiers (k = 30) on each
+layer's embeddings.
+
+- References: the train split's rows of the training view, on the raw pooled features (no standardisation).
+  "Training" is one pass that memorises them, as they come by in the trainer's mini-batches (float16, which is
+  what the store holds, so the copy is exact); the store keeps which rows they were (`reference`, a mask over
+  its rows per fold), never a second copy of the features.
+- Metric: `cosine` (default; distance 1 - cos) or `euclidean`. A row of zeros has cosine 0 to everything.
+- Vote: the k nearest references vote with equal weight; a tie between classes goes to the class whose voters
+  are nearer (smaller mean distance). Confidence = the winning class's share of the k votes.
+- Prediction: blocks of query rows against tiles of `tile` references, keeping a running top k, so memory is the
+  references (rows x width x 2 bytes per anchor) plus one block x tile of scores, whatever the sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from featstore.errors import FeatstoreError
+from featstore.probing.base import AnchorContext, FittedProbe, Plan, ProbeGroup, ProbeVariant, register
+
+METRICS = ("cosine", "euclidean")
+
+
+@register
+class Knn(ProbeVariant):
+    name = "knn"
+
+    def __init__(self, k: int = 30, metric: str = "cosine", tile: int = 8192):
+        if metric not in METRICS:
+            raise FeatstoreError(f"--variant knn:metric={metric}: use one of {', '.join(METRICS)}")
+        if k < 1 or tile < 1:
+            raise FeatstoreError(f"--variant knn:k={k},tile={tile}: both are whole numbers >= 1")
+        super().__init__(k=k, metric=metric, tile=tile)
+
+    def plan(self, n_fit: int) -> Plan:
+        return Plan(max_epochs=1, batch_size=8192, train_on_val=False)
+
+    def batches_anchors(self) -> bool:
+        return True
+
+    def make_group(self, ctxs) -> ProbeGroup:
+        return Memorise(ctxs, self.params["k"], self.params["metric"], self.params["tile"])
+
+
+class Memorise(ProbeGroup):
+    """The anchors of one width: one pass over the train rows copies them (float16) with their labels."""
+
+    def __init__(self, ctxs, k: int, metric: str, tile: int):
+        ctx0: AnchorContext = ctxs[0]
+        self.anchors = [ctx.anchor for ctx in ctxs]
+        self.members = list(self.anchors)  # the order of the stacked features
+        self.k, self.metric, self.tile, self.num_classes = k, metric, tile, ctx0.num_classes
+        self.reference = np.zeros(ctx0.store_rows, dtype=bool)
+        if ctx0.fit_rows is not None:
+            self.reference[ctx0.fit_rows] = True
+        self.parts: list[torch.Tensor] = []
+        self.labels: list[torch.Tensor] = []
+        self.rows = 0
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        return x.half()  # the stored precision: an exact copy at half the memory of float32
+
+    def step(self, x, y, is_val, report=False):
+        self.parts.append(x.clone() if x.dtype == torch.float16 else x.half())
+        self.labels.append(y.clone())
+        self.rows += len(y)
+        return None
+
+    def end_epoch(self, epoch, val_x, val_y) -> None:
+        self.anchors = []  # one pass memorises everything
+
+    def fitted(self, val_x, val_y) -> dict[int, NeighbourFit]:
+        stacked = torch.cat(self.parts, dim=1)  # [G, n, D]
+        labels = torch.cat(self.labels)
+        self.parts, self.labels = [], []
+        out = {}
+        for i, a in enumerate(self.members):
+            fit = NeighbourFit(stacked[i].T.contiguous(), labels, self.k, self.metric, self.num_classes, self.tile,
+                               self.reference, info={"references": int(len(labels)), "metric": self.metric,
+                                                     "k": self.k}, epochs=1)
+            fit.val_accuracy = float((fit.predict(val_x[a])[0] == val_y).float().mean()) if len(val_y) else np.nan
+            out[a] = fit
+        return out
+
+
+@dataclass
+class NeighbourFit(FittedProbe):
+    """The references of one anchor (transposed, [D, n] float16) and their labels; predicts by majority vote."""
+
+    refs_t: torch.Tensor
+    labels: torch.Tensor  # [n] int64
+    k: int
+    metric: str
+    num_classes: int
+    tile: int
+    reference: np.ndarray  # [store rows] bool: which rows of the store the references are
+
+    def __post_init__(self) -> None:
+        r = self.refs_t.float()
+        squares = (r * r).sum(dim=0)
+        # cosine ranks by x.r / |r|; euclidean by x.r - |r|^2 / 2 (= (|x|^2 - d^2) / 2)
+        self.scale = squares.sqrt().clamp_min(1e-30).reciprocal() if self.metric == "cosine" else None
+        self.offset = None if self.metric == "cosine" else -0.5 * squares
+        self.squares = squares
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"reference": self.reference}
+
+    def neighbours(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Distances [n, k'] (ascending) and reference indices [n, k'] of the k' = min(k, references) nearest."""
+        best = index = None
+        for start in range(0, self.refs_t.shape[1], self.tile):
+            stop = min(start + self.tile, self.refs_t.shape[1])
+            score = x @ self.refs_t[:, start:stop].to(x.device).float()
+            if self.scale is not None:
+                score.mul_(self.scale[start:stop].to(x.device))
+            else:
+                score.add_(self.offset[start:stop].to(x.device))
+            kept = 0 if best is None else best.shape[1]
+            if best is not None:
+                score = torch.cat([best, score], dim=1)  # the running top k first, then this tile
+            best, pos = score.topk(min(self.k, score.shape[1]), dim=1)
+            fresh = pos - kept + start  # a position in this tile -> a reference index
+            index = fresh if index is None else torch.where(pos < kept, index.gather(1, pos.clamp_max(kept - 1)),
+                                                            fresh)
+        norms = x.norm(dim=1, keepdim=True)
+        if self.metric == "cosine":
+            distance = 1.0 - best / norms.clamp_min(1e-30)
+            distance = torch.where(norms > 0, distance, torch.ones_like(distance))
+        else:
+            distance = (norms * norms - 2.0 * best).clamp_min(0).sqrt()
+        return distance, index
+
+    def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        distance, index = self.neighbours(x.float())
+        votes = self.labels.to(x.device)[index]  # [n, k]
+        counts = torch.zeros(len(x), self.num_classes, device=x.device).scatter_add_(1, votes,
+                                                                                     torch.ones_like(distance))
+        spread = torch.zeros_like(counts).scatter_add_(1, votes, distance)
+        most = counts.max(dim=1, keepdim=True).values
+        # among the classes with the most votes, the one whose voters are nearer (equal counts: smaller sum)
+        tied = torch.where(counts == most, spread, torch.full_like(spread, float("inf")))
+        pred = tied.argmin(dim=1)
+        return pred, (most.squeeze(1) / index.shape[1]).float()

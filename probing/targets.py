@@ -1,0 +1,40 @@
+"""What a probe learns to predict, in one place: class labels [n] (int64) or probability rows [n, C] (float32,
+the model's own output distribution for `learns_from = "model"`). The softmax probes' loss and gradient take
+either, so `lens` is `linear` with another target and the trainer never asks which."""
+
+from __future__ import annotations
+
+import torch
+
+
+def is_soft(y: torch.Tensor) -> bool:
+    return y.is_floating_point()
+
+
+def hard(y: torch.Tensor) -> torch.Tensor:
+    """The class each target names: the label, or the distribution's argmax (the model's own prediction)."""
+    return y.argmax(dim=-1) if is_soft(y) else y
+
+
+def _shaped(y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Targets of the rows of `like` [G, n, ..., C] (rows on its second axis), broadcastable against it."""
+    middle = [1] * (like.dim() - 3)
+    return y.view(1, y.shape[0], *middle, y.shape[1] if is_soft(y) else 1)
+
+
+def nll(logp: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of every row, [G, n, ...], from log-probabilities [G, n, ..., C]: -log q_y for a label,
+    -sum_c p_c log q_c for a distribution p (= KL(p || q) + the entropy of p, a constant of the data)."""
+    target = _shaped(y, logp)
+    if is_soft(y):
+        return -(target * logp).sum(dim=-1)
+    return -logp.gather(-1, target.expand(*logp.shape[:-1], 1)).squeeze(-1)
+
+
+def subtract_(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """p - target in place (softmax minus one-hot, or minus the target distribution): the logits' gradient."""
+    target = _shaped(y, p)
+    if is_soft(y):
+        return p.sub_(target)
+    index = target.expand(*p.shape[:-1], 1)
+    return p.scatter_add_(-1, index, torch.full(index.shape, -1.0, dtype=p.dtype, device=p.device))
