@@ -6,6 +6,7 @@ name returns, so Python, `featstore sql` and any DuckDB client see the same numb
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,39 +79,62 @@ def stability_windows(db: Db, ks: Sequence[int] | None = None) -> list[int]:
     return sorted(ks)
 
 
-def decision_layers(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM decision_layers(?, scope := ?)", [k, check_scope(scope)])
+def check_min_conf(min_conf: float) -> float:
+    """The joint criterion's confidence threshold θ: 0 (stability alone) up to 1."""
+    if not 0 <= min_conf <= 1:
+        raise FeatstoreError(f"--min-conf {min_conf}: a confidence threshold lies in [0, 1] (0: stability alone)")
+    return float(min_conf)
 
 
-def decision_summary(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM decision_summary(?, scope := ?)", [k, check_scope(scope)])
+def _per_k(macro: str, db: Db, k: int, scope: str, min_conf: float) -> pl.DataFrame:
+    """A macro of (k, scope, min_conf): every one that takes a stability window also takes the joint criterion."""
+    return query(db, f"SELECT * FROM {macro}(?, scope := ?, min_conf := ?)",
+                 [k, check_scope(scope), check_min_conf(min_conf)])
 
 
-def k_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = "auto") -> pl.DataFrame:
+def decision_layers(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
+    return _per_k("decision_layers", db, k, scope, min_conf)
+
+
+def decision_summary(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
+    return _per_k("decision_summary", db, k, scope, min_conf)
+
+
+def k_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
     check_scope(scope)
     ks = stability_windows(db, ks)
-    frame = query(db, "SELECT * FROM decision_sweep(?, scope := ?)", [max(ks), scope])
+    frame = query(db, "SELECT * FROM decision_sweep(?, scope := ?, min_conf := ?)",
+                  [max(ks), scope, check_min_conf(min_conf)])
     return frame.filter(pl.col("k").is_in(list(ks)))
 
 
-def decision_mass(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM decision_mass(?, scope := ?)", [k, check_scope(scope)])
+def decision_mass(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
+    return _per_k("decision_mass", db, k, scope, min_conf)
 
 
-def cumulative_curve(db: Db, k: int, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM cumulative_curve(?, scope := ?)", [k, check_scope(scope)])
+def cumulative_curve(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
+    return _per_k("cumulative_curve", db, k, scope, min_conf)
+
+
+def prediction_depth(db: Db, run_id: str, scope: str = "auto") -> pl.DataFrame:
+    """Baldock et al.'s prediction depth of every image of one run, against the model's own prediction."""
+    return query(db, "SELECT * FROM prediction_depth(?, scope := ?)", [run_id, check_scope(scope)])
+
+
+def head_agreement(db: Db, scope: str = "auto") -> pl.DataFrame:
+    return query(db, "SELECT * FROM head_agreement(scope := ?)", [check_scope(scope)])
 
 
 def probe_accuracy(db: Db, scope: str = "auto") -> pl.DataFrame:
     return query(db, "SELECT * FROM probe_accuracy(scope := ?)", [check_scope(scope)])
 
 
-def corruption_shift(db: Db, k: int = 2, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM corruption_shift(?, scope := ?)", [k, check_scope(scope)])
+def corruption_shift(db: Db, k: int = 2, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
+    return _per_k("corruption_shift", db, k, scope, min_conf)
 
 
-def paper_table(db: Db, k: int = 2, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM paper_table(?, scope := ?)", [k, check_scope(scope)])
+def paper_table(db: Db, k: int = 2, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
+    return _per_k("paper_table", db, k, scope, min_conf)
 
 
 def paper_table_spread(db: Db, k: int = 2, scope: str = "auto") -> pl.DataFrame:
@@ -121,8 +145,10 @@ def population(db: Db, scope: str = "auto") -> pl.DataFrame:
     return query(db, "SELECT * FROM population(scope := ?)", [check_scope(scope)])
 
 
-def decision_examples(db: Db, k: int = 2, per_side: int = 4, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM decision_examples(?, per_side := ?, scope := ?)", [k, per_side, scope])
+def decision_examples(db: Db, k: int = 2, per_side: int = 4, scope: str = "auto",
+                      min_conf: float = 0.0) -> pl.DataFrame:
+    return query(db, "SELECT * FROM decision_examples(?, per_side := ?, scope := ?, min_conf := ?)",
+                 [k, per_side, scope, check_min_conf(min_conf)])
 
 
 def anchor_names(db: Db, model: str) -> list[str]:
@@ -196,8 +222,8 @@ def early_exit(db: Db, run_id: str, device: str | None = None, batch_size: int =
 def _exit_table(macro: str, db: Db, run_id: str, device: str, batch_size: int, policies: ExitPolicies,
                 scope: str) -> pl.DataFrame:
     return query(db, f"SELECT * FROM {macro}(?, ?, sim_batch := ?, ks := ?, thresholds := ?, "
-                     "combined_thresholds := ?, scope := ?)",
-                 [run_id, device, batch_size, *policies.args(), check_scope(scope)])
+                     "combined_thresholds := ?, scope := ?, gate_thresholds := ?)",
+                 [run_id, device, batch_size, *policies.args(), check_scope(scope), policies.gate_args()])
 
 
 def exit_simulation(db: Db, run_id: str, device: str, batch_size: int = 1, policies: ExitPolicies = DEFAULT_POLICIES,
@@ -213,8 +239,8 @@ def exit_pareto(db: Db, run_id: str, device: str, batch_size: int = 1, policies:
 
 
 def exit_shares(db: Db, run_id: str, policies: ExitPolicies = DEFAULT_POLICIES, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM exit_shares(?, ks := ?, thresholds := ?, combined_thresholds := ?, scope := ?)",
-                 [run_id, *policies.args(), check_scope(scope)])
+    return query(db, "SELECT * FROM exit_shares(?, ks := ?, thresholds := ?, combined_thresholds := ?, scope := ?, "
+                     "gate_thresholds := ?)", [run_id, *policies.args(), check_scope(scope), policies.gate_args()])
 
 
 def tap_grid(db: Db, run_id: str, scope: str = "auto") -> pl.DataFrame:
@@ -225,5 +251,81 @@ def tap_gains(db: Db, run_id: str, scope: str = "auto") -> pl.DataFrame:
     return query(db, "SELECT * FROM tap_gains(?, scope := ?)", [run_id, check_scope(scope)])
 
 
-def tap_decision_layers(db: Db, run_id: str, tap: str, k: int, scope: str = "auto") -> pl.DataFrame:
-    return query(db, "SELECT * FROM tap_decision_layers(?, ?, ?, scope := ?)", [run_id, tap, k, check_scope(scope)])
+def tap_decision_layers(db: Db, run_id: str, tap: str, k: int, scope: str = "auto",
+                        min_conf: float = 0.0) -> pl.DataFrame:
+    return query(db, "SELECT * FROM tap_decision_layers(?, ?, ?, scope := ?, min_conf := ?)",
+                 [run_id, tap, k, check_scope(scope), check_min_conf(min_conf)])
+
+
+@dataclass
+class Comparison:
+    """Every established definition of when the network decides, side by side (`featstore compare`)."""
+
+    runs: list[str]
+    summary: pl.DataFrame  # per definition: n, mean, median, band shares
+    agreement: pl.DataFrame  # per pair: n, Spearman, same band, early-by-one-late-by-the-other counts
+    crosstab: pl.DataFrame  # per pair: the early/mid/late cross-table
+    disagreements: pl.DataFrame  # per pair: a few images early by one and late by the other
+
+    def shortened(self) -> Comparison:
+        """The same tables with the run ids' common 'model/view/' prefix left out of every definition's name."""
+        prefix = os.path.commonprefix(self.runs)
+        prefix = prefix[: prefix.rfind("/") + 1]
+        if not prefix:
+            return self
+
+        def short(frame: pl.DataFrame) -> pl.DataFrame:
+            names = [c for c in ("definition", "a", "b") if c in frame.columns]
+            return frame.with_columns(pl.col(c).str.replace(prefix, "", literal=True) for c in names)
+
+        return Comparison([r.removeprefix(prefix) for r in self.runs], short(self.summary), short(self.agreement),
+                          short(self.crosstab), short(self.disagreements))
+
+    def matrix(self, value: str) -> pl.DataFrame:
+        """A per-pair statistic as a square table, rows and columns in the summary's order (columns #1, #2, ...):
+        'spearman' (symmetric, 1 on the diagonal) or 'early_late' (row early, column late: image counts)."""
+        names = self.summary["definition"].to_list()
+        cells: dict[tuple[str, str], float | int | None] = {}
+        for row in self.agreement.iter_rows(named=True):
+            a, b = row["a"], row["b"]
+            if value == "spearman":
+                cells[a, b] = cells[b, a] = row["spearman"]
+            else:
+                cells[a, b], cells[b, a] = row["early_a_late_b"], row["late_a_early_b"]
+        diagonal = 1.0 if value == "spearman" else None
+        columns = {f"#{j + 1}": [diagonal if a == b else cells.get((a, b)) for a in names]
+                   for j, b in enumerate(names)}
+        return pl.DataFrame({"definition": [f"#{i + 1} {n}" for i, n in enumerate(names)], **columns})
+
+
+def comparison_runs(db: Db, runs: Sequence[str] | None = None) -> list[str]:
+    """The runs to compare: as given (each must exist), or every clean run in the database."""
+    known = query(db, "SELECT run_id, view FROM runs ORDER BY run_id")
+    if runs:
+        missing = [r for r in runs if r not in known["run_id"].to_list()]
+        if missing:
+            raise FeatstoreError(f"--runs: no run {missing[0]!r} in the database; list them with featstore sql "
+                                 f"\"SELECT run_id FROM runs\"")
+        return list(dict.fromkeys(runs))
+    clean = known.filter(pl.col("view") == "clean")["run_id"].to_list()
+    if not clean:
+        raise FeatstoreError("the database has no clean runs to compare; pass --runs")
+    return clean
+
+
+def compare(db: Db, runs: Sequence[str] | None = None, k: int = 2, min_conf: float = 0.5, scope: str = "auto",
+            per_pair: int = 4) -> Comparison:
+    """l*(k), prediction depth and the joint criterion of each run, compared image by image."""
+    con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True, wait_s=READ_WAIT_S)
+    try:
+        runs = comparison_runs(con, runs)
+        args = [runs, k, check_min_conf(min_conf), check_scope(scope)]
+        tail = "(?, k := ?, min_conf := ?, scope := ?)"
+        return Comparison(runs, query(con, f"SELECT * FROM definition_summary{tail}", args),
+                          query(con, f"SELECT * FROM definition_agreement{tail}", args),
+                          query(con, f"SELECT * FROM definition_crosstab{tail}", args),
+                          query(con, "SELECT * FROM definition_disagreements(?, k := ?, min_conf := ?, per_pair := ?, "
+                                     "scope := ?)", [*args[:3], per_pair, args[3]]))
+    finally:
+        if con is not db:
+            con.close()

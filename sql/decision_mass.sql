@@ -1,7 +1,7 @@
--- decision_mass(k, scope := 'auto') -> (run_id, layer, n, share, never_stable): how many images decide at
--- each anchor 0..T (never-stable images are counted at T and also in never_stable).
-CREATE OR REPLACE MACRO decision_mass(k, scope := 'auto') AS TABLE
-WITH d AS (SELECT * FROM decision_layers(k, scope)),
+-- decision_mass(k, scope := 'auto', min_conf := 0) -> (run_id, layer, n, share, never_stable): how many images
+-- decide at each anchor 0..T (never-stable images are counted at T and also in never_stable).
+CREATE OR REPLACE MACRO decision_mass(k, scope := 'auto', min_conf := 0) AS TABLE
+WITH d AS (SELECT * FROM decision_layers(k, scope, min_conf := min_conf)),
 grid AS (SELECT DISTINCT run_id, t FROM d),
 layers AS (SELECT run_id, unnest(range(0, t + 1)) AS layer FROM grid),
 counts AS (SELECT run_id, layer, count(*) AS n, sum(never_stable::INT)::BIGINT AS never_stable FROM d GROUP BY ALL),

@@ -1,12 +1,12 @@
--- seed_spread(k := 2, scope := 'auto') -> per run family (model, view, train_view, probe_id, cross_fit: runs
--- that differ only in their probe seed) and statistic (every decision_summary column at k, and the probe
+-- seed_spread(k := 2, scope := 'auto', min_conf := 0) -> per run family (model, view, train_view, probe_id,
+-- cross_fit: runs that differ only in their probe seed) and statistic (every decision_summary column at k, and the probe
 -- accuracy at each anchor as accuracy@<anchor>): seeds, mean, std (sample), min and max across probe seeds.
-CREATE OR REPLACE MACRO seed_spread(k := 2, scope := 'auto') AS TABLE
+CREATE OR REPLACE MACRO seed_spread(k := 2, scope := 'auto', min_conf := 0) AS TABLE
 WITH fam AS (
     SELECT run_id, model, view, train_view, coalesce(json_extract_string(params, '$.probe_id'), probe) AS probe_id,
            cross_fit, seed
     FROM runs),
-s AS MATERIALIZED (SELECT * FROM decision_summary(k, scope)),
+s AS MATERIALIZED (SELECT * FROM decision_summary(k, scope, min_conf := min_conf)),
 stats AS (
     SELECT run_id, statistic, value::DOUBLE AS value
     FROM (UNPIVOT (SELECT run_id, mean, median::DOUBLE AS median, std, f_early, f_mid, f_late, never_stable,
