@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from featstore.errors import FeatstoreError
-from featstore.records import CircuitRun, DatasetInfo, ModelCost, RunRows, ZooRow
+from featstore.records import CircuitRun, DatasetInfo, GateScores, ModelCost, RunRows, ZooRow
 
 _DEFINITION = re.compile(r"CREATE OR REPLACE (MACRO|VIEW) (\w+)")
 
@@ -370,8 +370,8 @@ def _replace_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
         "pred": rows.pred.astype(np.int32).ravel(),
         "conf": rows.conf.astype(np.float32).ravel(),
     })
-    for table in ("predictions", "decisions", "folds", "probe_fits", "runs"):
-        con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+    for table in ("predictions", "decisions", "folds", "probe_fits", "gate_scores", "gates", "runs"):
+        con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])  # a gate learnt the old predictions
     _insert_records(con, "runs", [rows.run])
     _insert(con, "predictions", predictions)
     if rows.fold is not None:
@@ -386,3 +386,19 @@ def _replace_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
             "anchor": pa.array([anchor for _, anchor, _ in rows.fits], pa.int16()),
             **{c: [r.get(c) for r in fit] for c in ("val_accuracy", "epochs", "converged", "train_loss", "val_loss")},
             "info": [json.dumps(r) for r in fit]}))
+
+
+def write_gate(con: duckdb.DuckDBPyConnection, scores: GateScores) -> None:
+    """Replace one run's learned exit gate and its scores in a single transaction."""
+    n, a = scores.score.shape
+    run_id = scores.gate.run_id
+    table = pa.table({"run_id": pa.array([run_id] * (n * a)),
+                      "image_id": np.repeat(scores.image_id.astype(np.int64), a),
+                      "anchor": np.tile(np.arange(a, dtype=np.int16), n),
+                      "score": scores.score.astype(np.float32).ravel(),
+                      "learnt": np.repeat(scores.learnt.astype(bool), a)})
+    with transaction(con):
+        for name in ("gate_scores", "gates"):
+            con.execute(f"DELETE FROM {name} WHERE run_id = ?", [run_id])
+        _insert_records(con, "gates", [scores.gate])
+        _insert(con, "gate_scores", table)

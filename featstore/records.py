@@ -66,6 +66,35 @@ class RunRows:
 
 
 @dataclass(frozen=True)
+class Gate:
+    """One row of `gates`: a run's learned exit gate (`featstore gate`), fitted on one split of its timelines."""
+
+    run_id: str
+    trained_on: str  # the split it was fitted on
+    n_rows: int  # (image, anchor) rows it learnt from
+    target: str
+    features: dict  # names and standardisation
+    weights: dict
+    info: dict  # how the fit went
+    created_at: datetime = field(default_factory=_now)
+
+
+@dataclass(frozen=True)
+class GateScores:
+    """A gate and its score at every (image, anchor) of its run (`gate_scores`)."""
+
+    gate: Gate
+    image_id: np.ndarray  # [n]
+    score: np.ndarray  # [n, A] float32
+    learnt: np.ndarray  # [n] bool: an image the gate was fitted on
+
+    def __post_init__(self) -> None:
+        if self.score.shape[0] != len(self.image_id) or len(self.learnt) != len(self.image_id):
+            raise ValueError(f"gate of {self.gate.run_id}: scores {self.score.shape}, {len(self.image_id)} images and "
+                             f"{len(self.learnt)} learnt flags do not match")
+
+
+@dataclass(frozen=True)
 class CircuitRun:
     """One row of `circuit_runs`: an EAP-IG run of one model on one image set."""
 

@@ -1,15 +1,22 @@
--- exit_events(sim_run, ks, thresholds, combined_thresholds, scope := 'auto') -> (policy, k, theta, image_id,
--- label, exit_anchor, pred): where each early-exit policy leaves the network for each image (docs/design.md §7), from the
--- stored predictions alone. exit_anchor NULL = full depth, where the prediction is the model's own head.
--- stability k: first l >= k with equal predictions at l-k..l (= l*(k)+k); confidence θ: first l with
--- conf >= θ (compared at the stored float32 precision); combined (k, θ): both at the same l; oracle: first anchor whose prediction is correct.
+-- exit_events(sim_run, ks, thresholds, combined_thresholds, scope := 'auto', gate_thresholds) -> (policy, k,
+-- theta, image_id, label, exit_anchor, pred): where each early-exit policy leaves the network for each image
+-- (docs/design.md §7), from the stored predictions alone. exit_anchor NULL = full depth, where the prediction is
+-- the model's own head. stability k: first l >= k with equal predictions at l-k..l (= l*(k)+k); confidence θ:
+-- first l with conf >= θ (compared at the stored float32 precision); combined (k, θ): both at the same l; learned
+-- θ: first l whose learned gate score (gate_scores, `featstore gate`) is >= θ, on the images the gate was not
+-- fitted on, when the run has a gate; oracle: first anchor whose prediction is correct.
 CREATE OR REPLACE MACRO exit_events(sim_run, ks := [1, 2, 3, 4],
                                     thresholds := [0.5, 0.51, 0.52, 0.53, 0.54, 0.55, 0.56, 0.57, 0.58, 0.59, 0.6,
                                                    0.61, 0.62, 0.63, 0.64, 0.65, 0.66, 0.67, 0.68, 0.69, 0.7, 0.71,
                                                    0.72, 0.73, 0.74, 0.75, 0.76, 0.77, 0.78, 0.79, 0.8, 0.81, 0.82,
                                                    0.83, 0.84, 0.85, 0.86, 0.87, 0.88, 0.89, 0.9, 0.91, 0.92, 0.93,
                                                    0.94, 0.95, 0.96, 0.97, 0.98, 0.99],  -- 0.5:0.99:0.01 (ExitPolicies)
-                                    combined_thresholds := [0.5, 0.7, 0.9], scope := 'auto') AS TABLE
+                                    combined_thresholds := [0.5, 0.7, 0.9], scope := 'auto',
+                                    gate_thresholds := [0.5, 0.51, 0.52, 0.53, 0.54, 0.55, 0.56, 0.57, 0.58, 0.59, 0.6,
+                                                        0.61, 0.62, 0.63, 0.64, 0.65, 0.66, 0.67, 0.68, 0.69, 0.7, 0.71,
+                                                        0.72, 0.73, 0.74, 0.75, 0.76, 0.77, 0.78, 0.79, 0.8, 0.81, 0.82,
+                                                        0.83, 0.84, 0.85, 0.86, 0.87, 0.88, 0.89, 0.9, 0.91, 0.92, 0.93,
+                                                        0.94, 0.95, 0.96, 0.97, 0.98, 0.99]) AS TABLE
 WITH r AS (SELECT run_id, model, view, cross_fit FROM runs WHERE run_id = sim_run),
 imgs AS (SELECT i.image_id, i.label FROM images i, r WHERE in_scope(scope, i.split, r.cross_fit)),
 p AS (SELECT s.image_id, s.anchor, s.pred, s.conf, imgs.label,
@@ -18,6 +25,8 @@ p AS (SELECT s.image_id, s.anchor, s.pred, s.conf, imgs.label,
 ks_ AS (SELECT unnest(ks) AS k),
 th AS (SELECT unnest(thresholds) AS theta),
 cth AS (SELECT unnest(combined_thresholds) AS theta),
+gth AS (SELECT unnest(gate_thresholds) AS theta),
+gate AS (SELECT image_id, anchor, score FROM gate_scores WHERE run_id = sim_run AND NOT learnt),
 events AS (
     SELECT 'stability' AS policy, k, NULL::DOUBLE AS theta, image_id,
            min(anchor) FILTER (WHERE stable_for >= k) AS exit_anchor,
@@ -31,6 +40,10 @@ events AS (
     SELECT 'combined', k, theta, image_id, min(anchor) FILTER (WHERE stable_for >= k AND conf >= theta::REAL),
            arg_min(pred, anchor) FILTER (WHERE stable_for >= k AND conf >= theta::REAL)
     FROM p, ks_, cth GROUP BY k, theta, image_id
+    UNION ALL
+    SELECT 'learned', NULL, theta, image_id, min(anchor) FILTER (WHERE score >= theta::REAL),
+           arg_min(pred, anchor) FILTER (WHERE score >= theta::REAL)
+    FROM p JOIN gate USING (image_id, anchor), gth GROUP BY theta, image_id
     UNION ALL
     SELECT 'oracle', NULL, NULL, image_id, min(anchor) FILTER (WHERE pred = label),
            arg_min(pred, anchor) FILTER (WHERE pred = label)

@@ -1,5 +1,5 @@
--- exit_simulation(sim_run, sim_device, sim_batch := 1, ks, thresholds, combined_thresholds, scope) ->
--- (policy, k, theta, n, accuracy, mean_ms, mean_flops, full_depth_share): each early-exit policy's accuracy
+-- exit_simulation(sim_run, sim_device, sim_batch := 1, ks, thresholds, combined_thresholds, scope, gate_thresholds)
+-- -> (policy, k, theta, n, accuracy, mean_ms, mean_flops, full_depth_share): each early-exit policy's accuracy
 -- and mean cost per image. Exiting at anchor l costs the network prefix up to l plus every probe up to l;
 -- reaching full depth costs the whole model plus, for gated policies, all the probes; the 'full depth'
 -- baseline runs the model alone. Costs come from anchor_costs/model_costs (featstore cost), per image
@@ -10,7 +10,12 @@ CREATE OR REPLACE MACRO exit_simulation(sim_run, sim_device, sim_batch := 1, ks 
                                                        0.7, 0.71, 0.72, 0.73, 0.74, 0.75, 0.76, 0.77, 0.78, 0.79,
                                                        0.8, 0.81, 0.82, 0.83, 0.84, 0.85, 0.86, 0.87, 0.88, 0.89,
                                                        0.9, 0.91, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99],  -- 0.5:0.99:0.01 (ExitPolicies)
-                                        combined_thresholds := [0.5, 0.7, 0.9], scope := 'auto') AS TABLE
+                                        combined_thresholds := [0.5, 0.7, 0.9], scope := 'auto',
+                                        gate_thresholds := [0.5, 0.51, 0.52, 0.53, 0.54, 0.55, 0.56, 0.57, 0.58, 0.59,
+                                                            0.6, 0.61, 0.62, 0.63, 0.64, 0.65, 0.66, 0.67, 0.68, 0.69,
+                                                            0.7, 0.71, 0.72, 0.73, 0.74, 0.75, 0.76, 0.77, 0.78, 0.79,
+                                                            0.8, 0.81, 0.82, 0.83, 0.84, 0.85, 0.86, 0.87, 0.88, 0.89,
+                                                            0.9, 0.91, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99]) AS TABLE
 WITH m AS (SELECT model FROM runs WHERE run_id = sim_run),
 costs AS (
     SELECT anchor, (ms + sum(probe_ms) OVER (ORDER BY anchor)) / batch_size AS exit_ms,
@@ -29,7 +34,7 @@ priced AS (
            CASE WHEN e.exit_anchor IS NOT NULL THEN c.exit_flops
                 WHEN e.policy = 'full depth' THEN whole.flops ELSE whole.flops + probes.flops END AS flops
     FROM exit_events(sim_run, ks := ks, thresholds := thresholds, combined_thresholds := combined_thresholds,
-                     scope := scope) e
+                     scope := scope, gate_thresholds := gate_thresholds) e
     CROSS JOIN whole CROSS JOIN probes LEFT JOIN costs c ON c.anchor = e.exit_anchor)
 SELECT policy, k, theta, count(*) AS n, avg((pred = label)::INT) AS accuracy, avg(ms) AS mean_ms,
        avg(flops) AS mean_flops, avg((exit_anchor IS NULL)::INT) AS full_depth_share

@@ -67,3 +67,12 @@ CREATE TABLE IF NOT EXISTS css_graph (
 CREATE TABLE IF NOT EXISTS zoo_runs (
     study VARCHAR, model VARCHAR, dataset VARCHAR, role VARCHAR, accuracy DOUBLE, n_images INTEGER,
     circuit_run VARCHAR, created_at TIMESTAMP);
+
+-- featstore gate: one learned exit gate per run, fitted on one split (trained_on) from the run's own prediction
+-- timelines (features: its names and standardisation; weights: the logistic regression; info: how the fit went)
+CREATE TABLE IF NOT EXISTS gates (
+    run_id VARCHAR PRIMARY KEY, trained_on VARCHAR, n_rows INTEGER, target VARCHAR, features JSON, weights JSON,
+    info JSON, created_at TIMESTAMP);
+-- the gate's score at every (image, anchor) of its run: its estimate that the anchor's prediction is already the
+-- model's own and correct; learnt = the image is one the gate was fitted on (exit-sim leaves those out)
+CREATE TABLE IF NOT EXISTS gate_scores (run_id VARCHAR, image_id BIGINT, anchor SMALLINT, score REAL, learnt BOOLEAN);
