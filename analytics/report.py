@@ -60,9 +60,10 @@ class _Figures:
 
 
 def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = None, scope: str = "auto",
-                 k: int | None = None) -> Path:
+                 k: int | None = None, min_conf: float = 0.5) -> Path:
     """Write `out/report.html` (and one PNG per figure) for every run in `db`: the k-sweep over `ks`, and the
-    single-k sections (cross-model table, headline, decision mass, gallery) at `k` (default 2, or the first k)."""
+    single-k sections (cross-model table, headline, decision mass, gallery, the comparison of definitions) at `k`
+    (default 2, or the first k); `min_conf` is the joint criterion's threshold in that comparison."""
     out = Path(out)
     con = connect(db, read_only=True)
     try:
@@ -110,6 +111,9 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
             sections.append(_shift(figs, shift))
             sections.append(_table(shift.select("model", "view", "probe", "k", "n", "mean_layer",
                                                 "clean_mean_layer", "delta")))
+        for model in clean["model"].unique(maintain_order=True).to_list():
+            sections.append(_definitions(figs, con, model, clean.filter(pl.col("model") == model)["run_id"].to_list(),
+                                         k_mid, min_conf, scope))
         if clean["model"].n_unique() > 1:
             sections.append("<h2>Cross-model comparison</h2>")
             sections.append(_cross_model(figs, sweep.filter(pl.col("view") == "clean")))
@@ -264,7 +268,8 @@ def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
     front = q.exit_pareto(con, run["run_id"], device, batch, scope=scope)
     oracle = sim.filter(pl.col("policy") == "oracle")
     fig, ax = figs.plt.subplots(figsize=(6.5, 4))
-    colours = {"stability": "#3b6ea8", "confidence": "#4c9a5f", "combined": "#8e5ea2", "full depth": "black"}
+    colours = {"stability": "#3b6ea8", "confidence": "#4c9a5f", "combined": "#8e5ea2", "learned": "#c9a227",
+               "full depth": "black"}
     for policy, colour in colours.items():
         part = sim.filter(pl.col("policy") == policy)
         if not part.is_empty():
@@ -353,6 +358,66 @@ def _gallery(figs: _Figures, con, run: dict, k: int, scope: str, names: Sequence
     caption = (f"Images of {run['run_id']} that decide early (left) and late (right), with the probe's class at "
                f"every anchor (green: right, red: wrong; box: l*({k}))")
     return figs.save(fig, f"{run['run_id']}_gallery", caption, tight=False)
+
+
+def _definitions(figs: _Figures, con, model: str, runs: list[str], k: int, min_conf: float, scope: str) -> str:
+    """Every definition of when the network decides (l*(k), the joint criterion, prediction depth) for the clean
+    runs of one model, side by side: their band shares, Spearman correlations and early/late disagreements, and a
+    few images early by one definition and late by another."""
+    result = q.compare(con, runs, k, min_conf, scope, per_pair=2).shortened()
+    if result.summary.is_empty():
+        return ""
+    names = result.summary["definition"].to_list()
+    parts = [f"<h2>When does {html.escape(model)} decide? Every definition side by side</h2>",
+             "<p>l*(k): first anchor from which the probe's prediction stays the same for k more anchors (the source "
+             "paper); joint: the same, confident (conf &ge; "
+             f"{min_conf:g}) at l* (the paper's proposed criterion); depth: prediction depth (Baldock et al., NeurIPS "
+             "2021), the first anchor from which every later prediction is the model's own (T + 1 when even the last "
+             "disagrees; computed for every probe, Baldock's own is the knn probe's).</p>",
+             _table(result.summary.drop("kind", "run_id"))]
+    fig, axes = figs.plt.subplots(1, 2, figsize=(4.2 + 0.75 * len(names), 1.6 + 0.35 * len(names)))
+    for ax, value, title, cmap in ((axes[0], "spearman", "Spearman ρ of the layers", "RdBu_r"),
+                                   (axes[1], "early_late", "images early (row) and late (column)", "Oranges")):
+        matrix = result.matrix(value).drop("definition").to_numpy().astype(float)
+        image = ax.imshow(matrix, cmap=cmap, vmin=-1 if value == "spearman" else 0,
+                          vmax=1 if value == "spearman" else None)
+        ax.set_xticks(range(len(names)), [f"#{i + 1}" for i in range(len(names))], fontsize=7)
+        ax.set_yticks(range(len(names)), [f"#{i + 1} {n}" for i, n in enumerate(names)], fontsize=7)
+        ax.set_title(title, fontsize=9)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    parts.append(figs.save(fig, f"{model}_definitions", f"Agreement between the definitions for {model}"))
+    worst = result.agreement.with_columns((pl.col("early_a_late_b") + pl.col("late_a_early_b")).alias("split"))
+    worst = worst.filter(pl.col("split") > 0).sort("split", descending=True).head(3)
+    if not worst.is_empty():
+        parts.append("<h3>The pairs that disagree most: images early by one definition and late by the other</h3>")
+        parts.append(_table(worst.select("a", "b", "n", "spearman", "same_band", "early_a_late_b",
+                                         "late_a_early_b")))
+        parts.append(_disagreement_gallery(figs, con, model, result, worst))
+    return "".join(parts)
+
+
+def _disagreement_gallery(figs: _Figures, con, model: str, result: q.Comparison, pairs: pl.DataFrame) -> str:
+    """Thumbnails of images on which two definitions disagree most, each with the label and both layers."""
+    picked = result.disagreements.join(pairs.select("a", "b"), on=["a", "b"])
+    if picked.is_empty():
+        return ""
+    meta = q.meta(con)
+    root = _image_root(meta)
+    classes = json.loads(meta.get("class_names", "[]"))
+    cols = min(6, picked.height)
+    rows = -(-picked.height // cols)
+    fig, axes = figs.plt.subplots(rows, cols, figsize=(2.0 * cols, 2.3 * rows), squeeze=False)
+    for ax in axes.ravel():
+        ax.axis("off")
+    for ax, ex in zip(axes.ravel(), picked.iter_rows(named=True), strict=False):
+        image = _thumbnail(root, ex["path"])
+        if image is not None:
+            ax.imshow(image, interpolation="nearest")
+        label = classes[ex["label"]] if ex["label"] < len(classes) else str(ex["label"])
+        ax.set_title(f"{label}\n{ex['a'][:24]}: {ex['layer_a']}\n{ex['b'][:24]}: {ex['layer_b']}", fontsize=6)
+    caption = (f"Images of {model} early (l < 0.3T) by one definition and late (l >= 0.7T) by the other, for the "
+               "pairs above (layer per definition under each image)")
+    return figs.save(fig, f"{model}_disagreements", caption)
 
 
 def _tap_heatmap(figs: _Figures, con, run_id: str, scope: str) -> str:

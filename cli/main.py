@@ -162,26 +162,53 @@ def export(db: Path, to: Path) -> None:
 
 @cli.command()
 @option("--db", "read")
-@options(option("--k"), option("--scope"), option("--format"))
+@options(option("--k"), option("--min-conf"), option("--scope"), option("--format"))
 @user_errors
-def timeline(db: Path, ks: list[int], scope: str, fmt: str) -> None:
+def timeline(db: Path, ks: list[int], min_conf: float, scope: str, fmt: str) -> None:
     """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong."""
     from featstore.analytics.queries import k_sweep
 
-    frame = k_sweep(db, ks, scope)
+    frame = k_sweep(db, ks, scope, min_conf)
     print_frame(frame.drop("model", "view", "probe"), fmt)
 
 
 @cli.command()
 @option("--db", "read")
-@option("--out", "report")
-@options(option("--k"), option("--scope"))
+@options(option("--runs"), option("--k", "one"), option("--min-conf", "compare"), option("--per-pair"),
+         option("--part"), option("--scope"), option("--format"))
 @user_errors
-def report(db: Path, out: Path, ks: list[int], scope: str) -> None:
+def compare(db: Path, runs: str | None, k: int, min_conf: float, per_pair: int, part: str | None, scope: str,
+            fmt: str) -> None:
+    """When does the network decide, by every established definition: l*(k), prediction depth (Baldock et al.)
+    and the joint stable-and-confident criterion, per run; Spearman, early/late cross-tables, disagreeing images."""
+    from featstore.analytics.queries import compare as run_compare
+
+    result = run_compare(db, [r.strip() for r in runs.split(",") if r.strip()] if runs else None, k, min_conf,
+                         scope, per_pair).shortened()
+    if fmt != "table" or part:
+        print_frame(getattr(result, part or "agreement"), fmt)
+        return
+    joint = f", joint(k, {min_conf:g}) = l*(k) with conf >= {min_conf:g} at l*" if min_conf > 0 else ""
+    click.echo(f"decision layer per definition (k = {k}{joint}; depth = prediction depth, T + 1 when unsettled; "
+               f"runs {', '.join(result.runs)}):")
+    print_frame(result.summary.drop("kind", "run_id"))
+    click.echo("\nSpearman correlation of the layers, image by image:")
+    print_frame(result.matrix("spearman"))
+    click.echo("\nimages early (l < 0.3T) by the row's definition and late (l >= 0.7T) by the column's "
+               "(--part disagreements lists some; the report shows them):")
+    print_frame(result.matrix("early_late"))
+
+
+@cli.command()
+@option("--db", "read")
+@option("--out", "report")
+@options(option("--k"), option("--min-conf", "compare"), option("--scope"))
+@user_errors
+def report(db: Path, out: Path, ks: list[int], min_conf: float, scope: str) -> None:
     """One self-contained HTML page of plots and tables of every run in the database."""
     from featstore.analytics.report import write_report
 
-    path = write_report(db, out, ks, scope)
+    path = write_report(db, out, ks, scope, min_conf=min_conf)
     click.echo(f"wrote {path}")
 
 
@@ -216,7 +243,8 @@ def cost(model: str, db: Path, store: str | None, device: str, threads: int | No
 @user_errors
 def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], combined_thresholds: list[float],
              device: str | None, batch_size: int, scope: str, fmt: str) -> None:
-    """Simulate early exit from stored predictions: stability, confidence, combined gates, oracle, Pareto front."""
+    """Simulate early exit from stored predictions: stability, confidence, combined and learned gates (the learned
+    one where `featstore gate` fitted one; its thresholds are --thresholds), oracle, Pareto front."""
     from featstore.analytics.exit_policies import ExitPolicies
     from featstore.analytics.queries import early_exit
 
@@ -229,6 +257,23 @@ def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], comb
     print_frame(result.simulation)
     click.echo("\nPareto front (accuracy vs mean latency):")
     print_frame(result.pareto)
+
+
+@cli.command()
+@option("--db", "gate")
+@option("--run", "probe")
+@option("--split")
+@user_errors
+def gate(db: Path, run_id: str, split: str) -> None:
+    """Fit a learned early-exit gate from a run's stored prediction timelines (exit-sim then evaluates it)."""
+    from featstore.workflows.gate import train_gate
+
+    result = train_gate(db, run_id, split)
+    top = sorted(result.weights.items(), key=lambda kv: -abs(kv[1]))[:4]
+    click.echo(f"gate for {run_id}: fitted on {result.n_images} {split} images ({result.n_rows} anchors, "
+               f"{result.positive_share:.0%} already final and right), {result.iterations} Newton steps; largest "
+               f"weights {', '.join(f'{n} {w:+.2f}' for n, w in top)}")
+    click.echo(f"evaluate it: featstore exit-sim --db {db} --run {run_id}")
 
 
 @cli.command()

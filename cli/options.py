@@ -145,6 +145,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
         "circuits": ((), dict(required=True, type=PATH, help="A database filled by featstore circuits.")),
         "write": ((), dict(required=True, type=PATH, help="DuckDB file to create or extend.")),
         "costs": ((), dict(required=True, type=PATH, help="DuckDB file to keep the costs in.")),
+        "gate": ((), dict(required=True, type=PATH, help="A database filled by featstore probe (the gate and its "
+                          "scores are written into it).")),
     },
     "--format": {"": (("fmt",), dict(type=click.Choice(["table", "csv", "json"]), default="table",
                                      help="Output format."))},
@@ -152,7 +154,22 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                               help="Images counted: auto = the test split, or all images of cross-fit runs."))},
     "--k": {"": (("ks",), dict(default=",".join(map(str, DEFAULT_POLICIES.ks)),
                                callback=_list_parser("stability windows", "1,2,3,4", 1),
-                               help="Stability windows k (k anchors after the first)."))},
+                               help="Stability windows k (k anchors after the first).")),
+            "one": ((), dict(default=2, type=click.IntRange(min=1), help="Stability window of l*(k) and the joint "
+                             "criterion."))},
+    "--min-conf": {
+        "": ((), dict(type=click.FloatRange(0, 1), default=0.0, help="Joint criterion: l* must also be confident "
+                      "(conf >= this at l*); 0 = stability alone.")),
+        "compare": ((), dict(type=click.FloatRange(0, 1), default=0.5, help="Threshold of the joint criterion "
+                             "(stable from l* and conf >= this at l*) among the definitions compared; 0 leaves "
+                             "it out.")),
+    },
+    # compare
+    "--runs": {"": ((), dict(help="Comma list of run ids [default: every clean run]."))},
+    "--per-pair": {"": ((), dict(default=4, type=click.IntRange(min=0), help="Disagreeing images listed per pair."))},
+    "--part": {"": ((), dict(type=click.Choice(["summary", "agreement", "crosstab", "disagreements"]),
+                             help="Print only this table [default: all but the cross-tables; csv/json: "
+                                  "agreement]."))},
     "--out": {
         "report": ((), dict(required=True, type=PATH, help="Folder for report.html and PNGs.")),
         "demo": ((), dict(type=PATH, default=Path("featstore-demo"), help="Folder for the images, the cached network, "
@@ -188,7 +205,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
         "circuit": ((), dict(default="clean", help="clean or a corruption view (the OOD set).")),
     },
     "--variant": {
-        "probe": ((), dict(default="linear", help="linear | paper | projected[:dim=N] (or a registered one).")),
+        "probe": ((), dict(default="linear", help="linear | paper | projected[:dim=N] | knn[:k=30,metric=cosine] | "
+                           "lens (or a registered one).")),
         "ddb": ((), dict(type=click.Choice(["global", "deep", "out"]), default="global")),
     },
     "--train-on-view": {"": ((), dict(help="Train the probes on this view [default: clean]."))},
@@ -214,6 +232,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--combined-thresholds": {"": ((), dict(default=_thresholds_text(DEFAULT_POLICIES.combined),
                                             callback=_threshold_parser,
                                             help="Thresholds of the stability AND confidence gate."))},
+    "--split": {"": ((), dict(type=click.Choice(["train", "val", "test"]), default="train",
+                              help="The images the gate learns from; exit-sim evaluates it on the others."))},
     # circuits
     "--ig-steps": {"": ((), dict(default=5, help="m: integrated-gradient steps (left Riemann sum)."))},
     "--tau": {

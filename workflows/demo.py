@@ -3,8 +3,9 @@
 A generated image set (`layouts`: dots whose arrangement is the class, coloured by class in half the images
 only; or scikit-learn's 8x8 digits as a second preset) -> a torchvision ResNet-18 trained on its train split
 once (cached as a state dict, then loaded by `--weights PATH` like any checkpoint) -> a store with the preset
-anchors and two corruption views -> probes -> DuckDB -> measured exit costs -> k-sweep, early-exit
-simulation and report.
+anchors and two corruption views -> probes (`linear` on every view; `knn`, `lens` and `paper` on the clean one, so
+that `featstore compare` can set every definition of "when it decides" side by side) -> learned exit gates ->
+DuckDB -> measured exit costs -> k-sweep, early-exit simulation and report.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ from featstore.specs import ImageSource, ModelSpec, RunOptions
 from featstore.threads import ThreadPolicy
 from featstore.views import parse_views
 from featstore.workflows.cost import measure_model
+from featstore.workflows.gate import train_gate
 from featstore.workflows.layouts import LAYOUTS, LayoutConfig, layout_image_folder
 from featstore.workflows.probe import ProbeConfig, probe
 
 IMAGE_SIZE = 32
 VIEWS = "clean,gaussian_noise-2,gaussian_blur-1"
+CLEAN_ONLY_VARIANTS = ("knn", "lens", "paper")  # beside linear on every view: the definitions compare reads
 
 
 def digits_image_folder(root: str | Path, size: int = 32, limit: int | None = None) -> Path:
@@ -177,10 +180,14 @@ def run_demo(out: Path, dataset: str = "layouts", epochs: int | None = None, lim
                                              images=ImageSource(data), store=store, views=VIEWS, chunk_rows=256,
                                              run=run)))
     timed("probe", lambda: probe(ProbeConfig(store=store, model="resnet18", db=db, view="all", run=run)))
+    for variant in CLEAN_ONLY_VARIANTS:
+        timed("probe", lambda v=variant: probe(ProbeConfig(store=store, model="resnet18", db=db, variant=v, run=run)))
+    clean_runs = q.query(db, "SELECT run_id FROM runs WHERE view = 'clean' ORDER BY run_id")["run_id"].to_list()
+    timed("gate", lambda: [train_gate(db, run) for run in clean_runs])
     record_image_source(db, data, discover(data).class_names)
     timed("cost", lambda: measure_model("resnet18", db, store, device="cpu", batch_sizes=(1,), repeats=5,
                                         threads=run.threads))
     report = home / "report"
     timed("report", lambda: write_report(db, report))
-    sweep = q.k_sweep(db).filter(pl.col("view") == "clean")
+    sweep = q.k_sweep(db).filter((pl.col("view") == "clean") & (pl.col("probe") == "linear"))
     return DemoResult(db, report / "report.html", sweep, q.corruption_shift(db, 2), seconds)
