@@ -48,41 +48,43 @@ class Knn(ProbeVariant):
 
 
 class Memorise(ProbeGroup):
-    """The anchors of one width: one pass over the train rows copies them (float16) with their labels."""
+    """The anchors of one width: one pass over the train rows copies them, transposed and float16, into buffers
+    of the final size (no second copy is ever made), with their labels."""
 
     def __init__(self, ctxs, k: int, metric: str, tile: int):
         ctx0: AnchorContext = ctxs[0]
         self.anchors = [ctx.anchor for ctx in ctxs]
         self.members = list(self.anchors)  # the order of the stacked features
-        self.k, self.metric, self.tile, self.num_classes = k, metric, tile, ctx0.num_classes
+        self.k, self.metric, self.tile = k, metric, tile
         self.reference = np.zeros(ctx0.store_rows, dtype=bool)
         if ctx0.fit_rows is not None:
             self.reference[ctx0.fit_rows] = True
-        self.parts: list[torch.Tensor] = []
-        self.labels: list[torch.Tensor] = []
+        self.refs_t = [torch.empty(ctx.dim, ctx0.n_fit, dtype=torch.float16, device=ctx0.device) for ctx in ctxs]
+        self.labels = torch.empty(ctx0.n_fit, dtype=torch.long, device=ctx0.device)
         self.rows = 0
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         return x.half()  # the stored precision: an exact copy at half the memory of float32
 
     def step(self, x, y, is_val, report=False):
-        self.parts.append(x.clone() if x.dtype == torch.float16 else x.half())
-        self.labels.append(y.clone())
-        self.rows += len(y)
+        stop = self.rows + len(y)
+        if stop > len(self.labels):
+            raise RuntimeError(f"knn was handed {stop} rows to memorise, more than the {len(self.labels)} it expected")
+        for refs_t, part in zip(self.refs_t, x, strict=True):
+            refs_t[:, self.rows : stop] = part.T
+        self.labels[self.rows : stop] = y
+        self.rows = stop
         return None
 
     def end_epoch(self, epoch, val_x, val_y) -> None:
         self.anchors = []  # one pass memorises everything
 
     def fitted(self, val_x, val_y) -> dict[int, NeighbourFit]:
-        stacked = torch.cat(self.parts, dim=1)  # [G, n, D]
-        labels = torch.cat(self.labels)
-        self.parts, self.labels = [], []
+        labels = self.labels[: self.rows]
         out = {}
-        for i, a in enumerate(self.members):
-            fit = NeighbourFit(stacked[i].T.contiguous(), labels, self.k, self.metric, self.num_classes, self.tile,
-                               self.reference, info={"references": int(len(labels)), "metric": self.metric,
-                                                     "k": self.k}, epochs=1)
+        for refs_t, a in zip(self.refs_t, self.members, strict=True):
+            fit = NeighbourFit(refs_t[:, : self.rows], labels, self.k, self.metric, self.tile, self.reference,
+                               info={"references": self.rows, "metric": self.metric, "k": self.k}, epochs=1)
             fit.val_accuracy = float((fit.predict(val_x[a])[0] == val_y).float().mean()) if len(val_y) else np.nan
             out[a] = fit
         return out
@@ -96,17 +98,15 @@ class NeighbourFit(FittedProbe):
     labels: torch.Tensor  # [n] int64
     k: int
     metric: str
-    num_classes: int
     tile: int
     reference: np.ndarray  # [store rows] bool: which rows of the store the references are
 
     def __post_init__(self) -> None:
-        r = self.refs_t.float()
-        squares = (r * r).sum(dim=0)
+        squares = torch.cat([self.refs_t[:, i : i + self.tile].float().pow(2).sum(dim=0)  # tile by tile
+                             for i in range(0, self.refs_t.shape[1], self.tile)])
         # cosine ranks by x.r / |r|; euclidean by x.r - |r|^2 / 2 (= (|x|^2 - d^2) / 2)
         self.scale = squares.sqrt().clamp_min(1e-30).reciprocal() if self.metric == "cosine" else None
         self.offset = None if self.metric == "cosine" else -0.5 * squares
-        self.squares = squares
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"reference": self.reference}
@@ -116,21 +116,20 @@ class NeighbourFit(FittedProbe):
         best = index = None
         for start in range(0, self.refs_t.shape[1], self.tile):
             stop = min(start + self.tile, self.refs_t.shape[1])
-            score = x @ self.refs_t[:, start:stop].to(x.device).float()
-            if self.scale is not None:
-                score.mul_(self.scale[start:stop].to(x.device))
+            tile = self.refs_t[:, start:stop].to(x.device).float()
+            if self.scale is not None:  # cosine: the reference norms folded into the tile, not into the scores
+                score = x @ tile.mul_(self.scale[start:stop].to(x.device))
             else:
-                score.add_(self.offset[start:stop].to(x.device))
-            kept = 0 if best is None else best.shape[1]
-            if best is not None:
-                score = torch.cat([best, score], dim=1)  # the running top k first, then this tile
-            best, pos = score.topk(min(self.k, score.shape[1]), dim=1)
-            fresh = pos - kept + start  # a position in this tile -> a reference index
-            index = fresh if index is None else torch.where(pos < kept, index.gather(1, pos.clamp_max(kept - 1)),
-                                                            fresh)
+                score = torch.addmm(self.offset[None, start:stop].to(x.device), x, tile)
+            score, pos = score.topk(min(self.k, score.shape[1]), dim=1)
+            pos += start
+            if best is not None:  # merge with the running top k
+                score, pick = torch.cat([best, score], dim=1).topk(min(self.k, best.shape[1] + score.shape[1]), dim=1)
+                pos = torch.cat([index, pos], dim=1).gather(1, pick)
+            best, index = score, pos
         norms = x.norm(dim=1, keepdim=True)
         if self.metric == "cosine":
-            distance = 1.0 - best / norms.clamp_min(1e-30)
+            distance = (1.0 - best / norms.clamp_min(1e-30)).clamp_min(0)
             distance = torch.where(norms > 0, distance, torch.ones_like(distance))
         else:
             distance = (norms * norms - 2.0 * best).clamp_min(0).sqrt()
@@ -139,11 +138,10 @@ class NeighbourFit(FittedProbe):
     def predict(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         distance, index = self.neighbours(x.float())
         votes = self.labels.to(x.device)[index]  # [n, k]
-        counts = torch.zeros(len(x), self.num_classes, device=x.device).scatter_add_(1, votes,
-                                                                                     torch.ones_like(distance))
-        spread = torch.zeros_like(counts).scatter_add_(1, votes, distance)
-        most = counts.max(dim=1, keepdim=True).values
-        # among the classes with the most votes, the one whose voters are nearer (equal counts: smaller sum)
-        tied = torch.where(counts == most, spread, torch.full_like(spread, float("inf")))
-        pred = tied.argmin(dim=1)
-        return pred, (most.squeeze(1) / index.shape[1]).float()
+        same = votes[:, :, None] == votes[:, None, :]  # [n, k, k]: neighbours j and i vote alike (no [n, classes])
+        counts = same.sum(dim=2)  # per neighbour, the votes of its class
+        spread = (same * distance[:, None, :]).sum(dim=2)  # per neighbour, the distance sum of its class's voters
+        # most votes first; among classes with equal votes the smaller distance sum (a fraction below one vote)
+        key = counts - 0.5 * spread / (distance.sum(dim=1, keepdim=True) + 1e-30)
+        winner = key.argmax(dim=1, keepdim=True)
+        return votes.gather(1, winner).squeeze(1), (counts.gather(1, winner).squeeze(1) / index.shape[1]).float()

@@ -27,6 +27,19 @@ def image_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def digits_store(tmp_path_factory) -> Path:
+    """Real images (scikit-learn's digits) through a random-init resnet18: real stored features (one build for
+    every module that probes them)."""
+    from featstore.workflows.demo import digits_image_folder
+
+    root = tmp_path_factory.mktemp("digits")
+    data = digits_image_folder(root / "images", size=32)
+    run_cli("build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--data", data,
+            "--store", root / "s.zarr", "--no-progress")
+    return root / "s.zarr"
+
+
+@pytest.fixture(scope="session")
 def big_image_dir(tmp_path_factory) -> Path:
     """Enough images for several chunks (resume and multi-rank tests)."""
     return make_image_folder(tmp_path_factory.mktemp("big"), n_classes=4, per_class=24, size=(48, 40), seed=1)

@@ -20,7 +20,6 @@ from synthetic import class_clusters, read_probe, write_feature_store
 
 from featstore.probing.split import make_split
 from featstore.store import FeatureStore
-from featstore.workflows.demo import digits_image_folder
 
 from conftest import fail_after_inserting, fails, run_cli
 
@@ -37,16 +36,6 @@ def clusters(tmp_path_factory):
     path = tmp_path_factory.mktemp("clusters") / "s.zarr"
     write_feature_store(path, feats, labels, 8, views={"noisy": noisy}, chunk_rows=256)
     return path, feats, labels
-
-
-@pytest.fixture(scope="module")
-def digits_store(tmp_path_factory):
-    """Real images (scikit-learn's digits) through a random-init resnet18: real stored features."""
-    root = tmp_path_factory.mktemp("digits")
-    data = digits_image_folder(root / "images", size=32)
-    run_cli("build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--data", data,
-            "--store", root / "s.zarr", "--no-progress")
-    return root / "s.zarr"
 
 
 def sklearn_accuracy(x: np.ndarray, labels: np.ndarray, split: np.ndarray, standardise: bool) -> float:

@@ -1,0 +1,173 @@
+"""Every definition of "when the network decides" beside l*(k), each against a plain loop image by image: prediction
+depth (Baldock et al.), the joint stable-and-confident criterion (and min_conf := 0 is today's l*(k) exactly), and
+their comparison (Spearman against scipy, the early/late cross-table against numpy)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import polars as pl
+import pytest
+from scipy.stats import spearmanr
+
+from featstore.analytics import db as fsdb
+from featstore.analytics import queries as q
+
+from conftest import fails, run_cli
+
+N, T = 240, 7
+RUNS = ("m/clean/linear", "m/clean/knn", "m/clean/lens")
+
+
+def timelines(rng: np.random.Generator, head: np.ndarray) -> np.ndarray:
+    """Predictions that settle on the head's class (or another one) at a random anchor, with flicker before."""
+    preds = rng.integers(0, 4, (len(head), T + 1))
+    settle = rng.integers(0, T + 2, len(head))
+    final = np.where(rng.random(len(head)) < 0.8, head, rng.integers(0, 4, len(head)))
+    for i in range(len(head)):
+        preds[i, min(settle[i], T + 1):] = final[i]
+        if rng.random() < 0.2:  # an early stretch of one class that later changes
+            preds[i, : rng.integers(1, T)] = rng.integers(0, 4)
+    return preds
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Three runs of one model (T = 7) with confidences on a 1/8 grid (ties at every threshold) and the head."""
+    rng = np.random.default_rng(5)
+    db = tmp_path_factory.mktemp("defs") / "f.duckdb"
+    con = fsdb.connect(db)
+    ids = np.arange(N) * 2 + 1
+    labels = rng.integers(0, 4, N)
+    split = rng.choice(["train", "val", "test"], N, p=[0.6, 0.1, 0.3])
+    fsdb.register_images(con, fsdb.DatasetInfo("fp", "t", "-", 0), ids, np.array([f"{i}.png" for i in ids]),
+                         labels, split)
+    fsdb.register_anchors(con, "m", [SimpleNamespace(index=a, name=f"a{a}", module=f"a{a}", dim=2, depth_frac=a / T)
+                                     for a in range(T + 1)])
+    head = np.where(rng.random(N) < 0.7, labels, rng.integers(0, 4, N))
+    fsdb.replace_model_outputs(con, "m", "clean", ids, head, np.full(N, 0.9))
+    runs = {}
+    for run_id in RUNS:
+        preds = timelines(rng, head)
+        confs = (rng.integers(1, 9, preds.shape) / 8).astype(np.float32)
+        run = {"run_id": run_id, "model": "m", "view": "clean", "train_view": "clean", "probe": run_id.split("/")[-1],
+               "params": {}, "cross_fit": 0, "seed": 0, "store": "-"}
+        fsdb.write_run(con, fsdb.RunRows(run, ids, preds, confs, None, []))
+        runs[run_id] = SimpleNamespace(preds=preds, confs=confs)
+    con.close()
+    reader = fsdb.connect(db, read_only=True)  # one connection for the module's queries (macros installed once)
+    yield SimpleNamespace(db=reader, path=db, ids=ids, labels=labels, split=split, head=head, runs=runs)
+    reader.close()
+
+
+def depth_loop(preds: list[int], head: int) -> int:
+    """Baldock et al. literally: the smallest l with preds[l..T] all equal to the head, else T + 1."""
+    for layer in range(len(preds)):
+        if all(p == head for p in preds[layer:]):
+            return layer
+    return len(preds)
+
+
+def joint_loop(preds: list[int], confs: list[float], k: int, theta: float) -> tuple[int, int, bool]:
+    """The first l in 0..T-k with equal predictions at l..l+k and conf[l] >= θ (float32), else T, never stable."""
+    t = len(preds) - 1
+    for layer in range(t - k + 1):
+        if len(set(preds[layer : layer + k + 1])) == 1 and np.float32(confs[layer]) >= np.float32(theta):
+            return layer, preds[layer], False
+    return t, preds[t], True
+
+
+def test_prediction_depth_equals_a_plain_loop(world):
+    for run_id, run in world.runs.items():
+        got = q.prediction_depth(world.db, run_id, "all")
+        assert got["image_id"].to_list() == world.ids.tolist()
+        expected = [depth_loop(list(p), h) for p, h in zip(run.preds, world.head, strict=True)]
+        assert got["depth"].to_list() == expected
+        assert got["settled"].to_list() == [d <= T for d in expected]
+        assert set(got["depth"].to_list()) >= {0, T + 1}  # both ends occur
+        test = q.prediction_depth(world.db, run_id)  # scope auto: the test split only
+        assert test["image_id"].to_list() == world.ids[world.split == "test"].tolist()
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("theta", [0.25, 0.5, 0.875])
+def test_joint_criterion_equals_a_plain_loop(world, k, theta):
+    frame = q.decision_layers(world.db, k, "all", min_conf=theta)
+    for run_id, run in world.runs.items():
+        got = frame.filter(pl.col("run_id") == run_id).sort("image_id")
+        rows = [joint_loop(list(p), list(c), k, theta) for p, c in zip(run.preds, run.confs, strict=True)]
+        assert got["layer"].to_list() == [r[0] for r in rows]
+        assert got["stable_pred"].to_list() == [r[1] for r in rows]
+        assert got["never_stable"].to_list() == [r[2] for r in rows]
+        assert got["correct"].to_list() == [r[1] == y for r, y in zip(rows, world.labels, strict=True)]
+        layers = np.array([r[0] for r in rows])
+        summary = q.decision_summary(world.db, k, "all", min_conf=theta).filter(pl.col("run_id") == run_id)
+        assert summary["mean"][0] == pytest.approx(layers.mean())
+        assert summary["f_late"][0] == pytest.approx(np.mean(layers >= 0.7 * T))
+        mass = q.decision_mass(world.db, k, "all", min_conf=theta).filter(pl.col("run_id") == run_id)
+        assert mass["n"].to_list() == np.bincount(layers, minlength=T + 1).tolist()
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_min_conf_zero_is_todays_decision_layers_and_every_k_macro_takes_it(world, k):
+    today = q.query(world.db, "SELECT * FROM decision_layers(?) ORDER BY run_id, image_id", [k])
+    assert q.query(world.db, "SELECT * FROM decision_layers(?, min_conf := 0) ORDER BY run_id, image_id",
+                   [k]).equals(today)
+    tiny = q.decision_layers(world.db, k, "auto", min_conf=1e-9).sort("run_id", "image_id")  # recomputed, same
+    assert tiny.select("layer", "stable_pred", "never_stable").equals(
+        today.sort("run_id", "image_id").select("layer", "stable_pred", "never_stable"))
+    for macro in ("decision_summary(?, min_conf := 0.5)", "decision_sweep(?, min_conf := 0.5)",
+                  "decision_mass(?, min_conf := 0.5)", "cumulative_curve(?, min_conf := 0.5)",
+                  "decision_examples(?, min_conf := 0.5)", "corruption_shift(?, min_conf := 0.5)",
+                  "paper_table(?, min_conf := 0.5)", "seed_spread(?, min_conf := 0.5)"):
+        q.query(world.db, f"SELECT * FROM {macro}", [k])  # binds and runs
+    sweep = q.k_sweep(world.db, [k], "all", min_conf=0.5)
+    assert sweep["mean"].to_list() == pytest.approx(
+        [q.decision_summary(world.db, k, "all", min_conf=0.5).filter(pl.col("run_id") == r)["mean"][0]
+         for r in sweep["run_id"].to_list()])
+
+
+def test_comparison_equals_scipy_and_numpy(world):
+    result = q.compare(world.db, list(RUNS), k=2, min_conf=0.5, scope="all", per_pair=3)
+    layers = {}
+    for run_id, run in world.runs.items():
+        layers[f"l*(2) {run_id}"] = np.array([joint_loop(list(p), [1.0] * (T + 1), 2, 0)[0] for p in run.preds])
+        layers[f"joint(2, 0.5) {run_id}"] = np.array([joint_loop(list(p), list(c), 2, 0.5)[0]
+                                                      for p, c in zip(run.preds, run.confs, strict=True)])
+        layers[f"depth {run_id}"] = np.array([depth_loop(list(p), h) for p, h in zip(run.preds, world.head,
+                                                                                        strict=True)])
+    assert sorted(result.summary["definition"].to_list()) == sorted(layers)
+    assert result.summary["definition"].to_list()[:3] == [f"l*(2) {RUNS[0]}", f"joint(2, 0.5) {RUNS[0]}",
+                                                          f"depth {RUNS[0]}"]
+    band = {name: np.where(v < 0.3 * T, "early", np.where(v >= 0.7 * T, "late", "mid")) for name, v in layers.items()}
+    for row in result.agreement.iter_rows(named=True):
+        a, b = layers[row["a"]], layers[row["b"]]
+        assert row["n"] == N
+        assert row["spearman"] == pytest.approx(spearmanr(a, b).statistic, abs=1e-9)
+        assert row["same_band"] == pytest.approx(np.mean(band[row["a"]] == band[row["b"]]))
+        assert row["early_a_late_b"] == int(np.sum((band[row["a"]] == "early") & (band[row["b"]] == "late")))
+    assert len(result.agreement) == len(layers) * (len(layers) - 1) // 2
+    cells = result.crosstab.filter((pl.col("a") == f"depth {RUNS[1]}") & (pl.col("b") == f"l*(2) {RUNS[0]}"))
+    assert len(cells) == 9 and cells["n"].sum() == N
+    for row in cells.iter_rows(named=True):
+        expected = np.sum((band[row["a"]] == row["band_a"]) & (band[row["b"]] == row["band_b"]))
+        assert row["n"] == expected
+    for row in result.disagreements.iter_rows(named=True):
+        i = int(np.flatnonzero(world.ids == row["image_id"])[0])
+        early, late = (row["a"], row["b"]) if row["side"] == "a early, b late" else (row["b"], row["a"])
+        assert band[early][i] == "early" and band[late][i] == "late"
+        assert (row["layer_a"], row["layer_b"]) == (layers[row["a"]][i], layers[row["b"]][i])
+    matrix = result.shortened().matrix("spearman")
+    assert matrix.shape == (len(layers), len(layers) + 1)
+    assert matrix["definition"][0] == "#1 l*(2) linear"
+
+
+def test_compare_and_timeline_commands(world):
+    out = run_cli("compare", "--db", world.path, "--runs", ",".join(RUNS), "--scope", "all").output
+    assert "Spearman correlation" in out and "#1 l*(2) linear" in out and "joint(2, 0.5) knn" in out
+    csv = run_cli("compare", "--db", world.path, "--part", "crosstab", "--format", "csv").output
+    assert csv.splitlines()[0] == "a,b,band_a,band_b,n,share"
+    assert "mean" in run_cli("timeline", "--db", world.path, "--min-conf", "0.5").output
+    assert "--min-conf" in fails("timeline", "--db", world.path, "--min-conf", "1.5")
+    assert "no run 'm/clean/nope'" in fails("compare", "--db", world.path, "--runs", "m/clean/nope")
