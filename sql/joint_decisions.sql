@@ -2,29 +2,32 @@
 -- `decisions` (every run, k = 1..T) under the joint "stable and confident" criterion (docs/design.md §7):
 -- l*(k, θ) = the first l whose predictions at l..l+k are equal and whose confidence at l is >= θ (compared at
 -- the stored float32 precision); none -> T, never stable, settling on the prediction at T, as today.
--- min_conf = 0 is exactly `decisions` (read from it, not recomputed).
+-- min_conf = 0 is exactly `decisions` (read from it, not recomputed). Inside a stretch of equal predictions only
+-- its first confident anchor can be a decision layer (it reaches furthest): the stretches in anchor order, each
+-- the first to reach the windows k beyond what the earlier ones reach, answer every k at once. (Columns are named apart from k: a macro calling this one with a parameter k
+-- would substitute it for any bare column k.)
 CREATE OR REPLACE MACRO joint_decisions(min_conf := 0) AS TABLE
 WITH p AS (
     SELECT run_id, image_id, anchor, pred, conf,
            anchor - row_number() OVER (PARTITION BY run_id, image_id, pred ORDER BY anchor) AS island
     FROM predictions WHERE min_conf > 0),
-ahead AS (  -- how many of the following anchors repeat this anchor's prediction
-    SELECT run_id, image_id, anchor, pred, conf,
-           max(anchor) OVER (PARTITION BY run_id, image_id, pred, island) - anchor AS ahead
-    FROM p),
-reach AS (  -- the confident anchors, with the farthest any confident anchor before them reaches
-    SELECT run_id, image_id, anchor, pred, ahead,
-           coalesce(max(ahead) OVER (PARTITION BY run_id, image_id ORDER BY anchor
-                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
-    FROM ahead WHERE conf >= min_conf::REAL),
-firsts AS (  -- each window k that a confident anchor is the first to reach (columns named apart from k: a macro
-             -- calling this one with a parameter k would substitute it for any bare column k)
-    SELECT run_id, image_id, unnest(range(before + 1, ahead + 1)) AS window_k, anchor AS layer, pred AS stable_pred
-    FROM reach WHERE ahead > before),
+stretches AS (
+    SELECT run_id, image_id, pred, max(anchor) AS stop,
+           min(anchor) FILTER (WHERE conf >= min_conf::REAL) AS first_sure
+    FROM p GROUP BY run_id, image_id, pred, island),
 finals AS (
-    SELECT a.run_id, a.image_id, a.pred AS final_pred, r.n_anchors - 1 AS t
-    FROM ahead a JOIN runs r USING (run_id) WHERE a.anchor = r.n_anchors - 1),
-grid AS (SELECT *, unnest(range(1, t + 1)) AS window_k FROM finals)
+    SELECT s.run_id, s.image_id, s.pred AS final_pred, r.n_anchors - 1 AS t
+    FROM stretches s JOIN runs r USING (run_id) WHERE s.stop = r.n_anchors - 1),
+grid AS (SELECT *, unnest(range(1, t + 1)) AS window_k FROM finals),
+ranked AS (  -- the stretches in anchor order, each with the farthest any earlier stretch reaches
+    SELECT run_id, image_id, pred, first_sure, stop - first_sure AS reach,
+           coalesce(max(stop - first_sure) OVER (PARTITION BY run_id, image_id ORDER BY first_sure
+                                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
+    FROM stretches WHERE first_sure IS NOT NULL),
+firsts AS (  -- the windows k for which a stretch's first confident anchor is the decision layer
+    SELECT run_id, image_id, unnest(range(before + 1, reach + 1)) AS window_k, first_sure AS layer,
+           pred AS stable_pred
+    FROM ranked WHERE reach > before)
 SELECT d.run_id, d.image_id, d.k, d.layer, d.stable_pred, d.correct, d.never_stable FROM decisions d WHERE min_conf <= 0
 UNION ALL
 SELECT g.run_id, g.image_id, g.window_k::SMALLINT, coalesce(s.layer, g.t)::SMALLINT,
