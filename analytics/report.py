@@ -406,7 +406,8 @@ def _disagreement_gallery(figs: _Figures, con, model: str, result: q.Comparison,
     classes = json.loads(meta.get("class_names", "[]"))
     cols = min(6, picked.height)
     rows = -(-picked.height // cols)
-    fig, axes = figs.plt.subplots(rows, cols, figsize=(2.0 * cols, 2.3 * rows), squeeze=False)
+    fig, axes = figs.plt.subplots(rows, cols, figsize=(2.0 * cols, 2.6 * rows), squeeze=False)
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.02, top=1 - 0.55 / (2.6 * rows), hspace=0.7, wspace=0.1)
     for ax in axes.ravel():
         ax.axis("off")
     for ax, ex in zip(axes.ravel(), picked.iter_rows(named=True), strict=False):
@@ -416,8 +417,8 @@ def _disagreement_gallery(figs: _Figures, con, model: str, result: q.Comparison,
         label = classes[ex["label"]] if ex["label"] < len(classes) else str(ex["label"])
         ax.set_title(f"{label}\n{ex['a'][:24]}: {ex['layer_a']}\n{ex['b'][:24]}: {ex['layer_b']}", fontsize=6)
     caption = (f"Images of {model} early (l < 0.3T) by one definition and late (l >= 0.7T) by the other, for the "
-               "pairs above (layer per definition under each image)")
-    return figs.save(fig, f"{model}_disagreements", caption)
+               "pairs above (layer per definition above each image)")
+    return figs.save(fig, f"{model}_disagreements", caption, tight=False)
 
 
 def _tap_heatmap(figs: _Figures, con, run_id: str, scope: str) -> str:
