@@ -5,8 +5,10 @@ memory is its own. Target: knn within 2x linear's time at the 1,000-class bench 
 Stores (tests/synthetic.py `pooled_activations`, ImageNet-shaped: balanced classes, a few dominant directions):
 - default: 1,000 classes x 36 rows, 12 anchors of the resnet18 preset's widths (bench/probes.py --imagenet);
 - `--per-class 50 --dims resnet50`: 50,000 rows, 12 anchors of the resnet50 preset's widths (up to 2048);
-- `--per-class 50 --dims 2048x12 --variants knn`: 50,000 x 12 anchors of width 2048 (4.9 GB as float32, above the
-  4 GB default memory budget, so the features stream): knn's peak memory at its stated bound.
+- `--per-class 50 --dims 2048x12 --memory-only`: 50,000 x 12 anchors of width 2048 (4.9 GB as float32, above the
+  4 GB default memory budget, so the features stream): knn's peak memory at its stated bound, from the fit (every
+  train row memorised) and the prediction of the first `--blocks` query blocks (each block is freed before the
+  next, so the peak does not grow with more of them); the full prediction is not run (hours on two cores).
 
 knn's memory, by construction: its references (train rows x sum of widths x 2 bytes, float16) + the features held
 by the source (all valid rows x sum of widths x 4 bytes when within --memory-budget, else one chunk) + one block x
@@ -51,6 +53,33 @@ def child(store: str, db: str, variant: str, budget: str) -> None:
     print(json.dumps({"seconds": seconds, "peak_bytes": peak}))
 
 
+def memory_child(store: str, variant: str, budget: str, blocks: str) -> None:
+    """knn's fit and the first `blocks` query blocks through the same code as `featstore probe`, without writing."""
+    import torch
+
+    from featstore.probing.base import get_variant
+    from featstore.probing.run import ProbeData, ProbeSettings, fit_all, parse_bytes
+    from featstore.probing.source import IN_MEMORY_BLOCK
+    from featstore.probing.trainer import predict
+    from featstore.runtime import tune_allocator
+    from featstore.store import FeatureStore
+
+    tune_allocator()
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the interpreter with torch loaded
+    fs = FeatureStore(store)
+    data = ProbeData(fs, "synthetic", fs.anchors("synthetic"), ["clean"], torch.device("cpu"), parse_bytes(budget),
+                     ProbeSettings())
+    start = time.perf_counter()
+    fits = fit_all(data, get_variant(variant), "clean", progress=False, threads=None)
+    fitted = time.perf_counter()
+    rows = data.valid[: int(blocks) * max(IN_MEMORY_BLOCK, fs.chunk_rows("synthetic"))]
+    predict(data.source("clean"), fits[0].probes, rows)
+    done = time.perf_counter()
+    print(json.dumps({"fit_seconds": fitted - start, "predicted_rows": len(rows), "predict_seconds": done - fitted,
+                      "in_memory": data.source("clean").in_memory, "baseline_bytes": baseline,
+                      "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
 def run(store: Path, db: Path, variant: str, budget: str) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", str(store), str(db), variant, budget],
                          capture_output=True, text=True, check=True)
@@ -73,6 +102,9 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(*sys.argv[2:6])
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--memory-child":
+        memory_child(*sys.argv[2:6])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--per-class", type=int, default=36)
@@ -81,6 +113,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="alternate the variants this many times")
     parser.add_argument("--memory-budget", default="4GB")
     parser.add_argument("--keep", help="folder to keep (and reuse) the store in")
+    parser.add_argument("--memory-only", action="store_true", help="knn's fit and first --blocks blocks: peak memory")
+    parser.add_argument("--blocks", type=int, default=2)
     args = parser.parse_args()
     from featstore.probing.run import parse_bytes
     from featstore.probing.threads import cores, runnable_elsewhere
@@ -96,6 +130,16 @@ def main() -> None:
     print(f"{n} rows ({args.classes} classes x {args.per_class}) x {len(dims)} anchors (widths "
           f"{','.join(map(str, dims))}), CPU, {cores()} cores, other runnable threads at the start: "
           f"{runnable_elsewhere():.1f}", flush=True)
+    if args.memory_only:
+        out = subprocess.run([sys.executable, __file__, "--memory-child", str(store), "knn", args.memory_budget,
+                              str(args.blocks)], capture_output=True, text=True, check=True)
+        m = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"  knn fit {m['fit_seconds']:.1f} s (features {'in memory' if m['in_memory'] else 'streamed'}), "
+              f"{m['predicted_rows']} rows predicted in {m['predict_seconds']:.1f} s; peak resident "
+              f"{m['peak_bytes'] / 2**30:.2f} GiB ({(m['peak_bytes'] - m['baseline_bytes']) / 2**30:.2f} GiB above "
+              f"the interpreter with torch loaded); expected by construction "
+              f"{expected_knn_bytes(n, dims, parse_bytes(args.memory_budget)) / 2**30:.2f} GiB (+ the interpreter)")
+        return
     results: dict[str, list[dict]] = {}
     for r in range(args.repeat):
         for variant in args.variants.split(","):
