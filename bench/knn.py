@@ -42,12 +42,13 @@ DIMS = {"resnet18": [64, 64, 64, 64, 128, 128, 256, 256, 512, 512, 512, 512],
 def child(store: str, db: str, variant: str, budget: str) -> None:
     """One `featstore probe` in this process; prints seconds and peak resident memory as JSON."""
     from featstore.runtime import tune_allocator
+    from featstore.specs import RunOptions
     from featstore.workflows.probe import ProbeConfig, probe
 
     tune_allocator()
     start = time.perf_counter()
-    probe(ProbeConfig(store=Path(store), model="synthetic", db=Path(db), device="cpu", variant=variant,
-                      memory_budget=budget, progress=False))
+    probe(ProbeConfig(store=Path(store), model="synthetic", db=Path(db), variant=variant, memory_budget=budget,
+                      run=RunOptions(device="cpu", progress=False)))
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"seconds": seconds, "peak_bytes": peak}))

@@ -129,14 +129,23 @@ def run_rows(run: dict, image_id, pred, conf, fold=None):
                    conf, fold)
 
 
-def read_probe(store, key: str, name: str, anchor: str) -> tuple[np.ndarray, np.ndarray, dict]:
-    """One anchor's current probe weights, biases and attrs, read from the Zarr arrays directly (featstore itself
-    never reads them back: predictions come from the fit)."""
+def _probe_group(store, key: str, name: str, anchor: str):
     import zarr
 
     from featstore.location import StoreLocation
 
     where = StoreLocation.parse(getattr(store, "location", store))  # a FeatureStore, a folder or an s3:// URL
     group = zarr.open_group(where.zarr_store(read_only=True), mode="r")[key]["probes"][name]
-    g = group[group.attrs["current"]][anchor] if "current" in group.attrs else group[anchor]
+    return group[group.attrs["current"]][anchor] if "current" in group.attrs else group[anchor]
+
+
+def read_probe(store, key: str, name: str, anchor: str) -> tuple[np.ndarray, np.ndarray, dict]:
+    """One anchor's current probe weights, biases and attrs, read from the Zarr arrays directly (featstore itself
+    never reads them back: predictions come from the fit)."""
+    g = _probe_group(store, key, name, anchor)
     return g["weight"][:], g["bias"][:], dict(g.attrs)
+
+
+def read_probe_arrays(store, key: str, name: str, anchor: str) -> dict[str, np.ndarray]:
+    """Every array one anchor's current probe keeps (knn: `reference`, the rows it votes with), from Zarr."""
+    return {array: values[:] for array, values in _probe_group(store, key, name, anchor).arrays()}

@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 from scipy.stats import spearmanr
+from synthetic import run_rows
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
@@ -51,9 +52,8 @@ def world(tmp_path_factory):
     for run_id in RUNS:
         preds = timelines(rng, head)
         confs = (rng.integers(1, 9, preds.shape) / 8).astype(np.float32)
-        run = {"run_id": run_id, "model": "m", "view": "clean", "train_view": "clean", "probe": run_id.split("/")[-1],
-               "params": {}, "cross_fit": 0, "seed": 0, "store": "-"}
-        fsdb.write_run(con, fsdb.RunRows(run, ids, preds, confs, None, []))
+        run = {"run_id": run_id, "model": "m", "view": "clean", "probe": run_id.split("/")[-1]}
+        fsdb.write_runs(con, [run_rows(run, ids, preds, confs)])
         runs[run_id] = SimpleNamespace(preds=preds, confs=confs)
     con.close()
     reader = fsdb.connect(db, read_only=True)  # one connection for the module's queries (macros installed once)

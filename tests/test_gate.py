@@ -11,10 +11,12 @@ import numpy as np
 import polars as pl
 import pytest
 from sklearn.linear_model import LogisticRegression
+from synthetic import run_rows
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
-from featstore.cost import AnchorCost, ModelCost
+from featstore.analytics.exit_policies import ExitPolicies
+from featstore.records import AnchorCost, ModelCost
 from featstore.workflows.gate import FEATURES, fit_logistic, gate_features
 
 from conftest import fails, run_cli
@@ -60,9 +62,7 @@ def world(tmp_path_factory):
         preds[i, settle[i]:] = head[i]
     good = (preds == labels[:, None]) & (preds == head[:, None])
     confs = np.clip(0.45 + 0.3 * good + rng.normal(0, 0.15, preds.shape), 0.01, 0.99).astype(np.float32)
-    run = {"run_id": RUN, "model": "m", "view": "clean", "train_view": "clean", "probe": "linear", "params": {},
-           "cross_fit": 0, "seed": 0, "store": "-"}
-    fsdb.write_run(con, fsdb.RunRows(run, ids, preds, confs, None, []))
+    fsdb.write_runs(con, [run_rows({"run_id": RUN, "model": "m", "view": "clean"}, ids, preds, confs)])
     fsdb.replace_model_outputs(con, "m", "clean", ids, head, np.full(N, 0.9))
     fsdb.replace_costs(con, "m", ModelCost("dev", 1, FULL_MS, 100, [AnchorCost(a, ms, 10 * a, PROBE_MS, 1)
                                                                      for a, ms in enumerate(PREFIX_MS)]))
@@ -109,7 +109,7 @@ def test_gate_scores_and_the_learned_policy_match_plain_computations(world):
     assert np.allclose(score, expected, atol=1e-4)
 
     thetas = [0.3, 0.6, 0.9]
-    sim = q.exit_simulation(world.db, RUN, "dev", thresholds=thetas, scope="all")
+    sim = q.exit_simulation(world.db, RUN, "dev", policies=ExitPolicies(thresholds=tuple(thetas)), scope="all")
     learned = sim.filter(pl.col("policy") == "learned").sort("theta")
     assert learned["theta"].to_list() == thetas
     unseen = ~learnt
@@ -133,9 +133,8 @@ def test_exit_sim_writes_nothing_and_a_rerun_run_drops_its_gate(world, tmp_path)
     assert "no run 'm/clean/nope'" in fails("gate", "--db", world.db, "--run", "m/clean/nope")
     con = fsdb.connect(world.db)
     try:
-        rows = q.query(con, "SELECT * FROM runs")
-        fsdb.write_run(con, fsdb.RunRows(rows.row(0, named=True) | {"params": {}}, world.ids, world.preds,
-                                         world.confs, None, []))
+        fsdb.write_runs(con, [run_rows({"run_id": RUN, "model": "m", "view": "clean"}, world.ids, world.preds,
+                                       world.confs)])
         assert q.query(con, "SELECT count(*) AS n FROM gate_scores")["n"][0] == 0  # it learnt the old predictions
     finally:
         con.close()

@@ -10,6 +10,7 @@ import duckdb
 import numpy as np
 import pytest
 from sklearn.neighbors import KNeighborsClassifier
+from synthetic import read_probe_arrays
 
 from featstore.probing.split import make_split
 from featstore.store import FeatureStore
@@ -67,7 +68,7 @@ def test_knn_equals_scikit_learn_on_the_digits(digits_store, tmp_path, variant, 
     pred, conf = pred.reshape(len(labels), len(anchors)), conf.reshape(len(labels), len(anchors))
     same = same_rule = total = 0
     for anchor in anchors:
-        arrays, attrs = fs.read_probe_arrays("resnet18", variant + "@clean", anchor.name)
+        arrays = read_probe_arrays(store, "resnet18", variant + "@clean", anchor.name)
         assert set(arrays) == {"reference"} and np.array_equal(arrays["reference"][0], train)  # rows, not features
         x = fs.read("resnet18", "clean", anchor.name).astype(np.float64)
         ref = KNeighborsClassifier(n_neighbors=k, metric=metric, algorithm="brute").fit(x[train], labels[train])
