@@ -218,13 +218,16 @@ def _placeholder_path(parts: list[str]) -> str:
 
 @pytest.fixture(scope="module")
 def built_store(image_dir, tmp_path_factory):
-    """A real store: two views of resnet18 built by `featstore build`, probes saved into it by `featstore probe`."""
+    """A real store: two views of resnet18 built by `featstore build`, linear and knn probes saved into it by
+    `featstore probe`."""
     out = tmp_path_factory.mktemp("layout")
     store = out / "s.zarr"
     run_cli("build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--data", image_dir,
             "--store", store, "--views", "clean,gaussian_noise-1", "--chunk-rows", "8", "--no-progress")
     run_cli("probe", "--store", store, "--model", "resnet18", "--db", out / "db.duckdb", "--view", "all",
             "--variant", "linear:tol=0.02", "--cross-fit", "2", "--no-progress")
+    run_cli("probe", "--store", store, "--model", "resnet18", "--db", out / "db.duckdb", "--view", "clean",
+            "--variant", "knn:k=3", "--cross-fit", "2", "--no-progress")  # knn keeps `reference`, not weights
     return store
 
 
@@ -267,7 +270,8 @@ def test_the_store_layout_in_the_docs_is_what_build_and_probe_write(built_store)
                 check(child, [*parts, name])
 
     check(zarr.open_group(str(built_store), mode="r"), [])
-    assert {"<model>/<view>/anchors/<anchor>", "<model>/probes/<probe>/<version>/<anchor>/weight"} <= seen
+    assert {"<model>/<view>/anchors/<anchor>", "<model>/probes/<probe>/<version>/<anchor>/weight",
+            "<model>/probes/<probe>/<version>/<anchor>/reference"} <= seen
     wrong += [f"{p} is in docs/store.md but not in a built store" for p in sorted(set(documented) - seen)]
     assert not wrong, "docs/store.md and the store differ:\n" + "\n".join(wrong)
 
