@@ -171,9 +171,8 @@ class LinearGroup(ProbeGroup):
     def step(self, x, y, is_val, report=False):
         z = x
         g, n, k = z.shape[0], z.shape[1], self.heads
-        logp = torch.log_softmax(torch.baddbmm(self.b, z, self.w).view(g, n, k, self.c), dim=-1)
-        nll = targets.nll(logp, y)  # [G, n, K]
-        p = logp.exp_()
+        p = torch.softmax(torch.baddbmm(self.b, z, self.w).view(g, n, k, self.c), dim=-1)
+        nll = targets.nll_of(p, y)  # [G, n, K]
         learns = torch.ones(n, device=z.device, dtype=z.dtype) if self.chosen else (~is_val).to(z.dtype)
         self.loss_sum += (nll * learns[None, :, None]).sum(dim=1).double()
         self.rows_seen += learns.sum().double()

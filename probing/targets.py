@@ -31,6 +31,16 @@ def nll(logp: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return -logp.gather(-1, target.expand(*logp.shape[:-1], 1)).squeeze(-1)
 
 
+def nll_of(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The same cross-entropy from probabilities [G, n, ..., C] (the softmax the gradient needs anyway): for a label
+    one log per row (of p_y clamped at 1e-30), so a step pays one exp pass over the classes, not log_softmax's two;
+    for a distribution a log of every (clamped) probability."""
+    target = _shaped(y, p)
+    if is_soft(y):
+        return -(target * p.clamp_min(1e-30).log()).sum(dim=-1)
+    return -torch.log(p.gather(-1, target.expand(*p.shape[:-1], 1)).squeeze(-1).clamp_min(1e-30))
+
+
 def subtract_(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """p - target in place (softmax minus one-hot, or minus the target distribution): the logits' gradient."""
     target = _shaped(y, p)
