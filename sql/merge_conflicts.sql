@@ -1,7 +1,7 @@
 -- merge_conflicts: with a source database attached as `src`, each result the target also holds under the same key
 -- but with other content: (what, key). `featstore merge` refuses a source with any, unless --replace.
 -- Content: a run's row (all but created_at) and its predictions; a circuit run's row and its edges; a model's
--- outputs per view; a measurement's costs; a zoo row; a stored graph distance.
+-- outputs per view; a measurement's costs; a zoo row; a stored graph distance; a run's learned gate and its scores.
 WITH digests AS (
     SELECT side, what, key, bit_xor(digest) AS digest FROM (
         SELECT 'target' AS side, 'run' AS what, r.run_id AS key, hash(r) AS digest
@@ -15,6 +15,10 @@ WITH digests AS (
         UNION ALL SELECT 'source', 'circuit run', c.run_id, hash(c)
         FROM (SELECT * EXCLUDE (created_at) FROM src.circuit_runs) c
         UNION ALL SELECT 'source', 'circuit run', e.run_id, hash(e) FROM src.edges e
+        UNION ALL SELECT 'target', 'gate', g.run_id, hash(g) FROM (SELECT * EXCLUDE (created_at) FROM gates) g
+        UNION ALL SELECT 'target', 'gate', s.run_id, hash(s) FROM gate_scores s
+        UNION ALL SELECT 'source', 'gate', g.run_id, hash(g) FROM (SELECT * EXCLUDE (created_at) FROM src.gates) g
+        UNION ALL SELECT 'source', 'gate', s.run_id, hash(s) FROM src.gate_scores s
         UNION ALL SELECT 'target', 'model outputs', m.model || '/' || m.view, hash(m) FROM model_outputs m
         UNION ALL SELECT 'source', 'model outputs', m.model || '/' || m.view, hash(m) FROM src.model_outputs m
         UNION ALL SELECT 'target', 'costs', c.model || ' on ' || c.device || ' batch ' || c.batch_size, hash(c)

@@ -1,6 +1,14 @@
 -- merge_rows: with a source database attached as `src`, every result it holds replaces the target's result of
 -- the same key (equal content, unless --replace allowed a different one); images, anchors and meta the target
 -- lacks are added. Run inside the merge's one transaction, after merge_conflicts and merge_disagreements.
+-- A learned gate belongs to its run's predictions: the target's goes when the source brings a gate for that run,
+-- or brings the run with other content (--replace; that gate learnt the old predictions).
+DELETE FROM gate_scores WHERE run_id IN (SELECT run_id FROM src.gates) OR run_id IN (
+    SELECT s.run_id FROM (SELECT * EXCLUDE (created_at) FROM src.runs) s
+    JOIN (SELECT * EXCLUDE (created_at) FROM runs) t USING (run_id) WHERE hash(s) <> hash(t));
+DELETE FROM gates WHERE run_id IN (SELECT run_id FROM src.gates) OR run_id IN (
+    SELECT s.run_id FROM (SELECT * EXCLUDE (created_at) FROM src.runs) s
+    JOIN (SELECT * EXCLUDE (created_at) FROM runs) t USING (run_id) WHERE hash(s) <> hash(t));
 DELETE FROM predictions WHERE run_id IN (SELECT run_id FROM src.runs);
 DELETE FROM decisions WHERE run_id IN (SELECT run_id FROM src.runs);
 DELETE FROM folds WHERE run_id IN (SELECT run_id FROM src.runs);
@@ -11,6 +19,8 @@ INSERT INTO predictions BY NAME SELECT * FROM src.predictions;
 INSERT INTO decisions BY NAME SELECT * FROM src.decisions;
 INSERT INTO folds BY NAME SELECT * FROM src.folds;
 INSERT INTO probe_fits BY NAME SELECT * FROM src.probe_fits;
+INSERT INTO gates BY NAME SELECT * FROM src.gates;
+INSERT INTO gate_scores BY NAME SELECT * FROM src.gate_scores;
 DELETE FROM edges WHERE run_id IN (SELECT run_id FROM src.circuit_runs);
 DELETE FROM circuit_runs WHERE run_id IN (SELECT run_id FROM src.circuit_runs);
 INSERT INTO circuit_runs BY NAME SELECT * FROM src.circuit_runs;

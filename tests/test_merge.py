@@ -148,3 +148,41 @@ def test_export_writes_parquet_partitioned_by_run(parallel, tmp_path):
     assert len(list((tmp_path / "out" / "predictions").iterdir())) == runs
     assert pl.read_parquet(tmp_path / "out" / "runs.parquet").height == runs
     assert "not an empty folder" in fails("export", "--db", db, "--to", tmp_path / "out")
+
+
+def test_a_learned_gate_goes_with_its_run(parallel, tmp_path):
+    """merge carries gates and their scores, refuses a differing gate of the same run (unless --replace), drops the
+    target's gate when --replace brings the run with other predictions; export writes them."""
+    import shutil
+
+    root, store = parallel
+    run_id = "synthetic/clean/linear:max_epochs=4"
+    gated, other = tmp_path / "gated.duckdb", tmp_path / "other.duckdb"
+    shutil.copy(root / "job0.duckdb", gated)
+    shutil.copy(root / "job0.duckdb", other)
+    run_cli("gate", "--db", gated, "--run", run_id)
+    run_cli("gate", "--db", other, "--run", run_id, "--split", "test")
+    target = tmp_path / "t.duckdb"
+    run_cli("merge", "--db", target, root / "job0.duckdb", gated)
+    gate_rows = "SELECT * FROM gate_scores ORDER BY ALL"
+    want = duckdb.connect(str(gated), read_only=True).execute(gate_rows).fetchall()
+    assert len(want) == 240 * len(DIMS)
+    assert duckdb.connect(str(target), read_only=True).execute(gate_rows).fetchall() == want
+    run_cli("merge", "--db", target, root / "job0.duckdb")  # the same run without a gate keeps the gate
+    assert duckdb.connect(str(target), read_only=True).execute(gate_rows).fetchall() == want
+    assert f"gate {run_id}" in fails("merge", "--db", target, other)
+    run_cli("merge", "--db", target, other, "--replace")
+    con = duckdb.connect(str(target), read_only=True)
+    assert con.execute("SELECT trained_on FROM gates").fetchall() == [("test",)]
+    con.close()
+    again = tmp_path / "again.duckdb"  # the same job again: other stored weights, so another run
+    run_cli(*probe_args(store, again, 0))
+    run_cli("merge", "--db", target, again, "--replace")
+    con = duckdb.connect(str(target), read_only=True)
+    assert con.execute("SELECT count(*) FROM gates").fetchone()[0] == 0  # its gate learnt the old predictions
+    assert con.execute("SELECT count(*) FROM gate_scores").fetchone()[0] == 0
+    con.close()
+    run_cli("export", "--db", gated, "--to", tmp_path / "out")
+    assert pl.read_parquet(tmp_path / "out" / "gates.parquet").height == 1
+    back = pl.read_parquet(tmp_path / "out" / "gate_scores" / "**" / "*.parquet", hive_partitioning=True)
+    assert back.height == len(want)

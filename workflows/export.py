@@ -13,9 +13,10 @@ from pathlib import Path
 from featstore.analytics import db as fsdb
 from featstore.errors import FeatstoreError
 
-PARTITIONED = ("predictions", "decisions", "folds", "edges")  # per-image (per-edge) rows, one folder per run
+# per-image (per-edge) rows, one folder per run
+PARTITIONED = ("predictions", "decisions", "folds", "edges", "gate_scores")
 WHOLE = ("runs", "images", "anchors", "model_outputs", "probe_fits", "anchor_costs", "model_costs", "circuit_runs",
-         "css_graph", "zoo_runs", "meta")
+         "css_graph", "zoo_runs", "gates", "meta")
 
 
 def export(db: str | Path, to: str | Path) -> list[Path]:
