@@ -2,7 +2,9 @@
 k, metric and raw features: every prediction that differs from scikit-learn's is a tie (a vote tie, which
 scikit-learn gives the lower label and knn the class whose voters are nearer, or k-th and (k+1)-th neighbours
 equally far at float32 precision); scikit-learn's neighbours with knn's tie rule applied in numpy give >= 99.5%
-identical predictions. The store keeps which rows were the references, not the features."""
+identical predictions. Measured (12 anchors x 1,797 images, random-init ResNet-18 features, where vote ties are
+common): 98.75% identical to scikit-learn's own predictions at k = 30 cosine, 98.29% at k = 7 euclidean, every
+difference a tie; 99.99% with knn's tie rule. The store keeps which rows were the references, not the features."""
 
 from __future__ import annotations
 
