@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=2)
     args = parser.parse_args()
     from featstore.probing.run import parse_bytes
-    from featstore.probing.threads import cores, runnable_elsewhere
+    from featstore.threads import cores, runnable_elsewhere
 
     dims = DIMS.get(args.dims) or [int(d) for d in args.dims.split(",")]
     tmp = Path(args.keep or tempfile.mkdtemp())
