@@ -40,6 +40,16 @@ DIMS = {"resnet18": [64, 64, 64, 64, 128, 128, 256, 256, 512, 512, 512, 512],
         "2048x12": [2048] * 12}
 
 
+def peak_bytes() -> int:
+    """This process's peak resident set: VmHWM where Linux has it, since ru_maxrss carries over the high-water mark
+    of the parent it was forked from (here the one that generated the store), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def child(store: str, db: str, variant: str, budget: str) -> None:
     """One `featstore probe` in this process; prints seconds, CPU seconds (user + system, all threads: less
     sensitive than wall time to what else shares the cores) and peak resident memory as JSON."""
@@ -54,7 +64,7 @@ def child(store: str, db: str, variant: str, budget: str) -> None:
     seconds = time.perf_counter() - start
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"seconds": seconds, "cpu_seconds": usage.ru_utime + usage.ru_stime,
-                      "peak_bytes": usage.ru_maxrss * 1024, "load": os.getloadavg()[0]}))
+                      "peak_bytes": peak_bytes(), "load": os.getloadavg()[0]}))
 
 
 def memory_child(store: str, variant: str, budget: str, blocks: str) -> None:
@@ -69,7 +79,7 @@ def memory_child(store: str, variant: str, budget: str, blocks: str) -> None:
     from featstore.store import FeatureStore
 
     tune_allocator()
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the interpreter with torch loaded
+    baseline = peak_bytes()  # the interpreter with torch loaded
     fs = FeatureStore(store)
     data = ProbeData(fs, "synthetic", fs.anchors("synthetic"), ["clean"], torch.device("cpu"), parse_bytes(budget),
                      ProbeSettings())
@@ -81,7 +91,7 @@ def memory_child(store: str, variant: str, budget: str, blocks: str) -> None:
     done = time.perf_counter()
     print(json.dumps({"fit_seconds": fitted - start, "predicted_rows": len(rows), "predict_seconds": done - fitted,
                       "in_memory": data.source("clean").in_memory, "baseline_bytes": baseline,
-                      "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                      "peak_bytes": peak_bytes()}))
 
 
 def run(store: Path, db: Path, variant: str, budget: str) -> dict:
