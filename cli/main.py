@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -16,7 +17,7 @@ from featstore.cli.options import (
     options,
     run_options,
 )
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, FeatstoreWarning
 from featstore.specs import ImageSource, ModelSpec, RunOptions, split_options
 
 
@@ -34,13 +35,27 @@ def user_errors(fn):
     return wrapper
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """featstore's own warnings as `featstore: warning: ...` on stderr; any other as Python shows it."""
+    if issubclass(category, FeatstoreWarning):
+        click.echo(f"featstore: warning: {message}", err=True)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+
+
 class _OneLineErrors(click.Group):
-    """Usage errors (a bad choice, an unknown option) as one line and exit status 2, like every bad input."""
+    """Usage errors (a bad choice, an unknown option) as one line and exit status 2, like every bad input;
+    featstore's warnings as one line each."""
 
     def main(self, *args, **kwargs):
         kwargs.pop("standalone_mode", None)
         try:
-            super().main(*args, standalone_mode=False, **kwargs)
+            with warnings.catch_warnings():
+                warnings.showwarning = _one_line_warning
+                super().main(*args, standalone_mode=False, **kwargs)
         except click.ClickException as e:
             click.echo(f"featstore: error: {e.format_message()} (featstore COMMAND -h lists the options)", err=True)
             sys.exit(e.exit_code)
@@ -473,25 +488,7 @@ def study(study_file: Path, data: Path | None, out: Path | None, store: str | No
     click.echo(f"\nreport: {result.report}\ndatabase: {result.db}\nstore: {result.store}")
 
 
-def _one_line_warnings() -> None:
-    """featstore's own warnings (FeatstoreWarning) as one line each, `featstore: warning: ...`."""
-    import warnings
-
-    from featstore.errors import FeatstoreWarning
-
-    shown = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, FeatstoreWarning):
-            click.echo(f"featstore: warning: {message}", err=True)
-        else:
-            shown(message, category, filename, lineno, file, line)
-
-    warnings.showwarning = show
-
-
 def main() -> None:
-    _one_line_warnings()
     cli(prog_name="featstore")
 
 

@@ -15,6 +15,7 @@ import hashlib
 import io
 import posixpath
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, FeatstoreWarning
 from featstore.preprocessing import Preprocessing
 from featstore.views import View
 
@@ -228,6 +229,7 @@ def _from_csv(root: Path, labels: Path) -> tuple[list[str], list[int], list[str]
                                  f"{seen[name]}); keep one line")
         seen[name] = line
         paths.append(name)
+    _left_out(root, labels, seen)
     return paths, values, classes
 
 
@@ -241,6 +243,21 @@ def labels_for_head(images: ImageSet, num_classes: int) -> ImageSet:
     return labelled
 
 
+class UnlabelledImages(FeatstoreWarning):
+    """Image files of the --data folder that its labels file does not list: they are left out of the set."""
+
+
+def _left_out(root: Path, labels: Path, listed: dict[str, int]) -> None:
+    """Say how many images of `root` the labels file leaves out (naming one): a labels file may select a subset,
+    but a silently shorter image set looks like a complete one."""
+    unlisted = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                      if _is_image(p) and p.relative_to(root).as_posix() not in listed)
+    if unlisted:
+        warnings.warn(f"labels file {labels} lists {len(listed)} images; {len(unlisted)} other image file(s) in "
+                      f"{root} are left out (e.g. {unlisted[0]!r}); add them to the file if they belong to the set",
+                      UnlabelledImages, stacklevel=4)
+
+
 def check_labels(images: ImageSet, num_classes: int) -> None:
     """Labels must index the model's classes, or probe accuracy and 'correct' mean nothing."""
     if num_classes and len(images) and int(images.labels.max()) >= num_classes:
@@ -250,15 +267,44 @@ def check_labels(images: ImageSet, num_classes: int) -> None:
             f"({images.source}); fix the labels or use a model with that many classes")
 
 
+def integer_range(im: Image.Image) -> int | None:
+    """The largest value an integer-mode image's file can hold, from the bits it declares per sample: 65535 for
+    16-bit files (PNG, and PGM/PPM, which PIL scales to 16 bits), 2**bits - 1 for 8- and 16-bit TIFFs; None where
+    the file does not say (a 32-bit integer TIFF without a MaxSampleValue tag: whether 0..255, 0..4095 or the full
+    32 bits are meant is unknown)."""
+    if im.mode.startswith("I;16"):
+        return 65535
+    if im.format in ("PNG", "PPM"):  # PIL reads 16-bit PNGs (before Pillow 10.?) and PGMs as mode I
+        return 65535
+    if im.format == "TIFF":
+        tags = getattr(im, "tag_v2", {})
+        declared = tags.get(281) or tags.get(341)  # MaxSampleValue, SMaxSampleValue: a range the file states
+        declared = max(declared) if isinstance(declared, tuple) and declared else declared
+        if isinstance(declared, int | float) and declared >= 1:
+            return int(declared)
+        bits = tags.get(258)
+        bits = max(bits) if isinstance(bits, tuple) and bits else bits
+        if bits in (8, 16):
+            return 2**bits - 1
+    return None
+
+
 def to_rgb(im: Image.Image) -> Image.Image:
     """8-bit RGB from the image's real range: PIL's own convert("RGB") clips 16-bit values at 255 (a 16-bit
-    grey PNG turns white) and truncates floats in [0, 1] to 0 (black). Ranges that cannot be known are refused."""
+    grey PNG turns white) and truncates floats in [0, 1] to 0 (black); integer images are scaled by the range
+    their file declares (`integer_range`), never by a guess. Ranges that cannot be known are refused."""
     if im.mode.startswith("I;16") or im.mode == "I":
         pixels = np.asarray(im).astype(np.int64)
-        if pixels.size and (pixels.min() < 0 or pixels.max() > 65535):
-            raise ValueError(f"{im.mode} image with values {pixels.min()}..{pixels.max()} outside 16 bits; "
-                             f"convert it to 8- or 16-bit")
-        return Image.fromarray(np.round(pixels / 257.0).astype(np.uint8)).convert("RGB")
+        top = integer_range(im)
+        shown = f"values {pixels.min()}..{pixels.max()}" if pixels.size else "no pixels"
+        if top is None:
+            bits = getattr(im, "tag_v2", {}).get(258)
+            raise ValueError(f"{im.format or ''} {im.mode} image of {bits[0] if isinstance(bits, tuple) else 32}-bit "
+                             f"integers ({shown}): its range is unknown; convert it to 8- or 16-bit".lstrip())
+        if pixels.size and (pixels.min() < 0 or pixels.max() > top):
+            raise ValueError(f"{im.mode} image with {shown} outside the 0..{top} its file declares; convert it to "
+                             f"8- or 16-bit")
+        return Image.fromarray(np.round(pixels / (top / 255.0)).astype(np.uint8)).convert("RGB")
     if im.mode == "F":
         pixels = np.asarray(im, dtype=np.float64)
         if pixels.size and not (np.isfinite(pixels).all() and pixels.min() >= 0 and pixels.max() <= 1):

@@ -31,7 +31,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as F
 
-from featstore.datasets import ImageSet, ViewDataset
+from featstore.datasets import ImageSet, ViewDataset, to_rgb
 from featstore.errors import FeatstoreError
 from featstore.loading import Batch, default_workers, iterate_batches
 from featstore.preprocessing import Preprocessing
@@ -92,7 +92,7 @@ def device_decodable(data: bytes) -> bool:
 def pil_crop(data: bytes, prep: Preprocessing) -> torch.Tensor:
     """The PIL path's decode of one file's bytes: uint8 [3,crop,crop]."""
     with Image.open(io.BytesIO(data)) as im:
-        return prep.crop_uint8(im.convert("RGB"))
+        return prep.crop_uint8(to_rgb(im))  # 16-bit and float images by their range, as the PIL path reads them
 
 
 @dataclass

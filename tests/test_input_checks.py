@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -106,6 +107,62 @@ def test_sixteen_bit_and_float_images_keep_their_range(tmp_path):
         for i in (0, 3):
             assert np.array_equal(feats[i], feats[i + 1]) and np.array_equal(feats[i], feats[i + 2]), anchor
         assert not np.array_equal(feats[0], feats[3])
+
+
+def test_integer_images_are_read_by_the_range_their_file_declares(tmp_path):
+    """A mode-I (32-bit) TIFF of 0..255 values was divided by 257 like a 16-bit one (a black image): a 32-bit TIFF
+    that states its range (MaxSampleValue) is read by it, one that does not is refused naming the file; 16-bit
+    files keep their 0..65535; and the tensor decode path (--decode gpu) reads them as the PIL path does."""
+    from PIL import TiffImagePlugin
+
+    from featstore.datasets import to_rgb
+
+    v = np.random.default_rng(1).integers(0, 256, size=(40, 48)).astype(np.uint8)
+    stated = TiffImagePlugin.ImageFileDirectory_v2()
+    stated[281] = 255
+    Image.fromarray(v.astype(np.int32)).save(tmp_path / "stated.tif", tiffinfo=stated)
+    Image.fromarray(v.astype(np.int32)).save(tmp_path / "silent.tif")
+    Image.fromarray(v.astype(np.uint16) * 257).save(tmp_path / "sixteen.tif")
+    with open(tmp_path / "sixteen.pgm", "wb") as f:
+        f.write(b"P5 48 40 65535\n" + (v.astype(">u2") * 257).tobytes())
+    for name in ("stated.tif", "sixteen.tif", "sixteen.pgm"):
+        with Image.open(tmp_path / name) as im:
+            assert np.array_equal(np.asarray(to_rgb(im))[..., 0], v), name
+    with Image.open(tmp_path / "silent.tif") as im:
+        assert im.mode == "I"
+        with pytest.raises(ValueError, match="32-bit integers \\(values 0..255\\): its range is unknown"):
+            to_rgb(im)
+
+    folder = tmp_path / "modes" / "grey"
+    folder.mkdir(parents=True)
+    Image.fromarray(v).save(folder / "a_8bit.png")
+    shutil.copy(tmp_path / "stated.tif", folder / "b_stated.tif")
+    Image.fromarray(v.astype(np.uint16) * 257).save(folder / "c_16bit.png")
+    for decode in ("cpu", "gpu"):
+        store = tmp_path / f"{decode}.zarr"
+        run_cli("build", "--data", tmp_path / "modes", "--store", store, *SMALL, "--decode", decode)
+        feats = FeatureStore(store).read("resnet18", "clean", "layer1.0")
+        assert np.array_equal(feats[0], feats[1]) and np.array_equal(feats[0], feats[2]), decode
+    shutil.copy(tmp_path / "silent.tif", folder / "d_silent.tif")
+    line = fails("build", "--data", tmp_path / "modes", "--store", tmp_path / "s.zarr", *SMALL)
+    assert str(folder / "d_silent.tif") in line and "its range is unknown" in line
+
+
+def test_images_the_labels_file_leaves_out_are_counted(flat, tmp_path):
+    """Files of the folder absent from the labels CSV were dropped without a word."""
+    csv = labels_file(tmp_path, ["0.jpg,0", "2.jpg,1"])
+    with pytest.warns(UserWarning, match=r"lists 2 images; 2 other image file\(s\) in .*flat are left out "
+                                         r"\(e.g. '1.jpg'\)"):
+        images = discover(flat, csv)
+    assert images.paths == ["0.jpg", "2.jpg"]
+    out = run_cli("build", "--data", flat, "--labels", csv, "--store", tmp_path / "s.zarr", *SMALL).output
+    assert [line for line in out.splitlines() if "warning" in line] == [
+        f"featstore: warning: labels file {csv} lists 2 images; 2 other image file(s) in {flat} are left out (e.g. "
+        f"'1.jpg'); add them to the file if they belong to the set"]
+    full = labels_file(tmp_path, ["0.jpg,0", "1.jpg,1", "2.jpg,0", "3.jpg,1"], name="all.csv")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        discover(flat, full)
 
 
 def test_a_float_image_of_unknown_range_is_refused(tmp_path):
