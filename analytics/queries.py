@@ -7,12 +7,15 @@ name returns, so Python, `featstore sql` and any DuckDB client see the same numb
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import queue
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 
 from featstore.analytics.db import connect, connect_several
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
@@ -32,27 +35,109 @@ def open_read_only(db: str | Path | Sequence[str | Path]) -> duckdb.DuckDBPyConn
     return connect_several(db)
 
 
-def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFrame:
-    """Run one SQL statement read-only and return its result as a Polars DataFrame.
-
-    Exactly one statement: text such as `SELECT 1; DETACH ...` is refused before anything runs."""
+def _one_statement(sql: str) -> None:
+    """Exactly one statement: text such as `SELECT 1; DETACH ...` is refused before anything runs."""
     try:
         count = len(duckdb.extract_statements(sql))
     except duckdb.Error as e:
         raise FeatstoreError(f"SQL error: {str(e).splitlines()[0]}") from e
     if count != 1:
         raise FeatstoreError(f"give exactly one SQL statement (got {count}); run several with one call each")
+
+
+def _sql_error(e: duckdb.Error) -> FeatstoreError:
+    first = str(e).splitlines()[0]
+    if any(m in first.lower() for m in ("read-only", "disabled", "locked", "cannot attach")):
+        return FeatstoreError(f"queries open the database read-only and reach no other file, extension or "
+                              f"setting ({first}); featstore probe is what writes")
+    return FeatstoreError(f"SQL error: {first}")
+
+
+def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFrame:
+    """Run one SQL statement read-only and return its result as a Polars DataFrame (held whole: see `stream` for
+    results of any size)."""
+    _one_statement(sql)
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else open_read_only(db)
     try:
         relation = con.sql(sql, params=params or None)
         return pl.DataFrame() if relation is None else relation.pl()
     except duckdb.Error as e:
-        first = str(e).splitlines()[0]
-        if any(m in first.lower() for m in ("read-only", "disabled", "locked", "cannot attach")):
-            raise FeatstoreError(f"queries open the database read-only and reach no other file, extension or "
-                                 f"setting ({first}); featstore probe is what writes") from e
-        raise FeatstoreError(f"SQL error: {first}") from e
+        raise _sql_error(e) from e
     finally:
+        if con is not db:
+            con.close()
+
+
+STREAM_ROWS = 65_536  # rows per batch `stream` hands over: the memory it holds, whatever the result's size
+
+
+def stream(db: Db, sql: str, params: Sequence | dict | None = None,
+           batch_rows: int = STREAM_ROWS) -> Iterator[pl.DataFrame]:
+    """The result of one read-only SQL statement as Polars frames of at most `batch_rows` rows, in order (at least
+    one frame, empty for an empty result), so that memory stays bounded at any row count.
+
+    DuckDB runs the query in a worker thread and this generator waits for its batches in the calling thread:
+    a KeyboardInterrupt (Ctrl-C) there, or closing the generator early, cancels the query at once
+    (`interrupt`) instead of waiting for it to finish, and the interrupt propagates."""
+    _one_statement(sql)
+    con = db if isinstance(db, duckdb.DuckDBPyConnection) else open_read_only(db)
+    batches: queue.Queue = queue.Queue(maxsize=2)  # the producer waits while the consumer prints
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            if stop.is_set():
+                return
+            relation = con.sql(sql, params=params or None)
+            if relation is None:  # a statement without a result
+                batches.put(pa.table({}))
+                return
+            reader = relation.to_arrow_reader(batch_rows)  # pulls the result batch by batch
+            batches.put(reader.schema)
+            for batch in reader:
+                while not stop.is_set():
+                    try:
+                        batches.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            batches.put(None)
+        except BaseException as e:  # handed to the caller's thread
+            batches.put(e)
+
+    worker = threading.Thread(target=produce, name="featstore-sql", daemon=True)
+    worker.start()
+    try:
+        schema, sent = None, False
+        while True:
+            try:
+                item = batches.get(timeout=0.1)  # a wait Ctrl-C can interrupt
+            except queue.Empty:
+                continue
+            if isinstance(item, BaseException):
+                raise _sql_error(item) if isinstance(item, duckdb.Error) else item
+            if isinstance(item, pa.Table):
+                yield pl.from_arrow(item)
+                return
+            if isinstance(item, pa.Schema):
+                schema = item
+                continue
+            if item is None:
+                if not sent:
+                    yield pl.from_arrow(schema.empty_table())
+                return
+            sent = True
+            yield pl.from_arrow(item)
+    finally:
+        stop.set()
+        while worker.is_alive():
+            con.interrupt()  # cancels a running (or just starting) query: the worker ends with an InterruptException
+            try:
+                batches.get(timeout=0.1)  # a producer blocked on a full queue sees `stop`
+            except queue.Empty:
+                pass
         if con is not db:
             con.close()
 

@@ -141,9 +141,48 @@ def print_frame(frame, fmt: str = "table") -> None:
 @user_errors
 def sql(dbs: tuple[Path, ...], statement: str, fmt: str) -> None:
     """Run STATEMENT on the database(s), read-only (macros: decision_summary(k), decision_layers(k), …)."""
-    from featstore.analytics.queries import query
+    from featstore.analytics.queries import stream
 
-    print_frame(query(list(dbs), statement), fmt)
+    try:
+        print_stream(stream(list(dbs), statement), fmt)
+    except KeyboardInterrupt:
+        click.echo("featstore: interrupted: the query was cancelled; the database is unchanged", err=True)
+        sys.exit(130)
+
+
+TABLE_ROWS = 10_000  # rows the table format shows of a streamed result (csv and json print every row)
+
+
+def print_stream(frames, fmt: str = "table") -> None:
+    """Print a result as it streams in, holding one batch at a time: csv and json row by row as `print_frame`
+    would print the whole frame; the table format shows the first TABLE_ROWS rows and counts the others."""
+    first = next(frames)
+    if fmt == "csv":
+        click.echo(first.write_csv(), nl=False)
+        for frame in frames:
+            click.echo(frame.write_csv(include_header=False), nl=False)
+    elif fmt == "json":
+        pieces = (f.write_json()[1:-1] for f in (first, *frames) if f.height)
+        click.echo("[", nl=False)
+        for i, piece in enumerate(pieces):
+            click.echo(("," if i else "") + piece, nl=False)
+        click.echo("]")
+    else:
+        shown, more = [first], 0
+        for frame in frames:
+            room = TABLE_ROWS - sum(f.height for f in shown)
+            if room > 0:
+                shown.append(frame.head(room))
+            more += frame.height - min(max(room, 0), frame.height)
+        import polars as pl
+
+        head = pl.concat(shown)
+        if head.height > TABLE_ROWS:
+            more += head.height - TABLE_ROWS
+            head = head.head(TABLE_ROWS)
+        print_frame(head)
+        if more:
+            click.echo(f"… {more} more row(s) not shown; --format csv or json prints every row", err=True)
 
 
 @cli.command()
