@@ -109,6 +109,7 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
     path = Path(path)
     if read_only and not path.exists():
         raise FeatstoreError(f"no database at {path}; fill one with `featstore probe --db {path}`")
+    creating = not read_only and not path.exists()
     deadline = time.monotonic() + wait_s
     try:
         while True:
@@ -122,27 +123,60 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
                 time.sleep(0.2)
     except duckdb.IOException as e:
         msg = str(e)
-        if "lock" in msg.lower():
+        if "lock" in msg.lower():  # another process holds the file (it may have just created it): left alone
             holder = msg.split("Conflicting lock is held in", 1)[-1].split("\n")[0].strip() if "held" in msg else ""
             raise FeatstoreError(f"database {path} is in use by another process ({holder or 'locked'}); "
                                  f"close it or pass another --db") from e
+        if creating:  # a file this call began but could not finish (a full disk): unreadable, so not left behind
+            remove_database(path)
         raise FeatstoreError(f"cannot open database {path}: {msg.splitlines()[0]}") from e
     except duckdb.Error as e:
         raise FeatstoreError(f"{path} is not a DuckDB database ({str(e).splitlines()[0]}); "
                              f"pass another --db") from e
-    if not read_only:
-        con.execute(sql_text("schema"))
-    else:
-        _stand_in_for_newer_tables(con)
     try:
+        if not read_only:
+            con.execute(sql_text("schema"))
+        else:
+            _stand_in_for_newer_tables(con)
         install_macros(con, temporary=read_only)
-    except duckdb.CatalogException as e:
+    except BaseException as e:
+        if creating:
+            remove_empty(con, path)
         con.close()
-        if not read_only:  # the schema was just created: a macro that does not bind is featstore's own bug
-            raise
-        raise FeatstoreError(f"{path} is not a featstore database ({str(e).splitlines()[0]}); pass the --db "
-                             f"that featstore probe filled") from e
+        if isinstance(e, duckdb.CatalogException) and read_only:
+            raise FeatstoreError(f"{path} is not a featstore database ({str(e).splitlines()[0]}); pass the --db "
+                                 f"that featstore probe filled") from e
+        if isinstance(e, duckdb.IOException | duckdb.TransactionException):  # a full disk, a file size limit
+            raise FeatstoreError(f"cannot write database {path}: {str(e).splitlines()[0]}") from e
+        raise  # a macro that does not bind on a write connection is featstore's own bug
     return con
+
+
+def remove_database(path: str | Path) -> None:
+    """Delete a database file and its write-ahead log: only for a database that the caller created or found empty
+    and has held the write lock on since, so that everything in it is the caller's own failed work."""
+    path = Path(path)
+    for p in (path, path.with_name(path.name + ".wal")):
+        p.unlink(missing_ok=True)
+
+
+def is_empty(con: duckdb.DuckDBPyConnection) -> bool:
+    """True when no featstore table of the database holds a row (one just created, or never filled)."""
+    present = {row[0] for row in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary")
+               .fetchall()}
+    return all(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] == 0 for t in schema_tables() if t in present)
+
+
+def remove_empty(con: duckdb.DuckDBPyConnection, path: str | Path) -> None:
+    """After a failed first write into a database that held nothing: remove its files, so that no empty (or, on a
+    full disk, unreadable) database is left for later runs to trip over. Call while `con` still holds the write
+    lock, so that no other job can have written to it in between."""
+    try:
+        empty = is_empty(con)
+    except duckdb.Error:  # a database this job created and could not even read back: nothing in it
+        empty = True
+    if empty:
+        remove_database(Path(path))
 
 
 # tables several databases hold the same copy of (one image set, one anchor list per model): read once
@@ -201,10 +235,21 @@ def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConne
     con.execute("BEGIN")
     try:
         yield con
-    except BaseException:
+    except BaseException as e:
         con.execute("ROLLBACK")
+        if isinstance(e, duckdb.IOException):
+            raise _unwritable(con, e) from e
         raise
-    con.execute("COMMIT")
+    try:
+        con.execute("COMMIT")
+    except (duckdb.IOException, duckdb.TransactionException) as e:  # a full disk, a file size limit
+        raise _unwritable(con, e) from e
+
+
+def _unwritable(con: duckdb.DuckDBPyConnection, e: duckdb.Error) -> FeatstoreError:
+    path = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
+    return FeatstoreError(f"cannot write database {path[0] if path else ''}: {str(e).splitlines()[0]}; nothing of "
+                          f"this job was committed (free some space and rerun it)")
 
 
 def _insert(con: duckdb.DuckDBPyConnection, table: str, data: pa.Table) -> None:

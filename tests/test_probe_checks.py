@@ -98,6 +98,7 @@ def test_sql_reads_while_a_probe_trains(tmp_path):
     feats, labels = class_clusters(800, 10, [32, 32], seed=2)
     store = write_feature_store(tmp_path / "s.zarr", feats, labels, 10, chunk_rows=200)
     db = tmp_path / "f.duckdb"
+    fsdb.connect(db).close()  # a probe creates no database before its commit: here one exists (empty) already
     probe = subprocess.Popen([sys.executable, "-m", "featstore.cli.main", "probe", "--store", str(store), "--model",
                               "synthetic", "--db", str(db), "--no-progress"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -121,3 +122,44 @@ def test_sql_reads_while_a_probe_trains(tmp_path):
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM predictions").fetchall() == [(800 * 2,)]
     con.close()
+
+
+FULL_DISK = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), int(sys.argv[1])))
+from featstore.cli.main import main
+sys.argv = ["featstore", *sys.argv[2:]]
+main()
+"""
+
+
+def probe_with_file_limit(limit: int, store, db, *more: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", FULL_DISK, str(limit), "probe", "--store", str(store), "--model",
+                           "synthetic", "--db", str(db), "--no-progress", *more], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("limit, where", [(5_000, "cannot open database"), (60_000, "cannot write database")])
+def test_a_probe_that_fails_before_its_commit_leaves_no_database(small, tmp_path, limit, where):
+    """Out of space creating the file (a 0-byte .duckdb that later runs rejected) or committing the rows: one line,
+    no database left behind, and the next run succeeds."""
+    store = shutil.copytree(small[0], tmp_path / "s.zarr")
+    db = tmp_path / "f.duckdb"
+    failed = probe_with_file_limit(limit, store, db)
+    assert failed.returncode == 2, failed.stderr
+    lines = failed.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("featstore: error: ") and where in lines[0], failed.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]
+    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--no-progress")
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM predictions").fetchone() == (60 * 3,)
+
+
+def test_a_full_disk_keeps_a_database_that_held_runs(small, tmp_path):
+    store = shutil.copytree(small[0], tmp_path / "s.zarr")
+    db = tmp_path / "f.duckdb"
+    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--no-progress")
+    failed = probe_with_file_limit(5_000, store, db, "--seed", "1")  # the database is larger: no write fits
+    assert failed.returncode == 2 and "cannot write database" in failed.stderr, failed.stderr
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT run_id FROM runs").fetchall() == [("synthetic/clean/linear",)]

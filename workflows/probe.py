@@ -63,8 +63,9 @@ class ProbeConfig:
 def probe(cfg: ProbeConfig) -> list[str]:
     """Train (once) and predict every requested view; returns the run ids written.
 
-    The database is opened twice: briefly before training (is it free, and of this image set?) and for the
-    writes at the end, so that `featstore sql` can read it while the probes train."""
+    The database is read before training (is it of this image set?) only if it exists, and opened for the writes
+    at the end, so that `featstore sql` can read it while the probes train; a database that this job would have
+    been the first to fill is not left behind, empty, when the job fails before its commit."""
     FeatureStore(cfg.store)  # a missing store is an error, not a new empty one
     store = FeatureStore(cfg.store, mode="a")
     key = model_key(cfg.model)
@@ -85,11 +86,12 @@ def probe(cfg: ProbeConfig) -> list[str]:
     image_attrs = store.image_attrs()
     info = DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store),
                             cfg.split_seed, cfg.val_frac)
-    con = fsdb.connect(cfg.db)
-    try:
-        fsdb.check_dataset(con, cfg.db, info)
-    finally:
-        con.close()
+    if Path(cfg.db).exists():
+        con = fsdb.connect(cfg.db)
+        try:
+            fsdb.check_dataset(con, cfg.db, info)
+        finally:
+            con.close()
 
     probe_id = variant.canonical_id
     seed = cfg.run.seed
@@ -112,10 +114,11 @@ def probe(cfg: ProbeConfig) -> list[str]:
             outputs.append((rows, model_outputs(data, view)))
             data.release(view)
     table, labels = data.table, data.table["label"]
-    con = None
+    con, was_empty = None, False
     try:  # weights as a new version, then the rows in one transaction, then that version becomes current
         save_probes(data, probe_name, version, fits, variant)
         con = fsdb.connect(cfg.db, wait_s=fsdb.WRITE_WAIT_S)
+        was_empty = fsdb.is_empty(con)
         if not fsdb.check_dataset(con, cfg.db, info):
             split = data.split.copy()
             split[data.skipped] = "skipped"
@@ -126,6 +129,8 @@ def probe(cfg: ProbeConfig) -> list[str]:
     except BaseException:
         store.discard_probe_version(key, probe_name, version)
         if con is not None:
+            if was_empty:  # everything in it is this job's, written under its lock: no empty database is left
+                fsdb.remove_database(cfg.db)
             con.close()
         raise
     try:
