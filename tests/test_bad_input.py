@@ -90,7 +90,8 @@ def test_labels_csv_naming_a_missing_file(image_dir, tmp_path):
 
 
 def test_labels_csv_with_a_label_beyond_the_models_classes(image_dir, tmp_path):
-    flat, csv = _flat(image_dir, tmp_path, ["ILSVRC_0.JPEG,1", "ILSVRC_1.JPEG,1000"])
+    flat, csv = _flat(image_dir, tmp_path, ["ILSVRC_0.JPEG,1", "ILSVRC_1.JPEG,1000", "ILSVRC_2.JPEG,1",
+                                            "ILSVRC_3.JPEG,1"])  # every file listed: no warning of left-out ones
     line = fails("build", "--data", flat, "--labels", csv, "--store", tmp_path / "s.zarr", *SMALL)
     assert "ILSVRC_1.JPEG" in line and "1000 classes" in line
     assert not (tmp_path / "s.zarr").exists()
