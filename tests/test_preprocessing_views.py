@@ -33,7 +33,7 @@ def test_timm_preprocessing_is_timms_eval_transform(photo):
     import timm
     from timm.data import create_transform, resolve_data_config
 
-    loaded = load_model("convnext_tiny", weights="none")
+    loaded = load_model("timm/convnext_tiny", weights="none")  # "convnext_tiny" is torchvision's
     theirs = create_transform(**resolve_data_config({}, model=timm.create_model("convnext_tiny")))(photo)
     prep = loaded.preprocessing
     ours = prep.normalize(prep.crop_uint8(photo)[None])[0]
