@@ -6,26 +6,22 @@
 -- θ: first l whose learned gate score (gate_scores, `featstore gate`) is >= θ, on the images the gate was not
 -- fitted on, when the run has a gate; oracle: first anchor whose prediction is correct.
 CREATE OR REPLACE MACRO exit_events(sim_run, ks := [1, 2, 3, 4],
-                                    thresholds := [0.5, 0.51, 0.52, 0.53, 0.54, 0.55, 0.56, 0.57, 0.58, 0.59, 0.6,
-                                                   0.61, 0.62, 0.63, 0.64, 0.65, 0.66, 0.67, 0.68, 0.69, 0.7, 0.71,
-                                                   0.72, 0.73, 0.74, 0.75, 0.76, 0.77, 0.78, 0.79, 0.8, 0.81, 0.82,
-                                                   0.83, 0.84, 0.85, 0.86, 0.87, 0.88, 0.89, 0.9, 0.91, 0.92, 0.93,
-                                                   0.94, 0.95, 0.96, 0.97, 0.98, 0.99],  -- 0.5:0.99:0.01 (ExitPolicies)
+                                    thresholds := NULL,
                                     combined_thresholds := [0.5, 0.7, 0.9], scope := 'auto',
-                                    gate_thresholds := [0.5, 0.51, 0.52, 0.53, 0.54, 0.55, 0.56, 0.57, 0.58, 0.59, 0.6,
-                                                        0.61, 0.62, 0.63, 0.64, 0.65, 0.66, 0.67, 0.68, 0.69, 0.7, 0.71,
-                                                        0.72, 0.73, 0.74, 0.75, 0.76, 0.77, 0.78, 0.79, 0.8, 0.81, 0.82,
-                                                        0.83, 0.84, 0.85, 0.86, 0.87, 0.88, 0.89, 0.9, 0.91, 0.92, 0.93,
-                                                        0.94, 0.95, 0.96, 0.97, 0.98, 0.99]) AS TABLE
+                                    gate_thresholds := NULL) AS TABLE
 WITH r AS (SELECT run_id, model, view, cross_fit FROM runs WHERE run_id = sim_run),
 imgs AS (SELECT i.image_id, i.label FROM images i, r WHERE in_scope(scope, i.split, r.cross_fit)),
 p AS (SELECT s.image_id, s.anchor, s.pred, s.conf, imgs.label,
              s.anchor - min(s.anchor) OVER (PARTITION BY s.image_id, s.pred, s.island) AS stable_for
       FROM prediction_islands(sim_run) s JOIN imgs USING (image_id)),
 ks_ AS (SELECT unnest(ks) AS k),
-th AS (SELECT unnest(thresholds) AS theta),
+defaults AS (SELECT  -- 0.5:0.99:0.01 (ExitPolicies); NULL thresholds mean these
+    [0.5, 0.51, 0.52, 0.53, 0.54, 0.55, 0.56, 0.57, 0.58, 0.59, 0.6, 0.61, 0.62, 0.63, 0.64, 0.65, 0.66,
+     0.67, 0.68, 0.69, 0.7, 0.71, 0.72, 0.73, 0.74, 0.75, 0.76, 0.77, 0.78, 0.79, 0.8, 0.81, 0.82, 0.83,
+     0.84, 0.85, 0.86, 0.87, 0.88, 0.89, 0.9, 0.91, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99] AS fallback),
+th AS (SELECT unnest(coalesce(thresholds, (SELECT fallback FROM defaults))) AS theta),
 cth AS (SELECT unnest(combined_thresholds) AS theta),
-gth AS (SELECT unnest(gate_thresholds) AS theta),
+gth AS (SELECT unnest(coalesce(gate_thresholds, (SELECT fallback FROM defaults))) AS theta),
 gate AS (SELECT image_id, anchor, score FROM gate_scores WHERE run_id = sim_run AND NOT learnt),
 events AS (
     SELECT 'stability' AS policy, k, NULL::DOUBLE AS theta, image_id,
