@@ -17,9 +17,33 @@ import click
 
 from featstore.analytics.exit_policies import DEFAULT_POLICIES
 from featstore.analytics.scopes import SCOPES
+from featstore.schema import FIELDS, Int, Number, Real, Size, Value, shown
 from featstore.specs import ImageSource, ModelSpec, RunOptions
 
 PATH = click.Path(path_type=Path)
+
+
+class Checked(click.ParamType):
+    """A click type that parses and checks an option as `featstore.schema` declares the value of that name, so
+    the option, the record it fills and the study/zoo key of the same name accept the same values; a bad one is
+    the records' own line: `--val-frac 1.5: must be a number > 0 and < 1`."""
+
+    def __init__(self, value: Value):
+        self.value = value
+        self.name = "integer" if isinstance(value, Int) else "float" if isinstance(value, Real) else (
+            "size" if isinstance(value, Size) else "text")
+
+    def convert(self, given, param, ctx):
+        try:
+            return self.value.parse(given) if isinstance(given, str) else self.value.check(given)
+        except ValueError as e:
+            text = given if isinstance(given, str) and given.strip() == given and given else shown(given)
+            raise click.UsageError(f"{param.opts[0] if param else 'value'} {text}: {e}", ctx) from None
+
+
+def checked(name: str) -> Checked:
+    """The click type of every option named `name` (`FIELDS[name]`)."""
+    return Checked(FIELDS[name])
 
 
 def _default(record: type, name: str):
@@ -84,7 +108,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                           "PATH | none.")),
         "timm": ((), dict(default="default", help="default | PATH | none.")),
     },
-    "--image-size": {"": ((), dict(type=int, default=_default(ModelSpec, "image_size"),
+    "--image-size": {"": ((), dict(type=checked("image_size"), default=_default(ModelSpec, "image_size"),
                                    help="Crop size override; resizes to S*256/224 first [default: the model's, or the "
                                         "store's].")),
                      },
@@ -96,31 +120,32 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--labels": {"": ((), dict(type=PATH, default=_default(ImageSource, "labels"),
                                help="CSV filename,label for a flat folder."))},
     "--limit": {
-        "": ((), dict(type=int, default=_default(ImageSource, "limit"),
+        "": ((), dict(type=checked("limit"), default=_default(ImageSource, "limit"),
                       help="Deterministic subset of N images (ids stay those of the full set) [default: all; "
                            "circuits and zoo: 500].")),
-        "demo": ((), dict(type=int, help="Use only about N images (a quick run, e.g. in CI).")),
+        "demo": ((), dict(type=checked("limit"), help="Use only about N images (a quick run, e.g. in CI).")),
     },
     # RunOptions
     "--device": {
         "": ((), dict(default=D.device, help="auto | cpu | cuda | cuda:N.")),
         "measured": ((), dict(help="Device the costs were measured on [default: the only one in the DB].")),
     },
-    "--workers": {"": ((), dict(type=int, default=D.workers, help="Image decoders [default: a thread per core on CPU, "
-                                "taking turns with the compute; up to 8 DataLoader processes on CUDA]; 0 decodes "
-                                "serially."))},
+    "--workers": {"": ((), dict(type=checked("workers"), default=D.workers,
+                                help="Image decoders [default: a thread per core on CPU, taking turns with the "
+                                     "compute; up to 8 DataLoader processes on CUDA]; 0 decodes serially."))},
     "--batch-size": {
-        "": ((), dict(type=int, default=D.batch_size, help="Images per forward pass [default: 64; EAP-IG: 32, its "
-                      "memory grows linearly with it].")),
+        "": ((), dict(type=checked("batch_size"), default=D.batch_size,
+                      help="Images per forward pass [default: 64; EAP-IG: 32, its memory grows linearly with it].")),
         "measured": (("batch_sizes",), dict(default="1,64", callback=_list_parser("batch sizes", "1,64", 1),
                                             help="Batch sizes to measure: latency (1) and throughput.")),
-        "price": ((), dict(default=1, help="Which measured batch size prices the exits.")),
+        "price": ((), dict(type=checked("batch_size"), default=1, help="Which measured batch size prices the exits.")),
     },
-    "--seed": {"": ((), dict(default=D.seed, help="Seed of everything random the command does: random init and the "
-                             "--limit subset (view noise depends on the image id alone); for probes, initialisation, "
-                             "shuffling and projections (runs of several probe seeds land side by side: macro "
-                             "seed_spread)."))},
-    "--threads": {"": ((), dict(type=click.IntRange(min=1), default=D.threads,
+    "--seed": {"": ((), dict(type=checked("seed"), default=D.seed,
+                             help="Seed of everything random the command does: random init and the --limit subset "
+                                  "(view noise depends on the image id alone); for probes, initialisation, shuffling "
+                                  "and projections (runs of several probe seeds land side by side: macro "
+                                  "seed_spread)."))},
+    "--threads": {"": ((), dict(type=checked("threads"), default=D.threads,
                                 help="CPU threads for the compute [default: one per idle core, looked at again at "
                                      "each chunk, epoch or batch]; recorded with the results."))},
     "--progress/--no-progress": {"": ((), dict(default=D.progress, help="Progress bars on stderr."))},
@@ -181,16 +206,17 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                 "content replaces the target's (default: the merge is refused)."))},
     "--to": {"": ((), dict(required=True, type=PATH, help="New folder for the Parquet files."))},
     # build
-    "--views": {"": ((), dict(default="clean", help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, "
-                              "brightness-S."))},
+    "--views": {"": ((), dict(default="clean", type=checked("views"),
+                              help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, brightness-S."))},
     "--anchors": {"": ((), dict(help="Comma list of module names (X.mid inside ResNet blocks, X.input what enters "
                                 "X); default: the preset, else traced places ending at what the head reads."))},
     "--taps": {"": ((), dict(help="Transformer module taps per block: all, or a list of ln1,attn,resid_mid,ln2,fc1,"
                              "act,fc2,resid (timm ViTs); anchors become (block, tap) pairs."))},
     "--pool": {"": ((), dict(type=click.Choice(["cls", "mean"]), help="Token pooling for ViTs [default: cls where "
                              "the model has a class token, else mean; mean with --taps]."))},
-    "--chunk-rows": {"": ((), dict(default=1024, help="Store chunk size along images; the unit of resume."))},
-    "--precision": {"": ((), dict(type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",
+    "--chunk-rows": {"": ((), dict(type=checked("chunk_rows"), default=1024,
+                                   help="Store chunk size along images; the unit of resume."))},
+    "--precision": {"": ((), dict(type=click.Choice(FIELDS["precision"].choices), default="auto",
                                   help="auto = fp16 autocast on CUDA, fp32 on CPU."))},
     "--store-dtype": {"": ((), dict(type=click.Choice(["auto", "float16", "float32"]), default="auto",
                                     help="Stored type of anchors and logits; auto = float16, float32 for an array "
@@ -201,26 +227,31 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--name": {"": ((), dict(help="Store group for this model config [default: the model name]."))},
     # probe
     "--view": {
-        "predict": ((), dict(default="clean", help="View(s) to predict: a name, a comma list, or all.")),
-        "circuit": ((), dict(default="clean", help="clean or a corruption view (the OOD set).")),
+        "predict": ((), dict(default="clean", type=checked("view"),
+                             help="View(s) to predict: a name, a comma list, or all.")),
+        "circuit": ((), dict(default="clean", type=checked("view"), help="clean or a corruption view (the OOD set).")),
     },
     "--variant": {
         "probe": ((), dict(default="linear", help="linear | paper | projected[:dim=N] | knn[:k=30,metric=cosine] | "
                            "lens (or a registered one).")),
         "ddb": ((), dict(type=click.Choice(["global", "deep", "out"]), default="global")),
     },
-    "--train-on-view": {"": ((), dict(help="Train the probes on this view [default: clean]."))},
-    "--cross-fit": {"": ((), dict(default=0, help="K >= 2: K folds, every image predicted out of sample."))},
-    "--project-dim": {"": ((), dict(type=int, help="Capacity control: the projected variant at this width (a seeded "
-                                    "random projection of wider anchors); results coexist with the raw variant's."))},
-    "--split-seed": {"": ((), dict(default=0, help="Seed of the train/val/test split and cross-fit folds (fixed per "
-                                   "database)."))},
-    "--val-frac": {"": ((), dict(default=0.1, help="Share of the train split carved out as val (fixed per "
-                                 "database)."))},
-    "--memory-budget": {"": ((), dict(default="4GB", help="Keep features in memory up to this size, else stream "
-                                      "chunks."))},
+    "--train-on-view": {"": ((), dict(type=checked("train_on_view"),
+                                      help="Train the probes on this view [default: clean]."))},
+    "--cross-fit": {"": ((), dict(type=checked("cross_fit"), default=0,
+                                  help="K >= 2: K folds, every image predicted out of sample."))},
+    "--project-dim": {"": ((), dict(type=checked("project_dim"),
+                                    help="Capacity control: the projected variant at this width (a seeded random "
+                                         "projection of wider anchors); results coexist with the raw variant's."))},
+    "--split-seed": {"": ((), dict(type=checked("split_seed"), default=0,
+                                   help="Seed of the train/val/test split and cross-fit folds (fixed per database)."))},
+    "--val-frac": {"": ((), dict(type=checked("val_frac"), default=0.1,
+                                 help="Share of the train split carved out as val (fixed per database)."))},
+    "--memory-budget": {"": ((), dict(type=checked("memory_budget"), default="4GB",
+                                      help="Keep features in memory up to this size, else stream chunks."))},
     # cost and early exit
-    "--repeats": {"": ((), dict(default=20, help="Timed runs per measurement (median), after 3 warm-up runs."))},
+    "--repeats": {"": ((), dict(type=checked("repeats"), default=20,
+                                help="Timed runs per measurement (median), after 3 warm-up runs."))},
     "--run": {
         "probe": (("run_id",), dict(required=True, help="A run id (see `featstore sql \"SELECT run_id FROM "
                                     "runs\"`).")),
@@ -235,12 +266,16 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--split": {"": ((), dict(type=click.Choice(["train", "val", "test"]), default="train",
                               help="The images the gate learns from; exit-sim evaluates it on the others."))},
     # circuits
-    "--ig-steps": {"": ((), dict(default=5, help="m: integrated-gradient steps (left Riemann sum)."))},
+    "--ig-steps": {"": ((), dict(type=checked("ig_steps"), default=5,
+                                 help="m: integrated-gradient steps (left Riemann sum)."))},
     "--tau": {
-        "ddb": ((), dict(default=0.3, help="Shallow = blocks < tau L, deep = blocks >= (1 - tau) L.")),
-        "zoo": ((), dict(default=0.3, help="DDB's shallow/deep split in the printed table (zoo_tau_sweep: all).")),
+        "ddb": ((), dict(type=checked("tau"), default=0.3,
+                         help="Shallow = blocks < tau L, deep = blocks >= (1 - tau) L.")),
+        "zoo": ((), dict(type=checked("tau"), default=0.3,
+                         help="DDB's shallow/deep split in the printed table (zoo_tau_sweep: all).")),
     },
-    "--top-n": {"": ((), dict(default=200, help="Edges of the top-n graphs (jaccard, laplacian, netlsd)."))},
+    "--top-n": {"": ((), dict(type=checked("top_n"), default=200,
+                              help="Edges of the top-n graphs (jaccard, laplacian, netlsd)."))},
     "--id": {"": (("id_run",), dict(required=True, help="Circuit run on in-distribution images."))},
     "--ood": {"": (("ood_run",), dict(required=True, help="Circuit run of the same model on shifted images."))},
     "--distance": {"": ((), dict(type=click.Choice(["srcc", "cosine", "l2", "jaccard", "laplacian", "netlsd"]),
@@ -254,14 +289,17 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--dataset": {"": ((), dict(default="layouts", help="layouts: generated dot layouts, class colour in half the "
                                 "images (decided at the stem or later); digits: scikit-learn's 8x8 digits (nearly all "
                                 "decided at the stem)."))},
-    "--epochs": {"": ((), dict(type=int, help="Training epochs of the ResNet-18 (cached per value; default per "
-                               "dataset)."))},
+    "--epochs": {"": ((), dict(type=checked("epochs"),
+                               help="Training epochs of the ResNet-18 (cached per value; default per dataset)."))},
 }
 
 
 def option(name: str, role: str = "") -> Callable:
     """The declaration of option `name` (in `role`, where its meaning depends on the command)."""
     extra, kwargs = OPTIONS[name][role]
+    kind = kwargs.get("type")
+    if isinstance(kind, Checked) and isinstance(kind.value, Number):  # the range in --help, as click shows its own
+        kwargs = {**kwargs, "help": f"{kwargs.get('help', '')}  [{kind.value.bounds()}]".lstrip()}
     return click.option(name, *extra, **kwargs)
 
 

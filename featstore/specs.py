@@ -6,7 +6,8 @@
 
 `featstore build`, `circuits`, `cost`, `probe`, `zoo` and `study` configs hold these instead of copies of their
 fields, the CLI has one option decorator per record (`featstore.cli.options`), and study/zoo TOML entries map onto
-the same records (`featstore.workflows.toml_files`). Fields a job does not use are left at their defaults.
+the same records (`featstore.workflows.toml_files`). Fields a job does not use are left at their defaults. Each
+record checks its fields as `featstore.schema.FIELDS` declares them, as the CLI options and TOML keys do.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from featstore.errors import FeatstoreError
+from featstore.schema import check_fields
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,7 @@ class ModelSpec:
     image_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.image_size is not None and self.image_size < 1:
-            raise FeatstoreError(f"--image-size {self.image_size}: give a positive crop size in pixels")
+        check_fields(self, ("image_size",))
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,7 @@ class ImageSource:
         object.__setattr__(self, "data", Path(self.data))
         if self.labels is not None:
             object.__setattr__(self, "labels", Path(self.labels))
-        if self.limit is not None and self.limit <= 0:
-            raise FeatstoreError(f"--limit {self.limit}: give a positive number of images")
+        check_fields(self, ("limit",))
 
     def discover(self, seed: int = 0):
         """The images (featstore.datasets.ImageSet); `seed` draws the --limit subset."""
@@ -67,13 +66,11 @@ class RunOptions:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.workers is not None and self.workers < 0:
-            raise FeatstoreError(f"--workers {self.workers}: give 0 (decode serially) or a positive number of "
-                                 f"decoders")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise FeatstoreError(f"--batch-size {self.batch_size}: give a positive number of images")
-        if self.threads is not None and self.threads < 1:
-            raise FeatstoreError(f"--threads {self.threads}: give a positive number of CPU threads")
+        check_fields(self, ("workers", "batch_size", "seed", "threads"))
+        if self.threads is not None:  # (imports torch: only for a command that computes)
+            from featstore.threads import check_pinned
+
+            check_pinned(self.threads)
 
     def batch(self, default: int) -> int:
         return self.batch_size if self.batch_size is not None else default

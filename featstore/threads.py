@@ -19,12 +19,27 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from featstore.errors import FeatstoreWarning
+
 Reading = Callable[[], float]  # other processes' runnable threads, now
+
+
+class TooManyThreads(FeatstoreWarning):
+    """More CPU threads asked for than the process may run on: each kernel then waits for descheduled threads."""
+
+
+def check_pinned(threads: int | None) -> None:
+    """`--threads N` beyond the cores this process may run on: one warning line (the work goes on)."""
+    if threads is not None and threads > cores():
+        warnings.warn(f"--threads {threads}: this process may run on {cores()} core(s); more threads than cores "
+                      f"make every kernel wait for descheduled threads (several times slower); give at most "
+                      f"{cores()} or leave --threads out", TooManyThreads, stacklevel=3)
 
 
 def cores() -> int:

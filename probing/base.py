@@ -6,7 +6,13 @@ To add a variant, write one file in `probing/` with a subclass of `ProbeVariant`
     @register
     class Centroid(ProbeVariant):
         name = "centroid"
+        parameters = {"shrink": Real(0.1, ge=0, le=1, help="towards the grand mean")}
         def make(self, ctx: AnchorContext) -> AnchorProbe: ...
+
+`parameters` declares each parameter once, with its type, default and range (`featstore.schema`): the base
+class fills in the defaults and refuses unknown names, wrong types and values out of range (`--variant
+centroid:shrink=2` is one line, before any work), so a variant never sees a value it did not declare. Constraints
+between parameters go in `relations`.
 
 Its `AnchorProbe` sees raw float32 features (standardise them yourself from `ctx.stats` if you want to),
 learns from mini-batches, and finally returns a `FittedProbe`: something that predicts a block of raw stored
@@ -29,7 +35,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, FeatstoreWarning
+from featstore.schema import Value, shown
 
 
 @dataclass
@@ -120,7 +127,7 @@ class LinearFit(FittedProbe):
                                                   "projected_to": int(projection.shape[1])})
 
 
-class UnconvergedProbe(UserWarning):
+class UnconvergedProbe(FeatstoreWarning):
     """Some probe hit its epoch cap before its stopping criterion was met: its predictions may be off-optimum."""
 
 
@@ -202,9 +209,34 @@ class ProbeVariant(ABC):
 
     name: ClassVar[str]
     learns_from: ClassVar[str] = "labels"  # or "model": the model's own output distribution (stored logits)
+    parameters: ClassVar[dict[str, Value]] = {}  # name -> Int/Real/Text with its default and range, declared once
 
-    def __init__(self, **params):
-        self.params = params
+    def __init__(self, **given):
+        try:
+            self.params = self.checked(given)
+        except ValueError as e:
+            raise FeatstoreError(f"probe variant {self.name}: {e}") from None
+
+    @classmethod
+    def checked(cls, given: dict) -> dict:
+        """The declared defaults updated by `given`, each value checked against its declaration (ValueError
+        naming the parameter otherwise), then the constraints between them (`relations`)."""
+        unknown = sorted(set(given) - set(cls.parameters))
+        if unknown:
+            raise _no_parameter(cls, unknown[0])
+        params = {key: value.default for key, value in cls.parameters.items()}
+        for key, value in given.items():
+            try:
+                params[key] = cls.parameters[key].check(value)
+            except ValueError as e:
+                raise ValueError(f"{key}={shown(value)} {e}") from None
+        cls.relations(params)
+        return params
+
+    @classmethod
+    def relations(cls, params: dict) -> None:
+        """Constraints between parameters (e.g. lr_low <= lr_high): raise ValueError naming them. None here."""
+        return None
 
     @property
     def label(self) -> str:
@@ -242,12 +274,13 @@ class ProbeVariant(ABC):
         return None
 
 
-def _defaults(cls: type) -> dict:
-    """A variant's default parameters ({} when it has required ones)."""
-    try:
-        return cls().params
-    except TypeError:
-        return {}
+def _defaults(cls: type[ProbeVariant]) -> dict:
+    """A variant's default parameters, as declared."""
+    return {key: value.default for key, value in cls.parameters.items()}
+
+
+def _no_parameter(cls: type[ProbeVariant], key: str) -> ValueError:
+    return ValueError(f"no parameter {key!r} (the parameters of {cls.name}: {', '.join(cls.parameters) or 'none'})")
 
 
 def _number(value: float | str) -> str:
@@ -271,39 +304,29 @@ def register(cls: type[ProbeVariant]) -> type[ProbeVariant]:
     return cls
 
 
-def _value(text: str) -> int | float | str:
-    """A parameter's value: a whole number, a number, or a word (knn's metric=cosine)."""
-    text = text.strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-    try:
-        return float(text)
-    except ValueError:
-        if text.isidentifier():
-            return text
-        raise
-
-
 def get_variant(spec: str) -> ProbeVariant:
-    """'linear', 'paper', 'projected:dim=128' or 'knn:k=10,metric=euclidean' -> a variant instance."""
+    """'linear', 'paper', 'projected:dim=128' or 'knn:k=10,metric=euclidean' -> a variant instance. Every
+    parameter is parsed and checked as the variant declares it: an unknown name, a value of the wrong type or out of
+    range is one line."""
     name, _, args = spec.partition(":")
     if name not in VARIANTS:
         raise FeatstoreError(f"unknown probe variant {name!r}: use one of {', '.join(sorted(VARIANTS))}")
-    params = {}
-    for item in filter(None, args.split(",")):
-        key, _, value = item.partition("=")
-        try:
-            params[key.strip()] = _value(value)
-        except ValueError as e:
-            raise FeatstoreError(f"--variant {spec}: parameters are key=value pairs (a number or a word)") from e
-    defaults = _defaults(VARIANTS[name])
-    for key, value in params.items():
-        if key in defaults and isinstance(value, str) != isinstance(defaults[key], str):
-            wanted = "a word" if isinstance(defaults[key], str) else "a number"
-            raise FeatstoreError(f"--variant {spec}: {key} takes {wanted} (default {defaults[key]})")
+    cls = VARIANTS[name]
+    params: dict = {}
     try:
-        params = {k: int(v) if isinstance(defaults.get(k), int) and not isinstance(v, str) and float(v).is_integer()
-                  else v for k, v in params.items()}  # max_epochs=3.0 is 3 epochs
-        return VARIANTS[name](**params)
-    except TypeError as e:
-        raise FeatstoreError(f"--variant {spec}: {e}") from e
+        for item in filter(None, args.split(",")):
+            key, eq, text = (part.strip() for part in item.partition("="))
+            if not eq:
+                raise ValueError(f"{item!r} is no key=value pair")
+            if key in params:
+                raise ValueError(f"{key} is given twice")
+            if key not in cls.parameters:
+                raise _no_parameter(cls, key)
+            try:
+                params[key] = cls.parameters[key].parse(text)
+            except ValueError as e:
+                raise ValueError(f"{key}={text} {e}") from None
+        cls.checked(params)
+    except ValueError as e:
+        raise FeatstoreError(f"--variant {spec}: {e}") from None
+    return cls(**params)

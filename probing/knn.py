@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError
 from featstore.probing.base import AnchorContext, FittedProbe, Plan, ProbeGroup, ProbeVariant, register
+from featstore.schema import Int, Text
 
 METRICS = ("cosine", "euclidean")
 
@@ -30,12 +30,11 @@ METRICS = ("cosine", "euclidean")
 class Knn(ProbeVariant):
     name = "knn"
 
-    def __init__(self, k: int = 30, metric: str = "cosine", tile: int = 8192):
-        if metric not in METRICS:
-            raise FeatstoreError(f"--variant knn:metric={metric}: use one of {', '.join(METRICS)}")
-        if k < 1 or tile < 1:
-            raise FeatstoreError(f"--variant knn:k={k},tile={tile}: both are whole numbers >= 1")
-        super().__init__(k=k, metric=metric, tile=tile)
+    parameters = {
+        "k": Int(30, ge=1, help="neighbours that vote"),
+        "metric": Text("cosine", choices=METRICS, help="cosine (distance 1 - cos) or euclidean"),
+        "tile": Int(8192, ge=1, help="references scored at a time (memory: a query block x tile scores)"),
+    }
 
     def plan(self, n_fit: int) -> Plan:
         return Plan(max_epochs=1, batch_size=8192, train_on_val=False)

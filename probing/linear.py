@@ -27,6 +27,7 @@ All anchors of one width are fitted at once (weights stacked as [G, D, C], one b
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,7 @@ import torch
 from featstore.probing import targets
 from featstore.probing.base import AnchorContext, LinearFit, Plan, ProbeGroup, ProbeVariant, register
 from featstore.probing.lbfgs import SoftmaxObjective, minimise
+from featstore.schema import Int, Real
 
 PRECONDITION_ABOVE = 8.0  # top eigenvalue / mean eigenvalue beyond which an anchor is preconditioned
 MIN_STEPS = 24  # mini-batches per epoch at least (smaller batches on small sets)
@@ -59,8 +61,13 @@ def top_eigenvalue(x: torch.Tensor, iterations: int = 20, seed: int = 0) -> floa
     return max(float((x @ v).pow(2).mean()), 1e-6)
 
 
+MAX_RATES = 16  # candidate learning rates (one head each in the first epoch) at most
+
+
 def candidate_rates(low: float, high: float, ratio: float = 4.0) -> tuple[float, ...]:
     """Dimensionless learning rates low, low*ratio, ... up to high (inclusive)."""
+    if not (0 < low <= high and ratio > 1 and math.isfinite(high)):
+        raise ValueError(f"candidate rates need 0 < low <= high and ratio > 1 (got {low}, {high}, {ratio})")
     rates = [low]
     while rates[-1] * ratio <= high * (1 + 1e-9):
         rates.append(rates[-1] * ratio)
@@ -70,13 +77,28 @@ def candidate_rates(low: float, high: float, ratio: float = 4.0) -> tuple[float,
 @register
 class Linear(ProbeVariant):
     name = "linear"
+    parameters = {
+        "max_epochs": Int(200, ge=1, help="epoch cap; a probe stopped by it is reported unconverged"),
+        "batch_size": Int(1024, ge=1, help="largest mini-batch (smaller on small sets, see MIN_STEPS)"),
+        "lr_low": Real(0.5, gt=0, help="smallest candidate learning rate (times 1 / top eigenvalue)"),
+        "lr_high": Real(32.0, gt=0, help="largest candidate learning rate; candidates are lr_low * 4^i"),
+        "momentum": Real(0.9, ge=0, lt=1),
+        "tol": Real(0.002, gt=0, lt=1, help="relative decrease of the objective below which an epoch is a plateau"),
+        "decay": Real(4.0, gt=1, help="step-size divisor at a plateau or a rise"),
+        "decays": Int(3, ge=0, help="step-size cuts before a plateau means converged"),
+        "full_batch": Int(1, ge=0, le=1, help="1: full-batch L-BFGS on resident rows; 0: SGD throughout"),
+        "gtol": Real(1e-4, gt=0, help="full_batch: largest gradient entry at which L-BFGS stops"),
+        "max_iterations": Int(300, ge=1, help="full_batch: L-BFGS iterations at most"),
+    }
 
-    def __init__(self, max_epochs: int = 200, batch_size: int = 1024, lr_low: float = 0.5, lr_high: float = 32.0,
-                 momentum: float = 0.9, tol: float = 0.002, decay: float = 4.0, decays: int = 3,
-                 full_batch: int = 1, gtol: float = 1e-4, max_iterations: int = 300):
-        super().__init__(max_epochs=max_epochs, batch_size=batch_size, lr_low=lr_low, lr_high=lr_high,
-                         momentum=momentum, tol=tol, decay=decay, decays=decays, full_batch=full_batch, gtol=gtol,
-                         max_iterations=max_iterations)
+    @classmethod
+    def relations(cls, params: dict) -> None:
+        low, high = params["lr_low"], params["lr_high"]
+        if low > high:
+            raise ValueError(f"lr_low={low:g} exceeds lr_high={high:g}; give lr_low <= lr_high")
+        if len(candidate_rates(low, high)) > MAX_RATES:
+            raise ValueError(f"lr_low={low:g} to lr_high={high:g} spans {len(candidate_rates(low, high))} candidate "
+                             f"rates (one head each); at most {MAX_RATES} (lr_high / lr_low <= 4^{MAX_RATES - 1})")
 
     def plan(self, n_fit: int) -> Plan:
         """Batches small enough for `MIN_STEPS` steps per epoch: small sets still get many updates between the

@@ -26,6 +26,7 @@ import math
 import torch
 
 from featstore.probing.base import AnchorContext, AnchorProbe, LinearFit, Plan, ProbeVariant, register
+from featstore.schema import Int, Real
 
 
 @register
@@ -33,10 +34,16 @@ class Paper(ProbeVariant):
     name = "paper"
     cap_param = "epochs"
 
-    def __init__(self, epochs: int = 100, batch_size: int = 256, lr: float = 0.1, weight_decay: float = 1e-4,
-                 momentum: float = 0.9, patience: int = 10, cosine: int = 1, train_on_val: int = 1):
-        super().__init__(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-                         momentum=momentum, patience=patience, cosine=cosine, train_on_val=train_on_val)
+    parameters = {
+        "epochs": Int(100, ge=1, help="epoch budget (cap, and the length of the cosine schedule)"),
+        "batch_size": Int(256, ge=1),
+        "lr": Real(0.1, gt=0, help="initial learning rate"),
+        "weight_decay": Real(1e-4, ge=0),
+        "momentum": Real(0.9, ge=0, lt=1),
+        "patience": Int(10, ge=1, help="epochs without a better val accuracy before stopping"),
+        "cosine": Int(1, ge=0, le=1, help="1: cosine decay over the epoch budget; 0: constant rate"),
+        "train_on_val": Int(1, ge=0, le=1, help="1: return the head that also learnt from the val rows"),
+    }
 
     def plan(self, n_fit: int) -> Plan:
         return Plan(max_epochs=self.params["epochs"], batch_size=self.params["batch_size"],

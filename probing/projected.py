@@ -8,16 +8,14 @@ import torch
 
 from featstore.probing.base import register
 from featstore.probing.linear import Linear
+from featstore.schema import Int
 
 
 @register
 class Projected(Linear):
     name = "projected"
     label_params = ("dim",)
-
-    def __init__(self, dim: int = 256, **linear_params):
-        super().__init__(**linear_params)
-        self.params["dim"] = dim
+    parameters = {**Linear.parameters, "dim": Int(256, ge=1, help="width every wider anchor is projected to")}
 
     @property
     def label(self) -> str:

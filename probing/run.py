@@ -2,12 +2,12 @@
 K cross-fit folds) and predict views with them. `featstore.workflows.probe` checks, persists and commits.
 
 A run's identity carries every parameter that changes its results (variant parameters, probe seed, projection
-width, training view, cross-fit): `run_id_for` and `probe_name_for` are the only places it is spelled.
+width, training view, cross-fit, and whether the fit rows fit the memory budget or were streamed by chunk, which
+gives other batches): `run_id_for` and `probe_name_for` are the only places it is spelled.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -17,22 +17,25 @@ import torch
 from featstore.anchors import Anchor
 from featstore.errors import FeatstoreError
 from featstore.probing.base import FittedProbe, ProbeVariant
-from featstore.probing.source import FeatureSource
+from featstore.probing.source import FeatureSource, holds_prepared
 from featstore.probing.split import make_folds, make_split
 from featstore.probing.trainer import FitRows, fit_probes, predict
+from featstore.schema import parse_size, shown
 from featstore.store import FeatureStore
 
 
 def parse_bytes(text: str | int) -> int:
     """'4GB', '512MB', '0' -> bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise FeatstoreError(f"--memory-budget {text!r}: give a size such as 4GB, 512MB or 0")
-    return int(float(m.group(1)) * 1024 ** "_KMGT".index(m.group(2).upper() or "_"))
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise FeatstoreError(f"--memory-budget {shown(text)}: {e}") from None
 
 
-def run_id_for(key: str, view: str, label: str, train_view: str, cross_fit: int, seed: int) -> str:
-    """'resnet50/gaussian_noise-1/linear:max_epochs=12/train=clean/cf5/seed1'; `label` is the variant's canonical id."""
+def run_id_for(key: str, view: str, label: str, train_view: str, cross_fit: int, seed: int,
+               streamed: bool = False) -> str:
+    """'resnet50/gaussian_noise-1/linear:max_epochs=12/train=clean/cf5/seed1/streamed'; `label` is the variant's
+    canonical id, `streamed` says the probes trained on shuffled chunks (the fit rows did not fit the budget)."""
     rid = f"{key}/{view}/{label}"
     if train_view != view:
         rid += f"/train={train_view}"
@@ -40,12 +43,15 @@ def run_id_for(key: str, view: str, label: str, train_view: str, cross_fit: int,
         rid += f"/cf{cross_fit}"
     if seed:
         rid += f"/seed{seed}"
+    if streamed:
+        rid += "/streamed"
     return rid
 
 
-def probe_name_for(label: str, train_view: str, cross_fit: int, seed: int) -> str:
+def probe_name_for(label: str, train_view: str, cross_fit: int, seed: int, streamed: bool = False) -> str:
     """Where a run's probes live in the store: <model>/probes/<name>/ (shared by every view it predicts)."""
-    return label + (f"-cf{cross_fit}" if cross_fit else "") + (f"-seed{seed}" if seed else "") + f"@{train_view}"
+    return (label + (f"-cf{cross_fit}" if cross_fit else "") + (f"-seed{seed}" if seed else "")
+            + ("-streamed" if streamed else "") + f"@{train_view}")
 
 
 @dataclass(frozen=True)
@@ -130,27 +136,57 @@ class ViewPredictions:
     fit_records: list[tuple[int, int, dict]]
 
 
+Plan = tuple[FitRows, np.ndarray]  # the rows one fit learns from, and the rows it predicts
+
+
+def fit_plans(data: ProbeData, targets: np.ndarray | None = None) -> list[Plan]:
+    """One fit on the 70/30 split, or K fits whose held-out folds cover every valid image once; `targets` are
+    the probability rows a probe that learns from the model is handed instead of labels."""
+    settings, valid, labels = data.settings, data.valid, data.table["label"]
+    if not settings.cross_fit:
+        in_split = lambda name: valid[data.split[valid] == name]  # noqa: E731
+        return [(FitRows(in_split("train"), in_split("val"), labels, targets), valid)]
+    plans = []
+    folds = make_folds(len(valid), settings.cross_fit, settings.split_seed)
+    for k in range(settings.cross_fit):
+        fit_rows = valid[folds != k]
+        n_val = int(round(settings.val_frac * len(fit_rows)))
+        order = np.random.default_rng(settings.split_seed + 100 + k).permutation(fit_rows)
+        plans.append((FitRows(np.sort(order[n_val:]), np.sort(order[:n_val]), labels, targets),
+                      valid[folds == k]))
+    return plans
+
+
+def _projections(data: ProbeData, variant: ProbeVariant) -> list[torch.Tensor | None]:
+    return [variant.projection(a.dim, a.index, data.settings.seed) for a in data.anchors]
+
+
+def trains_streamed(data: ProbeData, variant: ProbeVariant) -> bool:
+    """True when some fit of this job cannot hold its prepared rows within the memory budget: the trainer then
+    learns from shuffled chunks instead of permutations of all rows, other batches that give other predictions,
+    so the run carries it in its id. Sizes only; no feature is read."""
+    projections = _projections(data, variant)
+    stored = sum(a.dim for a in data.anchors)
+    width = sum(a.dim if p is None else int(p.shape[1]) for a, p in zip(data.anchors, projections, strict=True))
+    projected = any(p is not None for p in projections)
+    for rows, _ in fit_plans(data):
+        n_source = len(rows.train) + len(rows.val) if projected else len(data.valid)
+        n_fit = len(rows.train) + (len(rows.val) if variant.plan(len(rows.train)).train_on_val else 0)
+        if not holds_prepared(n_source * stored * 4, n_fit * width * 4, data.memory_budget):
+            return True
+    return False
+
+
 def fit_all(data: ProbeData, variant: ProbeVariant, train_view: str, progress: bool,
             threads: int | None) -> list[Fit]:
-    """One fit on the 70/30 split, or K fits whose held-out folds cover every valid image once."""
-    settings, valid, labels = data.settings, data.valid, data.table["label"]
+    """Fit every plan of `fit_plans` (one, or one per cross-fit fold)."""
+    settings = data.settings
     targets = head_distribution(data, train_view) if variant.learns_from == "model" else None
     num_classes = data.num_classes if targets is None else targets.shape[1]
-    plans: list[tuple[FitRows, np.ndarray]] = []
-    if settings.cross_fit:
-        folds = make_folds(len(valid), settings.cross_fit, settings.split_seed)
-        for k in range(settings.cross_fit):
-            fit_rows = valid[folds != k]
-            n_val = int(round(settings.val_frac * len(fit_rows)))
-            order = np.random.default_rng(settings.split_seed + 100 + k).permutation(fit_rows)
-            plans.append((FitRows(np.sort(order[n_val:]), np.sort(order[:n_val]), labels, targets),
-                          valid[folds == k]))
-    else:
-        in_split = lambda name: valid[data.split[valid] == name]  # noqa: E731
-        plans.append((FitRows(in_split("train"), in_split("val"), labels, targets), valid))
+    plans = fit_plans(data, targets)
     fits = []
     for k, (rows, predicted) in enumerate(plans):
-        projections = [variant.projection(a.dim, a.index, settings.seed) for a in data.anchors]
+        projections = _projections(data, variant)
         if any(p is not None for p in projections):
             source = FeatureSource(data.store, data.key, train_view, data.anchors,
                                    np.concatenate([rows.train, rows.val]), data.device, data.memory_budget,

@@ -1,8 +1,10 @@
 """Rows of one (model, view) of the store as float32 tensors, held in memory or streamed chunk by chunk.
 
-Both paths hand the trainer the same thing, blocks of rows with every anchor's features; they differ only
-in where the rows come from and in how an epoch is shuffled (in memory: one permutation of all rows;
-streaming: chunks in a random order, rows shuffled within each chunk, each chunk read once per epoch).
+Both paths hand the trainer the same thing, blocks of rows with every anchor's features, and differ only in
+where the rows come from: a shuffled epoch (`blocks` with an rng) is chunks in a random order, rows shuffled
+within each chunk, whether the chunks are read from the store or from memory, so the same seed gives the same
+batches either way. (The trainer's faster path, all fit rows prepared once and permuted as a whole, needs
+their prepared copy to fit the budget too: `holds_prepared`; a run that cannot take it is named `streamed`.)
 
 A chunk's arrays are read together (one request per anchor, all in flight at once: object storage answers each
 after a round trip, local disk decodes them in parallel), and while the trainer works on one chunk the next is
@@ -23,6 +25,12 @@ from featstore.store import FeatureStore, read_rows
 
 Block = tuple[np.ndarray, list[torch.Tensor]]
 IN_MEMORY_BLOCK = 2048
+
+
+def holds_prepared(source_bytes: int, prepared_bytes: int, budget: int) -> bool:
+    """True when a source's rows and the prepared copy of the fit rows both fit the memory budget: the trainer
+    then permutes all fit rows every epoch (`ResidentBatches`), else it reads shuffled chunks."""
+    return source_bytes + prepared_bytes <= budget
 
 
 class FeatureSource:
@@ -83,26 +91,27 @@ class FeatureSource:
         return self._tensors([np.concatenate([p[a] for p in parts])[inverse] for a in range(len(self.arrays))])
 
     def steps_per_epoch(self, rows: np.ndarray, batch_size: int) -> int:
-        """Mini-batches one epoch over `rows` takes: batches never straddle a block (a chunk when streaming)."""
-        if self.in_memory:
-            sizes = [min(IN_MEMORY_BLOCK, len(rows) - i) for i in range(0, len(rows), IN_MEMORY_BLOCK)]
-        else:
-            sizes = [len(part) for _, part in self._by_chunk(np.sort(np.asarray(rows)))]
+        """Mini-batches one shuffled epoch over `rows` takes: batches never straddle a chunk."""
+        sizes = [len(part) for _, part in self._by_chunk(np.sort(np.asarray(rows)))]
         return sum(-(-size // batch_size) for size in sizes)
 
     def blocks(self, rows: np.ndarray, rng: np.random.Generator | None = None) -> Iterator[Block]:
-        """Blocks covering `rows` once: shuffled when `rng` is given, else in row order."""
+        """Blocks covering `rows` once: in row order, or shuffled by chunk (chunk order, then rows within each
+        chunk) when `rng` is given, the same blocks whether the rows are in memory or streamed."""
         rows = np.sort(np.asarray(rows))
-        if self.in_memory:
-            order = rows if rng is None else rng.permutation(rows)
-            for i in range(0, len(order), IN_MEMORY_BLOCK):
-                part = order[i : i + IN_MEMORY_BLOCK]
+        if self.in_memory and rng is None:
+            for i in range(0, len(rows), IN_MEMORY_BLOCK):
+                part = rows[i : i + IN_MEMORY_BLOCK]
                 yield part, self.gather(part)
             return
         groups = self._by_chunk(rows)
         if rng is not None:
             groups = [(chunk, rng.permutation(part)) for chunk, part in (groups[i] for i in
                                                                            rng.permutation(len(groups)))]
+        if self.in_memory:  # the streamed schedule, from the rows in memory
+            for _, part in groups:
+                yield part, self.gather(part)
+            return
 
         def read(group: tuple[int, np.ndarray]) -> list[np.ndarray]:
             chunk, part = group

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from featstore.probing.base import AnchorContext, FittedProbe, ProbeGroup, ProbeVariant, UnconvergedProbe
-from featstore.probing.source import FeatureSource
+from featstore.probing.source import FeatureSource, holds_prepared
 from featstore.threads import ThreadPolicy
 
 
@@ -60,7 +60,7 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     is_val_row = torch.zeros(len(rows.labels), dtype=torch.bool, device=device)
     is_val_row[torch.from_numpy(rows.val).to(device)] = True
     rng = np.random.default_rng(seed)
-    resident = source.in_memory and source.nbytes + len(fit) * sum(source.dims) * 4 <= source.memory_budget
+    resident = holds_prepared(source.nbytes, len(fit) * sum(source.dims) * 4, source.memory_budget)
     batches = ResidentBatches(source, groups, fit, labels, is_val_row, seed) if resident else None
     for g in groups:
         g.resident = batches is not None

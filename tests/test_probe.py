@@ -115,16 +115,42 @@ def test_linear_on_real_stored_features_matches_sklearn(digits_store, tmp_path):
     assert model_acc == FeatureStore(digits_store).num_images
 
 
-def test_streaming_and_in_memory_agree(clusters, tmp_path):
+def predictions(db, run_id: str) -> np.ndarray:
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("SELECT pred, conf FROM predictions WHERE run_id = ? ORDER BY image_id, anchor",
+                       [run_id]).fetchnumpy()
+    con.close()
+    return np.stack([rows["pred"].astype(np.float64), rows["conf"].astype(np.float64)])
+
+
+def test_a_streamed_fit_has_its_own_name_and_both_paths_agree(clusters, tmp_path):
+    """Streamed chunks give other batches than a permutation of all rows, so other predictions: the run says so
+    in its id and lands beside the in-memory run instead of replacing it. Rows held in memory without room for
+    their prepared copy follow the streamed schedule exactly (same predictions, same name)."""
     store, _, _ = clusters
-    accs = {}
-    for budget in ("4GB", "0"):
-        db = tmp_path / f"{budget}.duckdb"
-        result = run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--memory-budget", budget)
-        assert ("streaming" in result.output) == (budget == "0")
-        accs[budget] = probe_accuracy(db, "synthetic/clean/linear")
-    assert np.allclose(accs["4GB"], accs["0"], atol=0.015), accs
-    assert_matches_sklearn(store, "synthetic", tmp_path / "0.duckdb", "synthetic/clean/linear")
+    db = tmp_path / "f.duckdb"
+    in_memory = "synthetic/clean/linear"
+    result = run_cli("probe", "--store", store, "--model", "synthetic", "--db", db)
+    assert f"wrote run {in_memory}\n" in result.output and "streaming" not in result.output
+    before = predictions(db, in_memory)
+    result = run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--memory-budget", "0")
+    assert "streaming" in result.output and f"wrote run {in_memory}/streamed" in result.output
+    streamed = predictions(db, f"{in_memory}/streamed")
+    assert np.array_equal(predictions(db, in_memory), before)  # the in-memory run is still there, unchanged
+    rows, fit_rows = 2400 * sum(DIMS) * 4, 1680 * sum(DIMS) * 4  # every row in memory, but no room for the fit's copy
+    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--memory-budget", str(rows + fit_rows // 2),
+            "--no-progress")
+    assert np.array_equal(predictions(db, f"{in_memory}/streamed"), streamed)
+    con = duckdb.connect(str(db), read_only=True)
+    assert sorted(r for (r,) in con.execute("SELECT run_id FROM runs").fetchall()) == [in_memory,
+                                                                                       f"{in_memory}/streamed"]
+    assert [json.loads(p)["streamed"] for (p,) in con.execute("SELECT params FROM runs ORDER BY run_id")] == [
+        False, True]
+    con.close()
+    accs = {run: probe_accuracy(db, run) for run in (in_memory, f"{in_memory}/streamed")}
+    assert np.allclose(*accs.values(), atol=0.015), accs
+    assert_matches_sklearn(store, "synthetic", db, f"{in_memory}/streamed")
+    assert len(read_probe(store, "synthetic", "linear-streamed@clean", "anchor00")[0]) == 1
 
 
 def test_cross_fit_predicts_every_image_once_out_of_sample(clusters, tmp_path):

@@ -12,12 +12,15 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+
+import torch
 
 from featstore import __version__
 from featstore.analytics import db as fsdb
 from featstore.errors import FeatstoreError
-from featstore.probing.base import get_variant
+from featstore.probing.base import ProbeVariant, get_variant
 from featstore.probing.run import (
     ProbeData,
     ProbeSettings,
@@ -29,9 +32,11 @@ from featstore.probing.run import (
     probe_name_for,
     run_id_for,
     save_probes,
+    trains_streamed,
 )
 from featstore.records import DatasetInfo, ProbeRun, RunRows
 from featstore.runtime import resolve_device
+from featstore.schema import check_fields
 from featstore.specs import RunOptions
 from featstore.store import FeatureStore, model_key
 from featstore.threads import ThreadPolicy
@@ -55,9 +60,57 @@ class ProbeConfig:
     memory_budget: str = "4GB"
     run: RunOptions = field(default_factory=RunOptions)
 
+    def __post_init__(self) -> None:
+        check_fields(self, ("view", "train_on_view", "cross_fit", "split_seed", "val_frac", "memory_budget"))
+
     @property
     def settings(self) -> ProbeSettings:
         return ProbeSettings(self.cross_fit, self.run.seed, self.split_seed, self.val_frac)
+
+
+@dataclass
+class _Job:
+    """What a probe config resolves to in its store: the views to predict, the training view, the variant, the
+    rows, and whether the fit streams (all part of the runs' names)."""
+
+    store: FeatureStore
+    key: str
+    views: list[str]
+    train_view: str
+    variant: ProbeVariant
+    data: ProbeData
+    cfg: ProbeConfig
+
+    @classmethod
+    def resolve(cls, cfg: ProbeConfig, store: FeatureStore, device: torch.device) -> _Job:
+        key = model_key(cfg.model)
+        store.model_attrs(key)  # an unknown model is a one-line error
+        views = store.views(key) if cfg.view == "all" else [v.strip() for v in cfg.view.split(",") if v.strip()]
+        train_view = cfg.train_on_view or ("clean" if "clean" in store.views(key) else views[0])
+        variant = get_variant(cfg.variant)
+        data = ProbeData(store, key, store.anchors(key), list(dict.fromkeys([train_view, *views])), device,
+                         parse_bytes(cfg.memory_budget), cfg.settings)
+        return cls(store, key, views, train_view, variant, data, cfg)
+
+    @cached_property
+    def streamed(self) -> bool:
+        return trains_streamed(self.data, self.variant)
+
+    @property
+    def probe_name(self) -> str:
+        return probe_name_for(self.variant.canonical_id, self.train_view, self.cfg.cross_fit, self.cfg.run.seed,
+                              self.streamed)
+
+    def run_id(self, view: str) -> str:
+        return run_id_for(self.key, view, self.variant.canonical_id, self.train_view, self.cfg.cross_fit,
+                          self.cfg.run.seed, self.streamed)
+
+
+def planned_run_ids(cfg: ProbeConfig) -> list[str]:
+    """The run ids `probe(cfg)` writes, one per predicted view, from the store's sizes alone (nothing is read or
+    trained): what a study checks for in the database."""
+    job = _Job.resolve(cfg, FeatureStore(cfg.store), torch.device("cpu"))
+    return [job.run_id(view) for view in job.views]
 
 
 def probe(cfg: ProbeConfig) -> list[str]:
@@ -68,24 +121,17 @@ def probe(cfg: ProbeConfig) -> list[str]:
     been the first to fill is not left behind, empty, when the job fails before its commit."""
     FeatureStore(cfg.store)  # a missing store is an error, not a new empty one
     store = FeatureStore(cfg.store, mode="a")
-    key = model_key(cfg.model)
-    store.model_attrs(key)  # an unknown model is a one-line error
-    views = store.views(key) if cfg.view == "all" else [v.strip() for v in cfg.view.split(",") if v.strip()]
-    train_view = cfg.train_on_view or ("clean" if "clean" in store.views(key) else views[0])
+    job = _Job.resolve(cfg, store, resolve_device(cfg.run.device))
+    key, views, train_view, variant, data = job.key, job.views, job.train_view, job.variant, job.data
     for v in dict.fromkeys([train_view, *views]):
         check_complete(store, key, v)
-    if cfg.cross_fit == 1 or cfg.cross_fit < 0:
-        raise FeatstoreError("--cross-fit K needs K >= 2 (or 0 for the single 70/30 split)")
-    variant = get_variant(cfg.variant)
-    data = ProbeData(store, key, store.anchors(key), list(dict.fromkeys([train_view, *views])),
-                     resolve_device(cfg.run.device), parse_bytes(cfg.memory_budget), cfg.settings)
     store.check_writable(key)
     if cfg.cross_fit > len(data.valid) // 2:
         raise FeatstoreError(f"--cross-fit {cfg.cross_fit}: the store has {len(data.valid)} usable images, so at "
                              f"most {len(data.valid) // 2} folds (each fold must hold out at least 2 images)")
     image_attrs = store.image_attrs()
     info = DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store),
-                            cfg.split_seed, cfg.val_frac)
+                       cfg.split_seed, cfg.val_frac)
     if Path(cfg.db).exists():
         con = fsdb.connect(cfg.db)
         try:
@@ -93,22 +139,19 @@ def probe(cfg: ProbeConfig) -> list[str]:
         finally:
             con.close()
 
-    probe_id = variant.canonical_id
-    seed = cfg.run.seed
-    probe_name = probe_name_for(probe_id, train_view, cfg.cross_fit, seed)
+    probe_id, seed, probe_name = variant.canonical_id, cfg.run.seed, job.probe_name
     version = time.strftime("v%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8]
     params = {**variant.params, "probe_id": probe_id, "probe_name": probe_name, "probe_version": version,
-              "split_seed": cfg.split_seed, "val_frac": cfg.val_frac, "featstore": __version__,
-              "weights_id": store.config(key).weights_id}
+              "split_seed": cfg.split_seed, "val_frac": cfg.val_frac, "streamed": job.streamed,
+              "featstore": __version__, "weights_id": store.config(key).weights_id}
     outputs = []
     with ThreadPolicy(cfg.run.threads, data.device) as threads:  # the reads and predictions too, not only the fits
         fits = fit_all(data, variant, train_view, cfg.run.progress, cfg.run.threads)
         for view in views:
             threads.update()  # a view is the unit of prediction
             predicted = predict_view(data, fits, view)
-            run = ProbeRun(run_id_for(key, view, probe_id, train_view, cfg.cross_fit, seed), key, view, train_view,
-                           variant.name, params, cfg.cross_fit, seed, len(data.valid), len(data.anchors),
-                           str(cfg.store))
+            run = ProbeRun(job.run_id(view), key, view, train_view, variant.name, params, cfg.cross_fit, seed,
+                           len(data.valid), len(data.anchors), str(cfg.store))
             rows = RunRows(run, data.table["image_id"][data.valid], predicted.pred, predicted.conf, predicted.fold,
                            predicted.fit_records)
             outputs.append((rows, model_outputs(data, view)))

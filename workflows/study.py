@@ -22,15 +22,18 @@ import polars as pl
 
 from featstore.analytics.queries import paper_table_spread, population
 from featstore.analytics.report import write_report
+from featstore.anchors import DEFAULT_COUNT, PRESETS
 from featstore.build import BuildConfig, build
 from featstore.errors import FeatstoreError
 from featstore.location import StoreLocation
 from featstore.probing.base import get_variant
 from featstore.probing.run import run_id_for
+from featstore.schema import FIELDS, Either, ListOf, Real, Text, shown
 from featstore.specs import ImageSource, ModelSpec, RunOptions
 from featstore.store import FeatureStore, model_key
-from featstore.workflows.probe import ProbeConfig, probe
-from featstore.workflows.toml_files import local_path, read_toml, section
+from featstore.views import parse_view
+from featstore.workflows.probe import ProbeConfig, planned_run_ids, probe
+from featstore.workflows.toml_files import TABLE, entries, local_path, read_toml, section
 
 # paper_table columns shown beside the published figures; both stable-but-wrong readings face the paper's one
 COMPARED = {"last_anchor_accuracy": "last_anchor_accuracy", "mean_layer": "mean_layer", "f_early": "f_early",
@@ -102,28 +105,34 @@ class StudyResult:
     population: str = ""  # which images the table counts, and how many
 
 
-KEYS = {"": ({"models"}, {"name", "k", "published", "data", "build", "probe"}),
-        "data": (set(), {"path", "labels", "limit"}),
-        "build": (set(), {"views", "batch_size", "chunk_rows", "device", "workers", "precision"}),
-        "probe": (set(), {"variants", "seeds", "split_seed", "cross_fit", "device", "memory_budget", "val_frac"}),
-        "models": ({"name"}, {"weights", "image_size", "anchors", "pool", "key", "figures"})}
 POOLS = ("cls", "mean")
+MODEL_KEYS = {"name": Text(), "weights": Either((Text(), ListOf(Text()))), "image_size": FIELDS["image_size"],
+              "anchors": Text(), "pool": Text(choices=POOLS), "key": Text(), "figures": Text()}
+KEYS = {"": {"models": TABLE, "name": Text(), "k": FIELDS["k"], "published": Text(), "data": TABLE, "build": TABLE,
+             "probe": TABLE},
+        "data": {"path": Text(), "labels": Text(), "limit": FIELDS["limit"]},
+        "build": {"views": ListOf(Text()), "batch_size": FIELDS["batch_size"], "chunk_rows": FIELDS["chunk_rows"],
+                  "device": Text(), "workers": FIELDS["workers"], "precision": FIELDS["precision"]},
+        "probe": {"variants": ListOf(Text()), "seeds": ListOf(FIELDS["seed"]), "split_seed": FIELDS["split_seed"],
+                  "cross_fit": FIELDS["cross_fit"], "device": Text(), "memory_budget": FIELDS["memory_budget"],
+                  "val_frac": FIELDS["val_frac"]}}
 
 
 def load_study(path: str | Path, data: str | Path | None = None, out: str | Path | None = None,
                store: str | Path | None = None) -> Study:
     """Read and check a study file; `data` and `out` override its data.path and the default output folder,
     `store` the store's place (<out>/store.zarr; any --store value, e.g. an s3:// URL).
-    Every key is checked: an unknown one (a typo such as `seed = ...`) is one line naming it and the file."""
+    Every key is checked before anything runs: an unknown one (a typo such as `seed = ...`), a value of the
+    wrong type (`seeds = "01"`) or out of range (`k = 0`) is one line naming it and the file."""
     path = Path(path)
     spec = read_toml(path, f"study file {path} does not exist; see studies/paper.toml for the format",
                      f"study file {path}")
     where = f"study file {path}"
-    section(where, spec, *KEYS[""])
-    tables = {name: section(f"{where} [{name}]", spec.get(name, {}), *KEYS[name]) for name in ("data", "build",
-                                                                                               "probe")}
-    name = str(spec.get("name") or path.stem)
-    section_data, build_section, probe_section = tables["data"], tables["build"], tables["probe"]
+    spec = section(where, spec, KEYS[""], {"models"})
+    found = {name: section(f"{where} [{name}]", spec.get(name, {}), KEYS[name]) for name in ("data", "build",
+                                                                                              "probe")}
+    name = spec.get("name") or path.stem
+    section_data, build_section, probe_section = found["data"], found["build"], found["probe"]
     located = data or section_data.get("path")
     if not located:
         raise FeatstoreError(f"study file {path} names no images: give --data or [data] path")
@@ -132,12 +141,9 @@ def load_study(path: str | Path, data: str | Path | None = None, out: str | Path
     images = ImageSource(local_path(located, base if not data else Path.cwd()),
                          local_path(labels, base) if labels else None, section_data.get("limit"))
     models = []
-    entries = spec["models"] if isinstance(spec["models"], list) else [spec["models"]]
-    for i, m in enumerate(entries):
-        section(f"{where} [[models]] #{i + 1}", m, *KEYS["models"])
+    for i, entry in enumerate(entries(spec["models"])):
+        m = section(f"{where} [[models]] #{i + 1}", entry, MODEL_KEYS, {"name"})
         weights = m.get("weights", "auto")
-        if m.get("pool") is not None and m["pool"] not in POOLS:
-            raise FeatstoreError(f"{where} [[models]] #{i + 1}: pool {m['pool']!r}: use cls or mean")
         for w in [weights] if isinstance(weights, str) else weights:
             named = m.get("key") or (m["name"] if isinstance(weights, str) else f"{m['name']}.{w}")
             models.append(StudyModel(ModelSpec(m["name"], str(w), m.get("image_size")), model_key(named),
@@ -149,35 +155,67 @@ def load_study(path: str | Path, data: str | Path | None = None, out: str | Path
     if twice:
         raise FeatstoreError(f"{where}: two [[models]] entries share the key {twice[0]!r} (a store group and run "
                              f"name); give one of them `key = \"...\"`")
-    variants = list(probe_section.get("variants", ["linear"]))
-    for v in variants:
-        get_variant(v)  # unknown variants fail before anything runs
-    views = list(build_section.get("views", ["clean"]))
+    variants = probe_section.get("variants", ["linear"])
+    views = build_section.get("views", ["clean"])
+    try:  # unknown views and variants, and parameters out of range, fail before anything runs
+        for v in variants:
+            get_variant(v)
+        for v in views:
+            parse_view(v)
+    except FeatstoreError as e:
+        raise FeatstoreError(f"{where}: {e}") from None
+    for key, values in (("[build] views", views), ("[probe] variants", variants),
+                        ("[probe] seeds", probe_section.get("seeds", []))):
+        twice = [v for i, v in enumerate(values) if v in values[:i]]
+        if twice:
+            raise FeatstoreError(f"{where}: {key} lists {shown(twice[0])} twice; list each once")
     if "clean" not in views:
         raise FeatstoreError(f"study file {path}: views must include clean (probes train on it)")
+    k = spec.get("k", 2)
+    _check_k(where, k, models)
     published, source = _published(spec, base)
-    build_run = RunOptions(**{k: build_section[k] for k in ("batch_size", "device", "workers") if k in build_section},
-                           progress=False)
-    probe_run = RunOptions(**{k: probe_section[k] for k in ("device",) if k in probe_section}, progress=False)
-    optional = {k: v for k, v in {"chunk_rows": build_section.get("chunk_rows"),
+    build_run = RunOptions(**{key: build_section[key] for key in ("batch_size", "device", "workers")
+                              if key in build_section}, progress=False)
+    probe_run = RunOptions(**{key: probe_section[key] for key in ("device",) if key in probe_section}, progress=False)
+    optional = {key: v for key, v in {"chunk_rows": build_section.get("chunk_rows"),
                                   "precision": build_section.get("precision"),
                                   "memory_budget": probe_section.get("memory_budget"),
                                   "val_frac": probe_section.get("val_frac")}.items() if v is not None}
     return Study(
         name=name, file=path, images=images, out=Path(out) if out else Path.cwd() / f"study-{name}", views=views,
-        models=models, variants=variants, seeds=[int(s) for s in probe_section.get("seeds", [0])],
-        split_seed=int(probe_section.get("split_seed", 0)), cross_fit=int(probe_section.get("cross_fit", 0)),
-        k=int(spec.get("k", 2)), build_run=build_run, probe_run=probe_run, published=published,
-        published_source=source, store=store, **optional)
+        models=models, variants=variants, seeds=probe_section.get("seeds", [0]),
+        split_seed=probe_section.get("split_seed", 0), cross_fit=probe_section.get("cross_fit", 0),
+        k=k, build_run=build_run, probe_run=probe_run, published=published, published_source=source, store=store,
+        **optional)
+
+
+def _check_k(where: str, k: int, models: list[StudyModel]) -> None:
+    """k counts the anchors after the first that must agree, so it must be below every model's anchor count (as far
+    as the file tells it: its `anchors` list, the model's preset, or the default count; the report checks the
+    anchors the store really has)."""
+    for m in models:
+        count = len([a for a in m.anchors.split(",") if a.strip()]) if m.anchors else len(
+            PRESETS.get(m.spec.model, [None] * DEFAULT_COUNT))
+        if k >= count:
+            raise FeatstoreError(f"{where}: k = {k} must be below the {count} anchors of {m.key} (k counts the "
+                                 f"anchors after the first that must agree: 1 <= k <= {count - 1})")
+
+
+FIGURES = {name: Real() for name in COMPARED.values()}
 
 
 def _published(spec: dict, base: Path) -> tuple[dict, str]:
+    """The published figures file, checked like the study file: a number per known statistic per model."""
     if not spec.get("published"):
         return {}, ""
     figures = local_path(spec["published"], base)
-    table = read_toml(figures, f"published figures {figures} do not exist; fix `published` in the study file",
-                      f"published figures {figures}")
-    return table.get("models", {}), table.get("source", str(figures))
+    where = f"published figures {figures}"
+    table = section(where, read_toml(figures, f"{where} do not exist; fix `published` in the study file", where),
+                    {"source": Text(), "k": FIELDS["k"], "models": TABLE})
+    models = table.get("models", {})
+    models = section(f"{where} [models]", models, dict.fromkeys(models, TABLE) if isinstance(models, dict) else {})
+    return ({name: section(f"{where} [models.{name}]", values, FIGURES) for name, values in models.items()},
+            table.get("source", str(figures)))
 
 
 def plan(study: Study) -> list[Step]:
@@ -194,18 +232,23 @@ def plan(study: Study) -> list[Step]:
     for m in study.models:
         for variant in study.variants:
             for seed in study.seeds:
-                cfg = ProbeConfig(store=store, model=m.key, db=db, view=",".join(study.views), variant=variant,
-                                  cross_fit=study.cross_fit, split_seed=study.split_seed, val_frac=study.val_frac,
-                                  memory_budget=study.memory_budget, run=replace(study.probe_run, seed=seed))
-                runs = [run_id_for(m.key, v, get_variant(variant).canonical_id, "clean", study.cross_fit, seed)
-                        for v in study.views]
-                params = _params(cfg)
-                steps.append(Step(f"probe {runs[0]}", params, f"probe {m.key} {variant} seed {seed}",
-                                  lambda cfg=cfg: probe(cfg), lambda runs=runs: _probed(db, runs)))
+                cfg = _probe_config(study, m, variant, seed)
+                first = run_id_for(m.key, "clean", get_variant(variant).canonical_id, "clean", study.cross_fit, seed)
+                steps.append(Step(f"probe {first}", _params(cfg), f"probe {m.key} {variant} seed {seed}",
+                                  lambda cfg=cfg: probe(cfg), lambda cfg=cfg: _probed(cfg)))
     report = study.out / "report"
     steps.append(Step("report", {"k": study.k}, "report", lambda: write_report(db, report, k=study.k),
                       lambda: (report / "report.html").is_file()))
     return steps
+
+
+def _probe_config(study: Study, m: StudyModel, variant: str, seed: int) -> ProbeConfig:
+    """The probe step of one model, variant and seed (its runs' ids: `planned_run_ids`, once the store is built;
+    the step's own id in the state file is the first run's id as it reads in memory)."""
+    return ProbeConfig(store=study.store_at, model=m.key, db=study.out / "featstore.duckdb",
+                       view=",".join(study.views), variant=variant, cross_fit=study.cross_fit,
+                       split_seed=study.split_seed, val_frac=study.val_frac, memory_budget=study.memory_budget,
+                       run=replace(study.probe_run, seed=seed))
 
 
 def _params(cfg: BuildConfig | ProbeConfig) -> dict:
@@ -228,10 +271,13 @@ def _built(store: str | Path, key: str, views: list[str]) -> bool:
     return all(v in fs.views(key) and fs.done(key, v).all() for v in views)
 
 
-def _probed(db: Path, runs: list[str]) -> bool:
-    if not db.is_file():
+def _probed(cfg: ProbeConfig) -> bool:
+    """Are the runs of this probe step in the database (its store built, its run ids as the store's sizes make
+    them)?"""
+    if not cfg.db.is_file() or not StoreLocation.parse(cfg.store).has_store():
         return False
-    con = duckdb.connect(str(db), read_only=True)
+    runs = planned_run_ids(cfg)
+    con = duckdb.connect(str(cfg.db), read_only=True)
     try:
         found = {r for (r,) in con.execute("SELECT run_id FROM runs WHERE list_contains(?, run_id)", [runs]).fetchall()}
     finally:

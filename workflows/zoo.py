@@ -22,10 +22,11 @@ from featstore.circuits import CircuitConfig, compute_circuit, load_graph
 from featstore.datasets import ViewDataset, labels_for_head
 from featstore.errors import FeatstoreError
 from featstore.records import ZooRow
+from featstore.schema import FIELDS, Text, check_fields
 from featstore.specs import ImageSource, ModelSpec, RunOptions
 from featstore.threads import ThreadPolicy
 from featstore.views import parse_view
-from featstore.workflows.toml_files import local_path, read_toml, section
+from featstore.workflows.toml_files import TABLE, entries, local_path, read_toml, section
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class ZooConfig:
     top_n: int = 200
     run: RunOptions = field(default_factory=RunOptions)
 
+    def __post_init__(self) -> None:
+        check_fields(self, ("ig_steps", "limit", "tau", "top_n"))
+
 
 @dataclass
 class ZooResult:
@@ -74,32 +78,38 @@ class ZooResult:
     table: object = None  # polars frame of zoo_eval for this study
 
 
+SET_KEYS = {"name": Text(), "data": Text(), "view": Text(), "labels": Text()}
+MODEL_KEYS = {"name": Text(), "model": Text(), "weights": Text(), "image_size": FIELDS["image_size"]}
+
+
 def read_zoo(path: str | Path) -> ZooSpec:
-    """Parse and check a zoo TOML file; every problem is one line naming the file and the entry."""
+    """Parse and check a zoo TOML file; every problem (an unknown key, a value of the wrong type) is one line
+    naming the file and the entry."""
     path = Path(path)
     doc = read_toml(path, f"no zoo file at {path}; write a TOML file with [id], [[ood]] and [[models]]", str(path))
-    section(str(path), doc, {"id", "ood", "models"}, {"study"})
+    doc = section(str(path), doc, {"id": TABLE, "ood": TABLE, "models": TABLE, "study": Text()},
+                  {"id", "ood", "models"})
     base = path.parent
 
-    def image_set(where: str, entry: dict, default_name: str | None, default_data: Path | None) -> ImageSetSpec:
-        entry = section(where, entry, set() if default_data else {"data"}, {"name", "data", "view", "labels"})
+    def image_set(where: str, entry: object, default_name: str | None, default_data: Path | None) -> ImageSetSpec:
+        entry = section(where, entry, SET_KEYS, set() if default_data else {"data"})
         name = entry.get("name", default_name)
         if not name:
             raise FeatstoreError(f"{where}: give each OOD set a name")
         parse_view(entry.get("view", "clean"))  # a bad view name fails here, before any model runs
         source = ImageSource(local_path(entry["data"], base) if "data" in entry else default_data,
                              local_path(entry["labels"], base) if "labels" in entry else None)
-        return ImageSetSpec(str(name), source, entry.get("view", "clean"))
+        return ImageSetSpec(name, source, entry.get("view", "clean"))
 
     id_set = image_set(f"{path} [id]", doc["id"], "id", None)
-    ood = doc["ood"] if isinstance(doc["ood"], list) else [doc["ood"]]
-    oods = [image_set(f"{path} [[ood]] #{i + 1}", o, None, id_set.images.data) for i, o in enumerate(ood)]
+    oods = [image_set(f"{path} [[ood]] #{i + 1}", o, None, id_set.images.data)
+            for i, o in enumerate(entries(doc["ood"]))]
     models = []
-    for i, entry in enumerate(doc["models"] if isinstance(doc["models"], list) else [doc["models"]]):
-        entry = section(f"{path} [[models]] #{i + 1}", entry, {"name", "model"}, {"weights", "image_size"})
-        weights = str(entry.get("weights", "default"))
-        models.append(ZooModel(str(entry["name"]), ModelSpec(
-            str(entry["model"]), weights if weights in ("default", "none") else str(local_path(weights, base)),
+    for i, entry in enumerate(entries(doc["models"])):
+        entry = section(f"{path} [[models]] #{i + 1}", entry, MODEL_KEYS, {"name", "model"})
+        weights = entry.get("weights", "default")
+        models.append(ZooModel(entry["name"], ModelSpec(
+            entry["model"], weights if weights in ("default", "none") else str(local_path(weights, base)),
             entry.get("image_size"))))
     names = [s.name for s in [id_set, *oods]]
     for what, values in (("image set", names), ("model", [m.name for m in models])):
@@ -108,7 +118,7 @@ def read_zoo(path: str | Path) -> ZooSpec:
             raise FeatstoreError(f"{path}: {what} name {sorted(repeated)[0]!r} appears twice; names key the runs")
     if len(models) < 3:
         raise FeatstoreError(f"{path}: a zoo needs at least 3 models to correlate anything (found {len(models)})")
-    return ZooSpec(str(doc.get("study", path.stem)), id_set, oods, models)
+    return ZooSpec(doc.get("study", path.stem), id_set, oods, models)
 
 
 def check_zoo(spec: ZooSpec, cfg: ZooConfig) -> None:

@@ -1,0 +1,275 @@
+"""What values featstore accepts, declared once per name: the type and allowed range of every option, every key of
+the study and zoo files, and every parameter of a probe variant.
+
+A `Value` checks a Python value (`check`, as a record, a TOML file or a caller hands it) or parses command-line
+text (`parse`, for `--variant linear:tol=0.01`), and refuses anything else with a message that says what it
+must be. `FIELDS` holds the values shared by the CLI (`featstore.cli.options` turns each into a click type), the
+records' `__post_init__` checks (`featstore.specs`) and the TOML schemas (`featstore.workflows.toml_files`), so
+that `--val-frac 1.5`, `val_frac = 1.5` and `ProbeConfig(val_frac=1.5)` are refused alike. Numbers are always
+finite: NaN and infinity are no setting of anything. This module imports nothing of featstore but its errors.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from featstore.errors import FeatstoreError
+
+
+class Value:
+    """One allowed kind of value; `check` returns it normalised (3.0 -> 3 for whole numbers) or raises
+    ValueError('must be ..., not ...')."""
+
+    default: Any = None
+    help: str = ""
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def check(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def parse(self, text: str) -> Any:
+        """Command-line text -> a checked value."""
+        return self.check(text)
+
+    def refuse(self, value: Any) -> ValueError:
+        """The error for `value` (the caller names the value and where it came from)."""
+        return ValueError(f"must be {self.describe()}")
+
+
+def shown(value: Any) -> str:
+    """How a message quotes a value: strings and lists as Python writes them, numbers plainly."""
+    return repr(value) if isinstance(value, str | list | dict | bool) or value is None else str(value)
+
+
+def _bound_text(kind: str, ge, gt, le, lt) -> str:
+    parts = [f">= {_num(ge)}" if ge is not None else "", f"> {_num(gt)}" if gt is not None else "",
+             f"<= {_num(le)}" if le is not None else "", f"< {_num(lt)}" if lt is not None else ""]
+    bounds = " and ".join(p for p in parts if p)
+    return f"{kind} {bounds}" if bounds else kind
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else format(x, "g")
+
+
+@dataclass(frozen=True)
+class Number(Value):
+    """A finite number within bounds (`ge`/`gt` below, `le`/`lt` above; open or closed), or one of `also`."""
+
+    default: Any = None
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    also: tuple = ()  # values allowed outside the bounds (cross-fit: 0, or K >= 2)
+    help: str = ""
+    whole: bool = field(default=False, init=False)
+
+    def describe(self) -> str:
+        text = _bound_text("a whole number" if self.whole else "a number", self.ge, self.gt, self.le, self.lt)
+        if self.ge is not None and self.le is not None and self.whole and self.le - self.ge == 1:
+            text = f"{_num(self.ge)} or {_num(self.le)}"
+        return " or ".join([*map(_num, self.also), text]) if self.also else text
+
+    def bounds(self) -> str:
+        """The range in click's notation ('0<x<0.5', 'x>=1', '0 or x>=2'), for --help."""
+        low = f"{_num(self.ge)}<=" if self.ge is not None else f"{_num(self.gt)}<" if self.gt is not None else ""
+        high = f"<={_num(self.le)}" if self.le is not None else f"<{_num(self.lt)}" if self.lt is not None else ""
+        text = f"{low}x{high}" if low or high else "x"
+        if low and not high:
+            text = f"x>={_num(self.ge)}" if self.ge is not None else f"x>{_num(self.gt)}"
+        return " or ".join([*map(_num, self.also), text])
+
+    def _in_range(self, x: float) -> bool:
+        return ((self.ge is None or x >= self.ge) and (self.gt is None or x > self.gt)
+                and (self.le is None or x <= self.le) and (self.lt is None or x < self.lt))
+
+    def check(self, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self.refuse(value)
+        if self.whole:
+            if not float(value).is_integer():
+                raise self.refuse(value)
+            value = int(value)
+        else:
+            value = float(value)
+        if value in self.also or self._in_range(value):
+            return value
+        raise self.refuse(value)
+
+    def parse(self, text: str) -> Any:
+        try:
+            number = float(text.strip())
+        except ValueError:
+            raise self.refuse(text) from None
+        return self.check(int(number) if number.is_integer() and self.whole else number)
+
+
+@dataclass(frozen=True)
+class Int(Number):
+    """A whole number (3.0 counts as 3) within bounds."""
+
+    whole: bool = field(default=True, init=False)
+
+
+@dataclass(frozen=True)
+class Real(Number):
+    """A finite number within bounds."""
+
+
+@dataclass(frozen=True)
+class Text(Value):
+    """A string, optionally one of `choices`, optionally not empty."""
+
+    default: Any = None
+    choices: tuple[str, ...] = ()
+    empty: bool = False
+    help: str = ""
+
+    def describe(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(map(repr, self.choices))
+        return "a string" if self.empty else "a non-empty string"
+
+    def check(self, value: Any) -> Any:
+        if not isinstance(value, str) or (self.choices and value not in self.choices) or (
+                not self.empty and not value.strip()):
+            raise self.refuse(value)
+        return value
+
+
+@dataclass(frozen=True)
+class ListOf(Value):
+    """A non-empty list (TOML array) of one kind of value: `seeds = "01"` is no list of seeds."""
+
+    item: Value = field(default_factory=Text)
+    default: Any = None
+    help: str = ""
+
+    def describe(self) -> str:
+        return f"a non-empty list, each {self.item.describe()}"
+
+    def check(self, value: Any) -> Any:
+        if not isinstance(value, list) or not value:
+            raise self.refuse(value)
+        try:
+            return [self.item.check(v) for v in value]
+        except ValueError:
+            raise self.refuse(value) from None
+
+
+@dataclass(frozen=True)
+class Either(Value):
+    """The first of several kinds that accepts the value (`weights = "paper"` or `weights = ["paper", "none"]`)."""
+
+    kinds: tuple[Value, ...] = ()
+    default: Any = None
+    help: str = ""
+
+    def describe(self) -> str:
+        return " or ".join(k.describe() for k in self.kinds)
+
+    def check(self, value: Any) -> Any:
+        for kind in self.kinds:
+            try:
+                return kind.check(value)
+            except ValueError:
+                continue
+        raise self.refuse(value)
+
+
+@dataclass(frozen=True)
+class Names(Value):
+    """A comma list of names ('clean,brightness-1') that names at least one: an empty one would run nothing."""
+
+    default: Any = None
+    help: str = ""
+
+    def describe(self) -> str:
+        return "a name or a comma list of names (such as clean,brightness-1)"
+
+    def check(self, value: Any) -> Any:
+        if not isinstance(value, str) or not [v for v in value.split(",") if v.strip()]:
+            raise self.refuse(value)
+        return value
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """'4GB', '512MB', '0', 1024 -> bytes (ValueError otherwise)."""
+    if isinstance(text, bool) or not isinstance(text, str | int):
+        raise ValueError("must be a size such as 4GB, 512MB or 0")
+    m = _SIZE.fullmatch(str(text))
+    if not m:
+        raise ValueError("must be a size such as 4GB, 512MB or 0")
+    return int(float(m.group(1)) * 1024 ** "_KMGT".index(m.group(2).upper() or "_"))
+
+
+@dataclass(frozen=True)
+class Size(Value):
+    """A memory size: bytes as a number, or text such as 4GB or 512MB (kept as given)."""
+
+    default: Any = None
+    help: str = ""
+
+    def describe(self) -> str:
+        return "a size such as 4GB, 512MB or 0"
+
+    def check(self, value: Any) -> Any:
+        parse_size(value)
+        return value
+
+
+# The values every option, record field and file key of that name takes (the CLI flag is --name-with-dashes).
+FIELDS: dict[str, Value] = {
+    "batch_size": Int(ge=1),
+    "workers": Int(ge=0),
+    "threads": Int(ge=1),
+    "seed": Int(ge=0),
+    "split_seed": Int(ge=0),
+    "limit": Int(ge=1),
+    "image_size": Int(ge=1),
+    "chunk_rows": Int(ge=1),
+    "cross_fit": Int(ge=2, also=(0,)),
+    "val_frac": Real(gt=0, lt=1),
+    "memory_budget": Size(),
+    "view": Names(),  # a view, a comma list of views, or all
+    "views": Names(),
+    "train_on_view": Names(),
+    "k": Int(ge=1),
+    "tau": Real(gt=0, lt=0.5),
+    "ig_steps": Int(ge=1),
+    "top_n": Int(ge=1),
+    "repeats": Int(ge=1),
+    "epochs": Int(ge=1),
+    "project_dim": Int(ge=1),
+    "precision": Text(choices=("auto", "fp32", "fp16", "bf16")),
+}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_field(name: str, value: Any, where: str | None = None) -> Any:
+    """`value` checked as `FIELDS[name]`; else one FeatstoreError naming it as `where` (default: its CLI flag)."""
+    try:
+        return FIELDS[name].check(value)
+    except ValueError as e:
+        raise FeatstoreError(f"{where or flag(name)} {shown(value)}: {e}") from None
+
+
+def check_fields(record: object, names: Sequence[str]) -> None:
+    """Every named field of `record` that is set (not None), checked as `FIELDS` says."""
+    for name in names:
+        value = getattr(record, name)
+        if value is not None:
+            check_field(name, value)
