@@ -77,7 +77,8 @@ def cli() -> None:
 @option("--store", "create")
 @options(option("--views"), option("--anchors"), option("--taps"), option("--pool"), option("--chunk-rows"))
 @run_options("batch_size", "device", "workers", "seed", "threads", "progress")
-@options(option("--precision"), option("--store-dtype"), option("--decode"), option("--skip-bad"), option("--name"))
+@options(option("--precision"), option("--store-dtype"), option("--decode"), option("--skip-bad"),
+         option("--rebuild-changed"), option("--name"))
 @user_errors
 def build(**given) -> None:
     """Extract pooled anchor activations (and logits) of MODEL over DATA into STORE; resumable."""
@@ -86,9 +87,16 @@ def build(**given) -> None:
 
     (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
     result = run_build(BuildConfig(model=model, images=images, run=run, **rest))
+    if result.repaired:
+        click.echo(f"repaired {len(result.repaired)} damaged part(s) of the store: "
+                   f"{'; '.join(result.repaired[:3])}{' …' if len(result.repaired) > 3 else ''}", err=True)
     if result.damaged:
         click.echo(f"re-did {len(result.damaged)} damaged chunk(s) found by the integrity check: "
                    f"{'; '.join(result.damaged[:3])}{' …' if len(result.damaged) > 3 else ''}", err=True)
+    if result.changed_images:
+        click.echo(f"{len(result.changed_images)} image file(s) changed since the store was built (first: "
+                   f"{result.changed_images[0]}): their chunks were recomputed here and marked to be in every other "
+                   f"model and view of the store", err=True)
     if result.bad_images:
         click.echo(f"skipped {len(result.bad_images)} unreadable image(s), recorded in the store: "
                    f"{', '.join(result.bad_images[:3])}{' …' if len(result.bad_images) > 3 else ''}", err=True)
@@ -412,10 +420,16 @@ def info(store: str, as_json: bool) -> None:
 def format_info(summary: dict) -> str:
     lines = [f"store  {summary['path']}"]
     im = summary["images"]
-    if im:
+    repair = "run featstore verify, then the same featstore build to repair it"
+    if im and im.get("damaged"):
+        lines.append(f"images DAMAGED: {im['damaged']}; {repair}")
+    elif im:
         space = " labelled as ImageNet-1k indices" if im.get("label_space") == "imagenet-1k" else ""
         lines.append(f"images {im['count']} in {im['classes']} classes{space} ({im['source']})")
     for key, m in summary["models"].items():
+        if m.get("damaged"):
+            lines.append(f"\nmodel  {key}: DAMAGED: {m['damaged']}")
+            continue
         p = m["preprocessing"]
         top1 = f" (published top-1 {m['published_top1']:.2f}%)" if m.get("published_top1") is not None else ""
         lines.append(f"\nmodel  {key}: {m['model']}  weights {m['weights']}{top1}  classes {m['num_classes']}")
@@ -423,6 +437,9 @@ def format_info(summary: dict) -> str:
         lines.append(f"  preprocessing {prep}  pool {m['token_pool']}  chunk rows {m['chunk_rows']}")
         lines.append("  anchors " + ", ".join(f"{i}:{name}[{dim}]" for i, name, _, dim in m["anchors"]))
         for view, v in m["views"].items():
+            if v.get("damaged"):
+                lines.append(f"  view {view}: DAMAGED: {v['damaged']}; {repair}")
+                continue
             state = "complete" if v["chunks_done"] == v["chunks"] else "INCOMPLETE (rerun build to resume)"
             if v.get("damaged_chunks"):
                 state = (f"DAMAGED (chunk files missing: {', '.join(map(str, v['damaged_chunks']))}; run featstore "
@@ -475,18 +492,19 @@ def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, threads
 @option("--quick")
 @user_errors
 def verify(store: str, model: str | None, quick: bool) -> None:
-    """Check that every chunk marked done can be trusted: its files present and decodable, no NaN in rows that
-    are not marked skipped. Lists each bad (array, chunk); exit status 1 if any (rerun build to re-do them)."""
+    """Check everything the store holds: the image table, each model's and array's metadata, and every chunk
+    marked done (its files present and decodable, its values those its commit wrote, no NaN or infinity in rows
+    not marked skipped). Lists each problem; exit status 1 if any (the same build repairs what it can)."""
     from featstore.store import FeatureStore
 
     problems = FeatureStore(store).verify(model, deep=not quick)
     for problem in problems:
         click.echo(str(problem))
     if problems:
-        click.echo(f"{len(problems)} damaged chunk array(s); rerun the same `featstore build` to re-do exactly "
-                   f"those chunks", err=True)
+        click.echo(f"{len(problems)} problem(s); rerun the same `featstore build` to repair what it can recompute "
+                   f"(it names what it cannot)", err=True)
         sys.exit(1)
-    click.echo(f"{store}: every done chunk is intact")
+    click.echo(f"{store}: the image table and all metadata are sound, every done chunk is intact")
 
 
 @cli.command()

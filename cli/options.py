@@ -224,6 +224,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--decode": {"": ((), dict(type=click.Choice(["auto", "cpu", "gpu"]), default="auto", help="auto = gpu on CUDA: "
                                "decode, crop and views on the device; cpu = PIL in the loader (the reference)."))},
     "--skip-bad": {"": ((), dict(is_flag=True, help="Record corrupt images as skipped instead of stopping."))},
+    "--rebuild-changed": {"": ((), dict(is_flag=True, help="Image files changed since the store was built: recompute "
+                                        "the chunks holding them, in every model and view of the store [default: "
+                                        "refuse, naming the file]."))},
     "--name": {"": ((), dict(help="Store group for this model config [default: the model name]."))},
     # probe
     "--view": {

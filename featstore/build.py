@@ -27,6 +27,7 @@ from featstore.errors import FeatstoreError
 from featstore.extraction import Tapper, default_token_pool, describe_anchors
 from featstore.location import StoreLocation
 from featstore.models import LoadedModel, load_model
+from featstore.repair import check_image_files, repair_images, repair_view
 from featstore.runtime import (
     Ranks,
     barrier,
@@ -67,6 +68,7 @@ class BuildConfig:
     store_dtype: str = "auto"  # featstore.store_dtype: float16, float32 where float16 cannot hold the values
     decode: str = "auto"
     skip_bad: bool = False
+    rebuild_changed: bool = False  # images changed since the store was built: recompute their chunks, not refuse
     name: str | None = None
     run: RunOptions = field(default_factory=RunOptions)
 
@@ -85,6 +87,8 @@ class BuildResult:
     seconds: float = 0.0
     images_processed: int = 0
     damaged: list[str] = field(default_factory=list)  # done chunks found untrustworthy and made again
+    repaired: list[str] = field(default_factory=list)  # damaged image table or view arrays, made again
+    changed_images: list[str] = field(default_factory=list)  # files changed since the build (--rebuild-changed)
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -168,11 +172,11 @@ def _build(cfg: BuildConfig, ranks: Ranks, device: torch.device, precision: str,
                    Tapper(model, anchors, pool_kind), device, memory_format, precision, decode, config, threads)
     init_distributed(ranks, device)
     with ExitStack() as held:
-        store, damaged = _prepare_store(job, held)
-        return _build_chunks(job, store, damaged)
+        store, found = _prepare_store(job, held)
+        return _build_chunks(job, store, found)
 
 
-def _build_chunks(job: BuildJob, store: FeatureStore, damaged: list[str]) -> BuildResult:
+def _build_chunks(job: BuildJob, store: FeatureStore, found: Repairs) -> BuildResult:
     key, ranks = job.key, job.ranks
     done = {v.name: store.done(key, v.name) for v in job.views}
     barrier(ranks)  # every rank has read the same bitmap before any rank commits a chunk
@@ -180,7 +184,8 @@ def _build_chunks(job: BuildJob, store: FeatureStore, damaged: list[str]) -> Bui
     n_chunks = math.ceil(len(job.images) / job.cfg.chunk_rows)
     todo = [c for c in range(n_chunks) if any(not done[v.name][c] for v in todo_views)]
     mine = todo[ranks.rank :: ranks.world]
-    result = BuildResult(key, len(job.images), chunks_skipped=n_chunks - len(todo), damaged=damaged)
+    result = BuildResult(key, len(job.images), chunks_skipped=n_chunks - len(todo), damaged=found.chunks,
+                         repaired=found.parts, changed_images=found.images)
     start = time.perf_counter()
     if mine:
         _run_chunks(job, store, todo_views, done, mine, result)
@@ -190,40 +195,55 @@ def _build_chunks(job: BuildJob, store: FeatureStore, damaged: list[str]) -> Bui
     return result
 
 
-def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[FeatureStore, list[str]]:
+@dataclass
+class Repairs:
+    """What `_prepare_store` found untrustworthy and will make again: chunks, whole parts, changed image files."""
+
+    chunks: list[str] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
+
+
+def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[FeatureStore, Repairs]:
     """Rank 0 creates or checks the store's groups; the other ranks wait, then check.
 
     Against other processes: groups are created only under the store's lock (held briefly), and the model's
     lock (flock on local disk, a lease on object storage: `StoreLocation.writer_lock`), taken under it and held
     by `held` until the build ends, makes a second build of the same model refuse with one line instead of
-    writing the same chunks; the store checks that lock before each chunk's commit. Done chunks that fail
-    `check_view` are marked not done here, so that this build makes exactly those again."""
+    writing the same chunks; the store checks that lock before each chunk's commit. What the store holds is
+    checked first (`featstore.repair`): a damaged image table or view is made again, image files changed since
+    the store was built are refused (or, with --rebuild-changed, their chunks made again), and done chunks that
+    fail `check_view` are marked not done, so that this build makes exactly those again."""
     cfg, ranks, images, key, config = job.cfg, job.ranks, job.images, job.key, job.config
-    damaged: list[str] = []
+    found = Repairs()
     location = StoreLocation.parse(cfg.store)
     if ranks.is_main:
         location.create()
         with location.writer_lock(None, wait=True, what=f"store {location}"):
             store = FeatureStore(location, mode="a")
+            found.parts += repair_images(store, images)
             if store.has_images():
                 store.check_images(images)
             else:
                 store.write_images(images)
+            found.images += check_image_files(store, images, cfg.rebuild_changed)
             store.prepare_model(key, config, _versions(config.library))
             lock = held.enter_context(location.writer_lock(key, wait=False, what=f"model {key!r} of store {location}"))
             store.guard = lock.check
             for v in job.views:
+                found.parts += repair_view(store, key, v.name)
                 store.prepare_view(key, v.to_dict(), config.anchors, config.num_classes, cfg.chunk_rows,
                                    config.logits_dtype)
+                store.add_checksums(key, v.name)
                 problems = store.check_view(key, v.name)
                 store.undo_chunks(key, v.name, sorted({p.chunk for p in problems}))
-                damaged += [str(p) for p in problems]
+                found.chunks += [str(p) for p in problems]
     barrier(ranks)
     if not ranks.is_main:
         store = FeatureStore(location, mode="a")
         store.check_images(images)
         store.prepare_model(key, config, _versions(config.library))
-    return store, damaged
+    return store, found
 
 
 def _versions(library: str) -> dict:

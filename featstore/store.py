@@ -4,7 +4,9 @@ docs/store.md is the layout (groups, arrays, shapes, attrs), checked against a s
 tests/test_docs.py. `commit_chunk` is the one function that writes a chunk and then marks it done; every writer
 calls it, so a chunk that is marked done is always complete (zarr's LocalStore writes each file atomically, and an
 object store's PUT is atomic). Where the store lives, a folder or an object-store URL, is `featstore.location`'s
-affair.
+affair. Each commit also records a checksum of every array's values (`featstore.integrity`), so that `verify` finds
+a chunk whose content changed since, and the image table carries its own checksums: `verify` covers everything a
+store holds, and `build` repairs what it can recompute (`featstore.repair`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from zarr.core.sync import sync
 from featstore.anchors import Anchor
 from featstore.datasets import ImageSet
 from featstore.errors import FeatstoreError
+from featstore.integrity import NO_CHECKSUM, UNREADABLE, Damage, checksum, text_checksum
 from featstore.location import StoreLocation
 from featstore.models import published_top1
 from featstore.store_config import StoreConfig
@@ -51,6 +55,12 @@ class ChunkProblem:
 
     def __str__(self) -> str:
         return f"{self.model}/{self.view}/{self.array} chunk {self.chunk}: {self.what}"
+
+
+IMAGE_ARRAYS = ("image_id", "label", "path")
+REWRITE_IMAGES = "featstore build rewrites it from --data"
+REMAKE_VIEW = "featstore build makes the view again"
+CHANGED = "values differ from those its commit wrote (checksum)"
 
 
 @dataclass
@@ -88,7 +98,8 @@ class FeatureStore:
 
     def has_images(self) -> bool:
         """True once the image list is complete (its fingerprint attr is written last)."""
-        return "images" in self.root and "fingerprint" in self.root["images"].attrs
+        with self.damage_is_one_line("images/zarr.json"):
+            return "images" in self.root and "fingerprint" in self.root["images"].attrs
 
     def write_images(self, images: ImageSet) -> None:
         n = len(images)
@@ -97,10 +108,12 @@ class FeatureStore:
         g.create_array("image_id", shape=(n,), chunks=chunk, dtype="int64", overwrite=True)[:] = images.image_ids
         g.create_array("label", shape=(n,), chunks=chunk, dtype="int64", overwrite=True)[:] = images.labels
         g.create_array("path", shape=(n,), chunks=chunk, dtype=str, overwrite=True)[:] = np.asarray(images.paths)
+        sums = {"image_id": checksum(np.asarray(images.image_ids, dtype=np.int64)),
+                "label": checksum(np.asarray(images.labels, dtype=np.int64)), "path": text_checksum(images.paths)}
         # attrs last: their fingerprint is what marks the image list as written
         g.attrs.update({"source": images.source, "root": str(images.root.resolve()),
                         "class_names": images.class_names, "label_space": images.label_space, "count": n,
-                        "fingerprint": images.fingerprint()})
+                        "fingerprint": images.fingerprint(), "checksums": {k: f"{v:016x}" for k, v in sums.items()}})
 
     def check_images(self, images: ImageSet) -> None:
         attrs = dict(self.root["images"].attrs)
@@ -116,44 +129,101 @@ class FeatureStore:
                 f"--labels and --limit, or a new --store")
 
     def image_table(self) -> dict[str, np.ndarray]:
-        g = self.root["images"]
-        return {"image_id": g["image_id"][:], "path": np.asarray(g["path"][:], dtype=object),
-                "label": g["label"][:]}
+        """The image ids, paths and labels, as written: a table that is damaged is refused, never read as zeros."""
+        table, damage = self._image_table()
+        if damage:
+            raise FeatstoreError(f"store {self.location} is damaged: {damage[0]}; rerun `featstore build` with the "
+                                 f"same --data to rewrite the image table")
+        return table
+
+    def check_images_table(self) -> list[Damage]:
+        """What cannot be trusted in the image table: an array that cannot be read, has the wrong length, or whose
+        values differ from those written (their checksums, in the images attrs)."""
+        return self._image_table()[1]
+
+    def _image_table(self) -> tuple[dict[str, np.ndarray], list[Damage]]:
+        try:
+            g, attrs = self.root["images"], self.image_attrs()
+            n, sums = int(attrs["count"]), attrs.get("checksums", {})
+        except Exception as e:
+            return {}, [Damage("images", f"metadata cannot be read ({_brief(e)})", REWRITE_IMAGES)]
+        table, damage = {}, []
+        for name in IMAGE_ARRAYS:
+            where = f"images/{name}"
+            try:
+                values = np.asarray(g[name][:], dtype=object if name == "path" else None)
+            except Exception as e:
+                damage.append(Damage(where, f"cannot be read ({_brief(e)})", REWRITE_IMAGES))
+                continue
+            found = text_checksum(values) if name == "path" else checksum(values.astype(np.int64))
+            if values.shape != (n,):
+                damage.append(Damage(where, f"holds {values.shape} values for {n} images", REWRITE_IMAGES))
+            elif name in sums and int(sums[name], 16) != found:
+                damage.append(Damage(where, "values differ from those written (checksum)", REWRITE_IMAGES))
+            table[name] = values
+        return table, damage
 
     def image_attrs(self) -> dict:
-        return dict(self.root["images"].attrs)
+        with self.damage_is_one_line("images"):
+            return dict(self.root["images"].attrs)
 
     @property
     def num_images(self) -> int:
-        return int(self.root["images"].attrs["count"])
+        with self.damage_is_one_line("images"):
+            return int(self.root["images"].attrs["count"])
+
+    @contextmanager
+    def damage_is_one_line(self, where: str) -> Iterator[None]:
+        """Metadata that cannot be read (a garbage zarr.json, a removed group) as one line naming it, not a
+        traceback from Zarr."""
+        try:
+            yield
+        except FeatstoreError:
+            raise
+        except Exception as e:
+            raise FeatstoreError(f"store {self.location} is damaged: {where} cannot be read ({_brief(e)}); "
+                                 f"`featstore verify` lists the damage, and `featstore build` repairs what it can "
+                                 f"recompute") from e
 
     # -- models and views ---------------------------------------------------------------------------
 
     def models(self) -> list[str]:
-        return sorted(k for k, v in self.root.groups() if k != "images")
+        """The model groups, as the storage lists them: one whose metadata is damaged is still named."""
+        with self.damage_is_one_line("the store's listing"):
+            return [k for k in self.listed("") if k != "images"]
 
     def model_attrs(self, key: str) -> dict:
         if key not in self.models():
             have = ", ".join(self.models()) or "none"
             raise FeatstoreError(f"store {self.location} has no model {key!r} (it has: {have}); "
                                  f"build it with `featstore build --model {key}`")
-        return dict(self.root[key].attrs)
+        with self.damage_is_one_line(f"{key}/zarr.json"):
+            return dict(self.root[key].attrs)
 
     def config(self, key: str) -> StoreConfig:
         """What the model group was built with (read through `StoreConfig.from_dict`, which knows older shapes)."""
-        return StoreConfig.from_dict(self.model_attrs(key)["config"])
+        attrs = self.model_attrs(key)
+        with self.damage_is_one_line(f"the config of {key!r} ({key}/zarr.json)"):
+            return StoreConfig.from_dict(attrs["config"])
 
     def anchors(self, key: str) -> list[Anchor]:
         return list(self.config(key).anchors)
 
     def views(self, key: str) -> list[str]:
-        return sorted(k for k, _ in self.root[key].groups() if k != "probes")
+        with self.damage_is_one_line(f"the views of {key!r}"):
+            return [k for k in self.listed(key) if k != "probes"]
 
     def prepare_model(self, key: str, config: StoreConfig, versions: dict) -> None:
         """Create the model group, or check that an existing one was built with the same config."""
-        if key in self.root and "config" not in self.root[key].attrs:
-            del self.root[key]  # interrupted while being created: nothing in it was committed
-        if key in self.root:
+        try:
+            if key in self.listed("") and "config" not in self.root[key].attrs:
+                self.delete(key)  # interrupted while being created: nothing in it was committed
+        except Exception as e:
+            raise FeatstoreError(f"store {self.location} is damaged: the metadata of model {key!r} ({key}/zarr.json) "
+                                 f"cannot be read ({_brief(e)}), so what built its arrays is unknown and build "
+                                 f"cannot repair it; remove {key} from the store and build it again, or use a new "
+                                 f"--store") from e
+        if key in self.listed(""):
             diff = self.config(key).differences(config)
             if diff:
                 raise FeatstoreError(
@@ -182,17 +252,26 @@ class FeatureStore:
                         dtype=logits_dtype, fill_value=np.nan)
         vg.create_array("skipped", shape=(n,), chunks=(chunk_rows,), dtype="bool", fill_value=False)
         vg.create_array("threads", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="int16", fill_value=0)
+        _create_checksums(vg, math.ceil(n / chunk_rows), anchors)
         # the bitmap last: a view without it was interrupted while being created and is made again
         vg.create_array("done", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="bool", fill_value=False)
         vg.attrs.update(view)
 
+    def add_checksums(self, key: str, view: str) -> None:
+        """Give a view of a store written before checksums its (empty) checksum array: the chunks committed from
+        now on carry theirs."""
+        g = self.view_group(key, view)
+        if "checksums" not in g:
+            _create_checksums(g, g["done"].shape[0], self.anchors(key))
+
     def view_group(self, key: str, view: str) -> zarr.Group:
         self.model_attrs(key)
-        if view not in self.root[key] or "done" not in self.root[key][view]:
-            have = ", ".join(self.views(key)) or "none"
-            raise FeatstoreError(f"store {self.location} has no view {view!r} of {key!r} (it has: {have}); "
-                                 f"build it with `featstore build --views {view}`")
-        return self.root[key][view]
+        with self.damage_is_one_line(f"view {view!r} of {key!r}"):
+            if view not in self.root[key] or "done" not in self.root[key][view]:
+                have = ", ".join(self.views(key)) or "none"
+                raise FeatstoreError(f"store {self.location} has no view {view!r} of {key!r} (it has: {have}); "
+                                     f"build it with `featstore build --views {view}`")
+            return self.root[key][view]
 
     def chunk_rows(self, key: str) -> int:
         return self.config(key).chunk_rows
@@ -206,49 +285,166 @@ class FeatureStore:
             return np.array([_decodes(bitmap, c) for c in range(bitmap.shape[0])], dtype=bool)
 
     def check_view(self, key: str, view: str, deep: bool = True) -> list[ChunkProblem]:
-        """Done chunks that cannot be trusted: a file missing, undecodable, or NaN in rows not marked skipped.
+        """Done chunks that cannot be trusted: a file missing, undecodable, values that differ from those its
+        commit wrote (the chunk's checksums), or non-finite values in rows not marked skipped.
 
         `deep=False` only looks for missing files (one listing per array, through the Zarr store, so it holds
         on object storage too); `deep=True` also reads every done chunk once (a chunk's arrays all at once).
         Chunks not marked done are not looked at: a build writes them anyway."""
         g = self.view_group(key, view)
         rows, n = self.chunk_rows(key), self.num_images
-        arrays = [(f"anchors/{a.name}", g["anchors"][a.name]) for a in self.anchors(key)] + [("logits", g["logits"])]
-        present = {arr.path: self.location.keys(f"{arr.path}/") for _, arr in arrays}
+        with self.damage_is_one_line(f"the arrays of view {view!r} of {key!r}"):
+            arrays = [(f"anchors/{a.name}", g["anchors"][a.name]) for a in self.anchors(key)]
+            arrays.append(("logits", g["logits"]))
+            present = {arr.path: self.location.keys(f"{arr.path}/") for _, arr in arrays}
+        sums = self._checksums(g, len(arrays) + 1) if deep else None
         problems: list[ChunkProblem] = []
         for chunk in np.flatnonzero(self.done(key, view)).tolist():
             start, stop = chunk * rows, min(n, (chunk + 1) * rows)
+            recorded = sums[chunk] if sums is not None else None
             try:
                 skipped = np.asarray(g["skipped"][start:stop], dtype=bool)
             except Exception as e:
                 problems.append(ChunkProblem(key, view, "skipped", chunk, f"cannot be decoded ({_brief(e)})"))
                 continue
+            if recorded is not None and recorded[-1] == UNREADABLE:
+                problems.append(ChunkProblem(key, view, "checksums", chunk, "cannot be decoded"))
+                continue
+            if recorded is not None and NO_CHECKSUM != recorded[-1] != checksum(skipped):
+                problems.append(ChunkProblem(key, view, "skipped", chunk, CHANGED))
+                continue
             there = []
-            for name, arr in arrays:
+            for column, (name, arr) in enumerate(arrays):
                 if f"{arr.path}/{arr.metadata.encode_chunk_key((chunk, 0))}" in present[arr.path]:
-                    there.append((name, arr))
+                    there.append((column, name, arr))
                 elif not skipped.all():  # an all-skipped chunk equals the NaN fill value: zarr writes no file
                     problems.append(ChunkProblem(key, view, name, chunk, "file missing"))
             if not deep:
                 continue
-            blocks = read_rows([arr for _, arr in there], start, stop, errors=True)
-            for (name, _), block in zip(there, blocks, strict=True):
+            blocks = read_rows([arr for _, _, arr in there], start, stop, errors=True)
+            for (column, name, _), block in zip(there, blocks, strict=True):
                 if isinstance(block, BaseException):
                     problems.append(ChunkProblem(key, view, name, chunk, f"cannot be decoded ({_brief(block)})"))
                     continue
-                nan_rows = np.flatnonzero(np.isnan(block).any(axis=1) & ~skipped)
-                if len(nan_rows):
-                    problems.append(ChunkProblem(key, view, name, chunk, f"NaN in {len(nan_rows)} row(s) not "
-                                                 f"marked skipped (first: row {start + int(nan_rows[0])})"))
+                if recorded is not None and NO_CHECKSUM != recorded[column] != checksum(block):
+                    problems.append(ChunkProblem(key, view, name, chunk, CHANGED))
+                    continue
+                bad_rows = np.flatnonzero(~np.isfinite(block).all(axis=1) & ~skipped)
+                if len(bad_rows):
+                    problems.append(ChunkProblem(key, view, name, chunk, f"NaN or infinity in {len(bad_rows)} row(s) "
+                                                 f"not marked skipped (first: row {start + int(bad_rows[0])})"))
         return problems
 
-    def verify(self, key: str | None = None, deep: bool = True) -> list[ChunkProblem]:
-        """`check_view` over every view of one model (or of all models)."""
-        if key is not None:
+    def _checksums(self, g: zarr.Group, columns: int) -> np.ndarray | None:
+        """The view's recorded checksums, uint64 [n_chunks, columns] (UNREADABLE throughout a row that cannot be
+        decoded or a table of the wrong shape), or None for a view written before checksums."""
+        if "checksums" not in g:
+            return None
+        arr = g["checksums"]
+        try:
+            values = np.asarray(arr[:], dtype=np.uint64)
+        except Exception:  # a damaged row: read them one by one
+            values = np.zeros(arr.shape, dtype=np.uint64)
+            for c in range(arr.shape[0]):
+                try:
+                    values[c] = arr[c]
+                except Exception:
+                    values[c] = UNREADABLE
+        if values.shape[1:] != (columns,):
+            return np.full((values.shape[0], columns), UNREADABLE, dtype=np.uint64)
+        return values
+
+    def verify(self, key: str | None = None, deep: bool = True) -> list[ChunkProblem | Damage]:
+        """Everything the store holds that cannot be trusted: the image table (`check_images_table`), each model's
+        config, each view's arrays (`check_view_arrays`) and, in the views whose arrays are sound, every done
+        chunk (`check_view`). Groups are found by listing the storage, so a group whose metadata is garbage is
+        reported, not skipped."""
+        problems: list[ChunkProblem | Damage] = list(self.check_images_table())
+        if key is not None and key not in self.listed(""):
             self.model_attrs(key)  # an unknown model is a one-line error
-        keys = [key] if key is not None else self.models()
-        views = [(k, v) for k in keys for v in self.views(k) if "done" in self.root[k][v]]
-        return [p for k, v in views for p in self.check_view(k, v, deep)]
+        for k in [key] if key is not None else [k for k in self.listed("") if k != "images"]:
+            try:
+                self.config(k)
+            except FeatstoreError as e:
+                problems.append(Damage(k, f"its metadata cannot be read ({str(e.__cause__ or e)[:160]})",
+                                       ""))
+                continue
+            for v in [v for v in self.listed(k) if v != "probes" and "done" in self.listed(f"{k}/{v}")]:
+                damage = self.check_view_arrays(k, v)
+                problems += damage if damage else self.check_view(k, v, deep)
+        return problems
+
+    def check_view_arrays(self, key: str, view: str) -> list[Damage]:
+        """The arrays a view must hold, each readable and of the shape and chunks its model's config gives (a
+        view whose `done` bitmap was never written was interrupted while being created: a build makes it)."""
+        cfg, n = self.config(key), self.num_images
+        rows, classes, n_chunks = cfg.chunk_rows, max(cfg.num_classes, 1), math.ceil(n / cfg.chunk_rows)
+        expected = {f"anchors/{a.name}": ((n, a.dim), (rows, a.dim)) for a in cfg.anchors}
+        expected |= {"logits": ((n, classes), (rows, classes)), "skipped": ((n,), (rows,)),
+                     "done": ((n_chunks,), (1,))}
+        base = f"{key}/{view}"
+        listed = self.listed(base)
+        if "done" not in listed:
+            return []
+        if "checksums" in listed:
+            columns = len(cfg.anchors) + 2
+            expected["checksums"] = ((n_chunks, columns), (1, columns))
+        try:
+            g = self.root[key][view]
+        except Exception as e:
+            return [Damage(base, f"its metadata cannot be read ({_brief(e)})", REMAKE_VIEW)]
+        damage = []
+        for name, want in expected.items():
+            try:
+                arr = g[name]
+                found = (tuple(arr.shape), tuple(arr.chunks))
+            except KeyError:
+                damage.append(Damage(f"{base}/{name}", "missing", REMAKE_VIEW))
+                continue
+            except Exception as e:
+                damage.append(Damage(f"{base}/{name}", f"its metadata cannot be read ({_brief(e)})", REMAKE_VIEW))
+                continue
+            if found != want:
+                damage.append(Damage(f"{base}/{name}", f"shape {found[0]} in chunks of {found[1]}, where the "
+                                     f"model's config gives {want[0]} in chunks of {want[1]}", REMAKE_VIEW))
+        return damage
+
+    def listed(self, prefix: str) -> list[str]:
+        """The names directly under `prefix`, as the storage lists them (no metadata is parsed)."""
+        from zarr.core.sync import sync
+
+        async def names() -> list[str]:
+            return [k async for k in self.root.store.list_dir(prefix)]
+
+        return sorted(n for n in sync(names()) if n != "zarr.json" and not n.startswith("."))
+
+    def delete(self, path: str) -> None:
+        """Remove a group or array and everything under it, without reading its metadata (which may be garbage)."""
+        from zarr.core.sync import sync
+
+        sync(self.root.store.delete_dir(path))
+
+    def image_stats(self) -> np.ndarray | None:
+        """The image files as the store was built from them (`featstore.integrity.image_stats`), or None where the
+        store does not record them (built before it did, or the record cannot be read)."""
+        try:
+            return np.asarray(self.root["images"]["stat"][:], dtype=np.int64)
+        except Exception:
+            return None
+
+    def record_image_stats(self, stats: np.ndarray) -> None:
+        g = self.root["images"]
+        g.create_array("stat", shape=stats.shape, chunks=(max(1, min(len(stats), 1 << 16)), 3), dtype="int64",
+                       overwrite=True)[:] = stats
+        g["stat"].attrs["columns"] = ["size", "mtime_ns", "content"]
+
+    def undo_rows(self, rows: np.ndarray) -> None:
+        """Mark every chunk holding one of `rows` not done, in every model and view of the store."""
+        for key in self.models():
+            chunks = sorted({int(r) // self.chunk_rows(key) for r in np.asarray(rows).tolist()})
+            for view in self.views(key):
+                if "done" in self.root[key][view]:
+                    self.undo_chunks(key, view, chunks)
 
     def undo_chunks(self, key: str, view: str, chunks: Sequence[int]) -> None:
         """Mark chunks not done, so that the next build writes them again."""
@@ -275,6 +471,9 @@ class FeatureStore:
         sync(write_all())
         if "threads" in g:  # views made before thread counts were recorded have none
             g["threads"][data.chunk] = data.threads
+        if "checksums" in g:  # the values as they decode, each in its array's type
+            g["checksums"][data.chunk] = np.asarray([checksum(np.asarray(v, dtype=t.dtype))
+                                                     for t, v in zip(targets, values, strict=True)], dtype=np.uint64)
         if self.guard is not None:
             self.guard()  # a build that lost its lease on the model commits nothing more
         g["done"][data.chunk] = True
@@ -336,32 +535,53 @@ class FeatureStore:
     def info(self) -> dict:
         """What the store holds: images, and per model its anchors and each view's completeness."""
         out: dict = {"path": str(self.location), "images": None, "models": {}}
-        if self.has_images():
+        damage = self.check_images_table()
+        if damage:  # what `verify` would say first, in place of what cannot be read
+            out["images"] = {"damaged": str(damage[0])}
+        elif self.has_images():
             a = self.image_attrs()
             present = len(np.unique(self.root["images"]["label"][:]))
             out["images"] = {"count": a.get("count"), "classes": present, "source": a.get("source"),
                              "label_space": a.get("label_space", "folder-rank")}
         for key in self.models():
-            attrs = self.model_attrs(key)
-            cfg = self.config(key)
-            views = {}
-            for v in self.views(key):
-                if "done" not in self.root[key][v]:
-                    continue
-                done = self.done(key, v)
-                views[v] = {"chunks_done": int(done.sum()), "chunks": int(done.size),
-                            "skipped": int(self.read_skipped(key, v).sum()), "threads": self.threads_used(key, v),
-                            "damaged_chunks": sorted({p.chunk for p in self.check_view(key, v, deep=False)})}
-            probes = sorted(k for k, _ in self.root[key]["probes"].groups()) if "probes" in self.root[key] else []
-            out["models"][key] = {
-                "model": cfg.model, "weights": cfg.weights_id,
-                "published_top1": published_top1(cfg.weights_id),
-                "preprocessing": None if cfg.preprocessing is None else cfg.preprocessing.to_dict(),
-                "token_pool": cfg.token_pool, "num_classes": cfg.num_classes, "chunk_rows": cfg.chunk_rows,
-                "anchors": [(a.index, a.name, a.module, a.dim) for a in cfg.anchors],
-                "views": views, "probes": probes, "versions": attrs.get("versions", {}),
-            }
+            try:
+                out["models"][key] = self._model_info(key)
+            except FeatstoreError as e:
+                out["models"][key] = {"damaged": str(e)}
         return out
+
+    def _model_info(self, key: str) -> dict:
+        attrs = self.model_attrs(key)
+        cfg = self.config(key)
+        views = {}
+        for v in self.views(key):
+            damage = self.check_view_arrays(key, v)
+            if damage:
+                views[v] = {"damaged": str(damage[0])}
+                continue
+            if "done" not in self.root[key][v]:
+                continue
+            done = self.done(key, v)
+            views[v] = {"chunks_done": int(done.sum()), "chunks": int(done.size),
+                        "skipped": int(self.read_skipped(key, v).sum()), "threads": self.threads_used(key, v),
+                        "damaged_chunks": sorted({p.chunk for p in self.check_view(key, v, deep=False)})}
+        with self.damage_is_one_line(f"{key}/probes"):
+            probes = sorted(self.listed(f"{key}/probes")) if "probes" in self.listed(key) else []
+        return {
+            "model": cfg.model, "weights": cfg.weights_id,
+            "published_top1": published_top1(cfg.weights_id),
+            "preprocessing": None if cfg.preprocessing is None else cfg.preprocessing.to_dict(),
+            "token_pool": cfg.token_pool, "num_classes": cfg.num_classes, "chunk_rows": cfg.chunk_rows,
+            "anchors": [(a.index, a.name, a.module, a.dim) for a in cfg.anchors],
+            "views": views, "probes": probes, "versions": attrs.get("versions", {}),
+        }
+
+
+def _create_checksums(g: zarr.Group, n_chunks: int, anchors: Sequence[Anchor]) -> None:
+    names = [f"anchors/{a.name}" for a in anchors] + ["logits", "skipped"]
+    arr = g.create_array("checksums", shape=(n_chunks, len(names)), chunks=(1, len(names)), dtype="uint64",
+                         fill_value=NO_CHECKSUM, overwrite=True)
+    arr.attrs["arrays"] = names
 
 
 def read_rows(arrays: Sequence[zarr.Array], start: int, stop: int, errors: bool = False) -> list:

@@ -250,7 +250,12 @@ def head_distribution(data: ProbeData, view: str) -> np.ndarray:
 
 
 def check_complete(store: FeatureStore, key: str, view: str) -> None:
-    """Every chunk done and intact (files present, decodable, no NaN outside skipped rows), before training."""
+    """Every array sound and every chunk done and intact (files present, decodable, its values those its commit
+    wrote, no NaN or infinity outside skipped rows), before training."""
+    damage = store.check_view_arrays(key, view)
+    if damage:
+        raise FeatstoreError(f"store {store.location} is damaged: {damage[0]}; rerun the same `featstore build` to "
+                             f"make the view again (`featstore verify` lists the damage)")
     done = store.done(key, view)
     if not done.all():
         missing = np.flatnonzero(~done)

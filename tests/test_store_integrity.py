@@ -1,4 +1,5 @@
-"""A done chunk is trusted only when its files are present, decodable and free of NaN outside skipped rows:
+"""A done chunk is trusted only when its files are present, decodable, hold the values its commit wrote and no NaN
+outside skipped rows (tests/test_store_damage.py: the image table, metadata, stores without checksums):
 `verify` names each bad (array, chunk), `probe` refuses before training, `build` re-does exactly those chunks."""
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def test_nan_in_rows_not_marked_skipped(built, image_dir, tmp_path):
     store, reference = damaged_copy(built, tmp_path)
     arr = zarr.open_group(str(store), mode="a")["resnet18"]["clean"]["anchors"]["avgpool"]
     arr[7, :3] = np.nan
-    assert_rebuilt(image_dir, store, reference, tmp_path, "anchors/avgpool chunk 1: NaN in 1 row(s) not marked "
-                   "skipped (first: row 7)")
+    assert_rebuilt(image_dir, store, reference, tmp_path, "anchors/avgpool chunk 1: values differ from those its "
+                   "commit wrote (checksum)")
 
 
 def test_verify_quick_and_unknown_model(built, tmp_path):

@@ -1,0 +1,77 @@
+"""What `featstore build` does about a store that `verify` would find damaged, before it computes anything: it
+makes again what it can recompute from its own inputs (the image table from --data, a view whose arrays are
+damaged from the network) and names, in one line, what it cannot (a model group whose config is unreadable:
+what built its arrays is unknown). It also refuses image files that changed since the store was built, unless
+asked to recompute the chunks that hold them. Each function returns what it repaired, as lines for the user.
+"""
+
+from __future__ import annotations
+
+from featstore.datasets import ImageSet
+from featstore.errors import FeatstoreError
+from featstore.integrity import changed_images, image_stats
+from featstore.store import FeatureStore
+
+
+def repair_images(store: FeatureStore, images: ImageSet) -> list[str]:
+    """Rewrite a damaged image table from `images` when they are the images the store was built from (its
+    fingerprint, or a model's config, says so); refuse otherwise, naming what is damaged."""
+    if "images" not in store.listed(""):
+        return []
+    damage = store.check_images_table()
+    if not damage:
+        return []
+    known = set()
+    try:
+        known.add(store.image_attrs().get("fingerprint"))
+    except FeatstoreError:
+        pass
+    for key in store.models():
+        try:
+            known.add(store.config(key).images_fingerprint)
+        except FeatstoreError:
+            continue
+    if images.fingerprint() not in known:
+        raise FeatstoreError(f"store {store.location} is damaged: {damage[0]}; these images are not those the store "
+                             f"was built from, so their table cannot be rewritten: pass the --data, --labels and "
+                             f"--limit it was built with, or use a new --store")
+    stats = store.image_stats()
+    store.delete("images")
+    store.write_images(images)
+    if stats is not None:
+        store.record_image_stats(stats)
+    return [str(d) for d in damage]
+
+
+def check_image_files(store: FeatureStore, images: ImageSet, rebuild: bool) -> list[str]:
+    """Image files whose size, time (and, where recorded, content) differ from those the store was built from:
+    refused naming the first, or with `rebuild` their rows' chunks marked not done in every model and view (this
+    build makes its own again; each other one's next build does). A store that records no files yet records
+    them now. Returns the changed files."""
+    stored = store.image_stats()
+    if stored is None or stored.shape != (len(images), 3):
+        store.record_image_stats(image_stats(images.root, images.paths))
+        return []
+    changed, now = changed_images(images.root, images.paths, stored)
+    if not len(changed):
+        return []
+    names = [str(images.root / images.paths[i]) for i in changed.tolist()]
+    if not rebuild:
+        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        raise FeatstoreError(f"image {names[0]}{more} changed since store {store.location} was built from it (size, "
+                             f"modification time or content), so its features would mix old and new images; pass "
+                             f"--rebuild-changed to recompute the chunks that hold them, or restore the file")
+    store.undo_rows(changed)
+    store.record_image_stats(now)
+    return names
+
+
+def repair_view(store: FeatureStore, key: str, view: str) -> list[str]:
+    """A view whose arrays are damaged (unreadable metadata, a removed array, a shape that disagrees with the
+    chunks) is removed, so that the build makes it again from the network."""
+    if view not in store.views(key):
+        return []
+    damage = store.check_view_arrays(key, view)
+    if damage:
+        store.delete(f"{key}/{view}")
+    return [str(d) for d in damage]
