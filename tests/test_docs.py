@@ -187,7 +187,7 @@ def test_commands_in_the_docs_use_options_the_cli_has():
 
 # -- the store layout and the tables, checked against what the code writes ---------------------------------------
 
-LAYOUT_LINE = re.compile(r"(?P<path>\S+)\s+(?P<kind>group|string|bool|int16|int64|float16|float32)"
+LAYOUT_LINE = re.compile(r"(?P<path>\S+)\s+(?P<kind>group|string|bool|int16|int64|uint64|float16|float32)"
                          r"(?:\s+\[(?P<shape>[^\]]*)\]\s+chunks\s+\[(?P<chunks>[^\]]*)\])?(?:\s+attrs:\s*(?P<attrs>.+))?")
 
 
@@ -259,7 +259,8 @@ def test_the_store_layout_in_the_docs_is_what_build_and_probe_write(built_store)
                 wrong.append(f"{pattern}: documented attrs {sorted(attrs)}, written {sorted(node.attrs.keys())}")
             if not is_group:
                 symbols = {"N": n, "C": dims.get(parts[-1], dims.get(parts[-2])), "head": config.num_classes,
-                           "classes": 3, "folds": 2, "chunk_rows": config.chunk_rows, "min": min, "ceil": math.ceil}
+                           "classes": 3, "folds": 2, "chunk_rows": config.chunk_rows, "min": min, "ceil": math.ceil,
+                           "arrays": len(config.anchors) + 2}
                 for what in ("shape", "chunks"):
                     expected = eval(f"({doc[what]},)", {"__builtins__": {}}, symbols)  # noqa: S307 (our own doc)
                     if tuple(expected) != tuple(getattr(node, what)):

@@ -111,6 +111,29 @@ def test_verify_finds_deleted_and_garbled_chunk_objects_and_build_redoes_them(bi
     assert_identical(arrays(s3_url), local_build)
 
 
+def test_checksums_and_repairs_hold_on_s3(big_image_dir, s3_url, local_build, tmp_path):
+    """A chunk object rewritten with other values (it decodes), a removed image-table object, a garbage array
+    metadata object: verify names each, probe refuses, and build repairs them to the local build, bit for bit."""
+    run_cli("build", "--data", big_image_dir, "--store", s3_url, *BUILD)
+    store = objects(s3_url)
+    root = zarr.open_group(zarr.storage.ObjectStore(store), mode="a")
+    root["resnet18"]["clean"]["anchors"]["layer3.0"][17, 0] += 1  # decodes fine: only its checksum tells
+    out = run_cli("verify", s3_url, ok=False).output
+    assert "resnet18/clean/anchors/layer3.0 chunk 2: values differ from those its commit wrote (checksum)" in out
+    assert "1 chunk(s) written" in run_cli("build", "--data", big_image_dir, "--store", s3_url, *BUILD).output
+    assert_identical(arrays(s3_url), local_build)
+    obstore.delete(store, "images/label/c/0")
+    obstore.put(store, "resnet18/clean/anchors/avgpool/zarr.json", b"{ not json")
+    out = run_cli("verify", s3_url, ok=False).output
+    assert "images/label: values differ from those written (checksum)" in out
+    assert "resnet18/clean/anchors/avgpool: its metadata cannot be read" in out
+    db = tmp_path / "f.duckdb"
+    assert "is damaged" in fails("probe", "--store", s3_url, "--model", "resnet18", "--db", db, "--no-progress")
+    result = run_cli("build", "--data", big_image_dir, "--store", s3_url, *BUILD).output
+    assert "repaired 2 damaged part(s)" in result and f"{N_CHUNKS} chunk(s) written" in result
+    assert_identical(arrays(s3_url), local_build)
+
+
 def test_two_builds_racing_on_one_model_leave_one_refused(big_image_dir, s3_url, local_build):
     procs = [build_process(big_image_dir, s3_url) for _ in range(2)]
     results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
@@ -155,9 +178,10 @@ def test_probe_streams_from_s3_and_saves_its_weights_there(s3_clusters, tmp_path
     out = run_cli("probe", "--store", s3_clusters, "--model", "synthetic", "--db", db, "--memory-budget",
                   "64KB").output  # the features take 2.2 MB as float32
     assert "streaming" in out  # the progress bar says so
-    assert_matches_sklearn(s3_clusters, "synthetic", db, "synthetic/clean/linear")
-    assert_predictions_recompute(s3_clusters, "synthetic", "clean", db, "synthetic/clean/linear", "linear@clean")
-    assert "probes linear@clean" in run_cli("info", s3_clusters).output
+    run = "synthetic/clean/linear/streamed"  # streamed chunks: other batches than in memory, so its own name
+    assert_matches_sklearn(s3_clusters, "synthetic", db, run)
+    assert_predictions_recompute(s3_clusters, "synthetic", "clean", db, run, "linear-streamed@clean")
+    assert "probes linear-streamed@clean" in run_cli("info", s3_clusters).output
 
 
 PEAK = r"""

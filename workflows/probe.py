@@ -61,6 +61,7 @@ class ProbeConfig:
     run: RunOptions = field(default_factory=RunOptions)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "db", Path(self.db))  # callers may pass a string
         check_fields(self, ("view", "train_on_view", "cross_fit", "split_seed", "val_frac", "memory_budget"))
 
     @property
