@@ -105,9 +105,6 @@ class StudyResult:
     population: str = ""  # which images the table counts, and how many
 
 
-POOLS = ("cls", "mean")
-MODEL_KEYS = {"name": Text(), "weights": Either((Text(), ListOf(Text()))), "image_size": FIELDS["image_size"],
-              "anchors": Text(), "pool": Text(choices=POOLS), "key": Text(), "figures": Text()}
 KEYS = {"": {"models": TABLE, "name": Text(), "k": FIELDS["k"], "published": Text(), "data": TABLE, "build": TABLE,
              "probe": TABLE},
         "data": {"path": Text(), "labels": Text(), "limit": FIELDS["limit"]},
@@ -115,7 +112,10 @@ KEYS = {"": {"models": TABLE, "name": Text(), "k": FIELDS["k"], "published": Tex
                   "device": Text(), "workers": FIELDS["workers"], "precision": FIELDS["precision"]},
         "probe": {"variants": ListOf(Text()), "seeds": ListOf(FIELDS["seed"]), "split_seed": FIELDS["split_seed"],
                   "cross_fit": FIELDS["cross_fit"], "device": Text(), "memory_budget": FIELDS["memory_budget"],
-                  "val_frac": FIELDS["val_frac"]}}
+                  "val_frac": FIELDS["val_frac"]},
+        "models": {"name": Text(), "weights": Either((Text(), ListOf(Text()))), "image_size": FIELDS["image_size"],
+                   "anchors": Text(), "pool": Text(choices=("cls", "mean")), "key": Text(), "figures": Text()}}
+REQUIRED = {"": {"models"}, "models": {"name"}}  # the keys a table must hold (docs/study.md: in bold)
 
 
 def load_study(path: str | Path, data: str | Path | None = None, out: str | Path | None = None,
@@ -128,7 +128,7 @@ def load_study(path: str | Path, data: str | Path | None = None, out: str | Path
     spec = read_toml(path, f"study file {path} does not exist; see studies/paper.toml for the format",
                      f"study file {path}")
     where = f"study file {path}"
-    spec = section(where, spec, KEYS[""], {"models"})
+    spec = section(where, spec, KEYS[""], REQUIRED[""])
     found = {name: section(f"{where} [{name}]", spec.get(name, {}), KEYS[name]) for name in ("data", "build",
                                                                                               "probe")}
     name = spec.get("name") or path.stem
@@ -142,7 +142,7 @@ def load_study(path: str | Path, data: str | Path | None = None, out: str | Path
                          local_path(labels, base) if labels else None, section_data.get("limit"))
     models = []
     for i, entry in enumerate(entries(spec["models"])):
-        m = section(f"{where} [[models]] #{i + 1}", entry, MODEL_KEYS, {"name"})
+        m = section(f"{where} [[models]] #{i + 1}", entry, KEYS["models"], REQUIRED["models"])
         weights = m.get("weights", "auto")
         for w in [weights] if isinstance(weights, str) else weights:
             named = m.get("key") or (m["name"] if isinstance(weights, str) else f"{m['name']}.{w}")
