@@ -72,7 +72,12 @@ def test_nan_features_of_rows_not_skipped(small, tmp_path):
     store = shutil.copytree(small[0], tmp_path / "nan.zarr")
     zarr.open_group(str(store), mode="a")["synthetic"]["clean"]["anchors"]["anchor01"][20] = np.nan
     line = fails("probe", "--store", store, "--model", "synthetic", "--db", tmp_path / "f.duckdb")
-    assert "synthetic/clean/anchors/anchor01 chunk 1: NaN in 1 row(s) not marked skipped (first: row 20)" in line
+    assert "synthetic/clean/anchors/anchor01 chunk 1: values differ from those its commit wrote" in line
+    assert not (tmp_path / "f.duckdb").exists()
+    shutil.rmtree(store / "synthetic" / "clean" / "checksums")  # as a store written before checksums
+    line = fails("probe", "--store", store, "--model", "synthetic", "--db", tmp_path / "f.duckdb")
+    assert "synthetic/clean/anchors/anchor01 chunk 1: NaN or infinity in 1 row(s) not marked skipped (first: row " \
+           "20)" in line
     assert not (tmp_path / "f.duckdb").exists()
 
 
