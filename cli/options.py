@@ -142,9 +142,10 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     },
     "--seed": {"": ((), dict(type=checked("seed"), default=D.seed,
                              help="Seed of everything random the command does: random init and the --limit subset "
-                                  "(view noise depends on the image id alone); for probes, initialisation, shuffling "
-                                  "and projections (runs of several probe seeds land side by side: macro "
-                                  "seed_spread)."))},
+                                  "(view noise depends on the image id alone); for probes, SGD's shuffling (paper; "
+                                  "linear:full_batch=0), the sample sizing the steps, and projections; linear's "
+                                  "default full-batch L-BFGS solve reaches the same probe whatever the seed (runs of "
+                                  "several probe seeds land side by side: macro seed_spread)."))},
     "--threads": {"": ((), dict(type=checked("threads"), default=D.threads,
                                 help="CPU threads for the compute [default: one per idle core, looked at again at "
                                      "each chunk, epoch or batch]; recorded with the results."))},

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,14 +30,23 @@ CONTENT_HASH_BYTES = 1 << 30  # image sets up to this size also record a checksu
 
 
 def checksum(values: np.ndarray) -> int:
-    """A nonzero 64-bit checksum of an array's values (shape, type and bytes; every NaN counts as one value)."""
+    """A nonzero 64-bit checksum of an array's values (shape, type and bytes; every NaN counts as one value): the
+    CRC-32 and the Adler-32 of them side by side. Not a cryptographic hash: it finds damage, at a fifth of the
+    cost of blake2b (4 MiB of float16: 7 ms against 33 ms on the 2-core CI machine; zstd takes ~22 ms to encode)."""
     values = np.ascontiguousarray(values)
-    if values.dtype.kind == "f":
-        values = np.where(np.isnan(values), np.array(np.nan, dtype=values.dtype), values)
-    h = hashlib.blake2b(digest_size=8)
-    h.update(f"{values.dtype.str}{values.shape}".encode())
-    h.update(values.tobytes())
-    return _nonzero(h)
+    if values.dtype.kind == "f":  # NaN payloads differ: every NaN as the canonical one, found on the bits (numpy's
+        # float16 isnan is emulated, slower than this and the checksum together)
+        bits = values.view(f"u{values.dtype.itemsize}")
+        finfo = np.finfo(values.dtype)
+        magnitude = np.array((1 << (8 * values.dtype.itemsize - 1)) - 1, dtype=bits.dtype)
+        infinity = np.array(((1 << finfo.nexp) - 1) << finfo.nmant, dtype=bits.dtype)
+        nan = (bits & magnitude) > infinity
+        if nan.any():
+            values = np.where(nan, np.array(np.nan, dtype=values.dtype).view(bits.dtype), bits).view(values.dtype)
+    header = f"{values.dtype.str}{values.shape}".encode()
+    body = memoryview(values).cast("B") if values.size else b""
+    value = zlib.crc32(body, zlib.crc32(header)) << 32 | zlib.adler32(body, zlib.adler32(header))
+    return 1 if value in (NO_CHECKSUM, UNREADABLE) else value
 
 
 def text_checksum(values: Sequence[str]) -> int:

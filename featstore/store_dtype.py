@@ -67,8 +67,9 @@ def refusal(what: str, dtype: str, value: float, where: str) -> FeatstoreError:
     if math.isfinite(value):
         return FeatstoreError(f"{what} reaches {value:.4g} on {where}, beyond float16's ±65504; rebuild with "
                               f"--store-dtype float32 (in a new --store, or under --name)")
-    return FeatstoreError(f"{what} is {value} on {where} ({dtype}): the network itself overflows there; build with "
-                          f"--precision fp32, or leave the anchor out with --anchors")
+    return FeatstoreError(f"{what} is {value} on {where} ({dtype}): the network itself computes it (NaN or infinite "
+                          f"--weights, or an fp16/bf16 overflow: then build with --precision fp32); nothing of it is "
+                          f"stored")
 
 
 def check_storable(values: Sequence[torch.Tensor], dtypes: Sequence[str], names: Sequence[str],

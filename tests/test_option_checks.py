@@ -11,7 +11,7 @@ from synthetic import class_clusters, write_feature_store
 
 from featstore.errors import FeatstoreError
 from featstore.probing.base import VARIANTS, get_variant
-from featstore.schema import Number
+from featstore.schema import Number, Text
 from featstore.threads import cores
 
 from conftest import fails, run_cli
@@ -48,6 +48,10 @@ def probe_args(store, db, *more):
     ("paper:epochs=0", "epochs=0 must be a whole number >= 1"),
     ("paper:cosine=2", "cosine=2 must be 0 or 1"),
     ("paper:lr=-0.1", "lr=-0.1 must be a number > 0"),
+    ("knn:k=0", "k=0 must be a whole number >= 1"),
+    ("knn:metric=manhattan", "metric=manhattan must be one of 'cosine', 'euclidean'"),
+    ("knn:metric=1", "metric=1 must be one of 'cosine', 'euclidean'"),
+    ("lens:max_iterations=0", "max_iterations=0 must be a whole number >= 1"),
 ])
 def test_variant_parameters_are_checked_as_declared(spec, message):
     with pytest.raises(FeatstoreError) as e:
@@ -59,6 +63,7 @@ def test_good_variant_parameters_keep_their_meaning():
     v = get_variant("linear:max_epochs=3.0,tol=0.01")
     assert v.params["max_epochs"] == 3 and isinstance(v.params["max_epochs"], int) and v.params["tol"] == 0.01
     assert v.canonical_id == "linear:max_epochs=3,tol=0.01"
+    assert get_variant("knn:metric=euclidean,k=10").canonical_id == "knn:k=10,metric=euclidean"
     assert get_variant("projected:dim=16").label == "projected16" and get_variant("projected").params["dim"] == 256
 
 
@@ -71,15 +76,21 @@ def _outside(value: Number) -> list[float]:
 
 
 def test_every_registered_variant_declares_each_parameter_with_its_range():
-    """The mechanism any variant adopts by declaring `parameters`: defaults pass, values beyond a bound do not."""
-    assert {"linear", "paper", "projected"} <= set(VARIANTS)
+    """The mechanism any variant adopts by declaring `parameters`: defaults pass, values beyond a bound (or
+    outside the choices) do not."""
+    assert {"linear", "paper", "projected", "knn", "lens"} <= set(VARIANTS)
     for name, cls in VARIANTS.items():
         variant = cls()
         assert set(variant.params) == set(cls.parameters), name
         for key, value in cls.parameters.items():
             assert value.check(value.default) == value.default, (name, key)
-            assert value.ge is not None or value.gt is not None, f"{name}:{key} declares no lower bound"
-            for bad in _outside(value):
+            if isinstance(value, Text):
+                assert value.choices, f"{name}:{key} declares no choices"
+                outside = [f"not-{value.default}", 1]
+            else:
+                assert value.ge is not None or value.gt is not None, f"{name}:{key} declares no lower bound"
+                outside = _outside(value)
+            for bad in outside:
                 with pytest.raises(FeatstoreError, match=f"probe variant {name}: {key}="):
                     cls(**{key: bad})
 

@@ -189,4 +189,4 @@ def test_study_models_must_have_distinct_keys_and_a_known_pool(tmp_path):
     bad.write_text(two)
     assert "share the key 'resnet18'" in fails("study", bad) and "key = " in fails("study", bad)
     bad.write_text("[data]\npath = '.'\n[[models]]\nname = 'resnet18'\npool = 'max'\n")
-    assert "pool 'max': use cls or mean" in fails("study", bad)
+    assert "[[models]] #1: pool = 'max' must be one of 'cls', 'mean'" in fails("study", bad)

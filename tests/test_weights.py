@@ -19,7 +19,7 @@ from featstore.errors import FeatstoreError
 from featstore.models import load_model, published_top1, resolve_weights
 from featstore.store import FeatureStore
 
-from conftest import assert_fp16_close, reference_batch, run_cli
+from conftest import assert_fp16_close, fails, reference_batch, run_cli
 
 SMALL = ["--image-size", "32", "--chunk-rows", "6", "--batch-size", "3", "--workers", "0", "--no-progress"]
 
@@ -253,3 +253,19 @@ def test_a_timm_tag_on_a_name_both_libraries_know_builds_timms_model_and_cost_re
     out = run_cli("cost", "--model", "resnet18", "--store", store, "--db", tmp_path / "f.duckdb", "--repeats", "1",
                   "--device", "cpu").output
     assert "resnet18" in out
+
+
+def test_a_checkpoint_holding_nan_fails_once_in_one_line_naming_the_anchor(image_dir, tmp_path):
+    """Issue 26: a checkpoint with NaN weights built 'successfully', verify then found every chunk damaged, and
+    build 're-did' them forever. Now the first batch is refused, naming the first anchor the NaN reaches, and
+    nothing is committed, so a second build says the same and does not loop."""
+    weights = torchvision.models.resnet18(weights=None).state_dict()
+    weights["layer3.0.conv1.weight"][0, 0, 0, 0] = float("nan")  # finite up to layer2.1, NaN from layer3.0 on
+    path = tmp_path / "nan.pth"
+    torch.save(weights, path)
+    store = tmp_path / "s.zarr"
+    args = ("build", "--model", "resnet18", "--weights", path, "--data", image_dir, "--store", store, *SMALL)
+    first = fails(*args)
+    assert "anchor 'layer3.0' of resnet18 is nan on" in first and "NaN or infinite --weights" in first, first
+    assert fails(*args) == first
+    assert not FeatureStore(store).done("resnet18", "clean").any()

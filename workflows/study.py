@@ -22,8 +22,9 @@ import polars as pl
 
 from featstore.analytics.queries import paper_table_spread, population
 from featstore.analytics.report import write_report
-from featstore.anchors import DEFAULT_COUNT, PRESETS
+from featstore.anchors import PRESETS
 from featstore.build import BuildConfig, build
+from featstore.depth import DEFAULT_COUNT
 from featstore.errors import FeatstoreError
 from featstore.location import StoreLocation
 from featstore.probing.base import get_variant
