@@ -112,6 +112,6 @@ def test_knn_options_are_checked(digits_store, tmp_path):
     store = digits_store
     assert "metric" in fails("probe", "--store", store, "--model", "resnet18", "--db", tmp_path / "f.duckdb",
                              "--variant", "knn:metric=manhattan")
-    assert "k takes a number" in fails("probe", "--store", store, "--model", "resnet18", "--db",
-                                       tmp_path / "f.duckdb", "--variant", "knn:k=many")
+    assert "knn:k=many: k=many must be a whole number >= 1" in fails(
+        "probe", "--store", store, "--model", "resnet18", "--db", tmp_path / "f.duckdb", "--variant", "knn:k=many")
     assert not (tmp_path / "f.duckdb").exists()

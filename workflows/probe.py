@@ -133,8 +133,8 @@ def probe(cfg: ProbeConfig) -> list[str]:
     image_attrs = store.image_attrs()
     info = DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store),
                        cfg.split_seed, cfg.val_frac)
-    if Path(cfg.db).exists():
-        con = fsdb.connect(cfg.db)
+    if Path(cfg.db).exists():  # read-only beside `featstore sql`'s readers; a writer holding it is refused now
+        con = fsdb.connect(cfg.db, read_only=True)
         try:
             fsdb.check_dataset(con, cfg.db, info)
         finally:
