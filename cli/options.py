@@ -213,8 +213,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                 "X); default: the preset, else traced places ending at what the head reads."))},
     "--taps": {"": ((), dict(help="Transformer module taps per block: all, or a list of ln1,attn,resid_mid,ln2,fc1,"
                              "act,fc2,resid (timm ViTs); anchors become (block, tap) pairs."))},
-    "--pool": {"": ((), dict(type=click.Choice(["cls", "mean"]), help="Token pooling for ViTs [default: cls where "
-                             "the model has a class token, else mean; mean with --taps]."))},
+    "--pool": {"": ((), dict(type=click.Choice(FIELDS["pool"].choices),
+                             help="Token pooling for ViTs [default: cls where the model has a class token, else mean; "
+                                  "mean with --taps]."))},
     "--chunk-rows": {"": ((), dict(type=checked("chunk_rows"), default=1024,
                                    help="Store chunk size along images; the unit of resume."))},
     "--precision": {"": ((), dict(type=click.Choice(FIELDS["precision"].choices), default="auto",

@@ -16,9 +16,10 @@ from torch.utils.hooks import RemovableHandle
 
 from featstore.anchors import Anchor, resolve_anchor, resolve_anchors, valid_anchor_names
 from featstore.errors import FeatstoreError
+from featstore.schema import FIELDS
 from featstore.store_dtype import choose_dtype
 
-TOKEN_POOLS = ("cls", "mean")
+TOKEN_POOLS = FIELDS["pool"].choices
 
 
 def pool(x: torch.Tensor, token_pool: str = "cls", channels_last: bool = False) -> torch.Tensor:

@@ -252,6 +252,7 @@ FIELDS: dict[str, Value] = {
     "epochs": Int(ge=1),
     "project_dim": Int(ge=1),
     "precision": Text(choices=("auto", "fp32", "fp16", "bf16")),
+    "pool": Text(choices=("cls", "mean")),  # how token anchors are pooled
 }
 
 

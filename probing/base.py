@@ -224,7 +224,7 @@ class ProbeVariant(ABC):
         unknown = sorted(set(given) - set(cls.parameters))
         if unknown:
             raise _no_parameter(cls, unknown[0])
-        params = {key: value.default for key, value in cls.parameters.items()}
+        params = _defaults(cls)
         for key, value in given.items():
             try:
                 params[key] = cls.parameters[key].check(value)

@@ -115,7 +115,7 @@ KEYS = {"": {"models": TABLE, "name": Text(), "k": FIELDS["k"], "published": Tex
                   "cross_fit": FIELDS["cross_fit"], "device": Text(), "memory_budget": FIELDS["memory_budget"],
                   "val_frac": FIELDS["val_frac"]},
         "models": {"name": Text(), "weights": Either((Text(), ListOf(Text()))), "image_size": FIELDS["image_size"],
-                   "anchors": Text(), "pool": Text(choices=("cls", "mean")), "key": Text(), "figures": Text()}}
+                   "anchors": Text(), "pool": FIELDS["pool"], "key": Text(), "figures": Text()}}
 REQUIRED = {"": {"models"}, "models": {"name"}}  # the keys a table must hold (docs/study.md: in bold)
 
 
