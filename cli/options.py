@@ -220,7 +220,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                    help="Store chunk size along images; the unit of resume."))},
     "--precision": {"": ((), dict(type=click.Choice(FIELDS["precision"].choices), default="auto",
                                   help="auto = fp16 autocast on CUDA, fp32 on CPU."))},
-    "--store-dtype": {"": ((), dict(type=click.Choice(["auto", "float16", "float32"]), default="auto",
+    "--store-dtype": {"": ((), dict(type=click.Choice(FIELDS["store_dtype"].choices), default="auto",
                                     help="Stored type of anchors and logits; auto = float16, float32 for an array "
                                          "whose values float16 cannot hold."))},
     "--decode": {"": ((), dict(type=click.Choice(["auto", "cpu", "gpu"]), default="auto", help="auto = gpu on CUDA: "

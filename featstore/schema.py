@@ -253,6 +253,7 @@ FIELDS: dict[str, Value] = {
     "project_dim": Int(ge=1),
     "precision": Text(choices=("auto", "fp32", "fp16", "bf16")),
     "pool": Text(choices=("cls", "mean")),  # how token anchors are pooled
+    "store_dtype": Text(choices=("auto", "float16", "float32")),  # featstore.store_dtype
 }
 
 

@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 from featstore.errors import FeatstoreError
+from featstore.schema import FIELDS
 
-STORE_DTYPES = ("auto", "float16", "float32")
+STORE_DTYPES = FIELDS["store_dtype"].choices
 FLOAT16_MAX = 65504.0
 FLOAT16_TINY = 2.0**-14  # the smallest normal float16: below it, values lose precision, then flush to zero
 HEADROOM = 64.0  # real images reach further than a blank one
