@@ -10,8 +10,9 @@ from dataclasses import dataclass
 class ExitPolicies:
     """Stability gates at each k, confidence gates at each threshold, stability AND confidence gates at each
     `combined` threshold, and the learned gate (where `featstore gate` fitted one) at each of `learned` (default:
-    the confidence thresholds, the gate's score being a probability too). `featstore exit-sim` and the report
-    both start from these defaults."""
+    the confidence thresholds, the gate's score being a probability too; `()` leaves the gate out). With the gate
+    in, every policy is counted on the images it did not learn from (sql/exit_images.sql), so that all of them
+    compare on one population. `featstore exit-sim` and the report both start from these defaults."""
 
     ks: tuple[int, ...] = (1, 2, 3, 4)
     thresholds: tuple[float, ...] = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.5:0.99:0.01

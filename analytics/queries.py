@@ -230,6 +230,12 @@ def population(db: Db, scope: str = "auto") -> pl.DataFrame:
     return query(db, "SELECT * FROM population(scope := ?)", [check_scope(scope)])
 
 
+def run_agreement(db: Db, run_a: str, run_b: str, k: int = 2, scope: str = "all") -> pl.DataFrame:
+    """How far two runs of one view agree: per anchor the share of identical predictions, then (anchor null) the
+    share of identical l*(k) and early/mid/late band, on the images both predicted (sql/run_agreement.sql)."""
+    return query(db, "SELECT * FROM run_agreement(?, ?, k := ?, scope := ?)", [run_a, run_b, k, check_scope(scope)])
+
+
 def decision_examples(db: Db, k: int = 2, per_side: int = 4, scope: str = "auto",
                       min_conf: float = 0.0) -> pl.DataFrame:
     return query(db, "SELECT * FROM decision_examples(?, per_side := ?, scope := ?, min_conf := ?)",
@@ -292,16 +298,48 @@ def exit_device(db: Db, run_id: str, batch_size: int = 1, device: str | None = N
 @dataclass
 class EarlyExit:
     device: str
+    population: pl.DataFrame  # one row (exit_population): the images every policy below is counted on
     simulation: pl.DataFrame
     pareto: pl.DataFrame
 
 
 def early_exit(db: Db, run_id: str, device: str | None = None, batch_size: int = 1,
                policies: ExitPolicies = DEFAULT_POLICIES, scope: str = "auto") -> EarlyExit:
-    """Every exit policy's accuracy and cost, and the Pareto front, priced on `device` (default: the only one)."""
+    """Every exit policy's accuracy and cost, and the Pareto front, priced on `device` (default: the only one),
+    all counted on one population of images (refused when it is empty rather than printing empty tables)."""
     device = exit_device(db, run_id, batch_size, device)
-    return EarlyExit(device, exit_simulation(db, run_id, device, batch_size, policies, scope),
+    population = exit_population(db, run_id, policies, scope)
+    row = population.row(0, named=True)
+    if row["n"] == 0:
+        why = (f"the learned gate of {run_id!r} learnt from every image --scope {scope} counts (its "
+               f"{row['gate_learnt_on']} split); pass another --scope, or --no-gate" if row["gate_learnt_on"]
+               and row["scoped"] else f"--scope {scope} counts no image of {run_id!r}; pass another --scope")
+        raise FeatstoreError(f"no image to simulate early exit on: {why}")
+    return EarlyExit(device, population, exit_simulation(db, run_id, device, batch_size, policies, scope),
                      exit_pareto(db, run_id, device, batch_size, policies, scope))
+
+
+def exit_population(db: Db, run_id: str, policies: ExitPolicies = DEFAULT_POLICIES,
+                    scope: str = "auto") -> pl.DataFrame:
+    """The one population every exit policy of a simulation is counted on (see sql/exit_population.sql)."""
+    return query(db, "SELECT * FROM exit_population(?, scope := ?, gate_thresholds := ?)",
+                 [run_id, check_scope(scope), policies.gate_args()])
+
+
+def describe_population(row: dict) -> str:
+    """One line saying which images an exit simulation counts, printed with its table by exit-sim and the
+    report, so that no figure is read as counting images it does not."""
+    what = {"auto": "the test split" if not row["cross_fit"] else "every image of this cross-fit run",
+            "all": "every image"}.get(row["scope"], f"the {row['scope']} split")
+    line = f"population: {row['n']} images ({row['splits'] or 'none'}): {what} (--scope {row['scope']})"
+    if row["gate_learnt_on"] and row["left_out"]:
+        line += (f", less the {row['left_out']} the learned gate learnt from ({row['gate_learnt_on']} split) or "
+                 "the run did not predict")
+    elif row["gate_learnt_on"]:
+        line += f"; the learned gate learnt from none of them ({row['gate_learnt_on']} split)"
+    elif row["left_out"]:
+        line += f", less the {row['left_out']} the run did not predict"
+    return line + "; every policy, the Pareto front and the oracle count these same images"
 
 
 def _exit_table(macro: str, db: Db, run_id: str, device: str, batch_size: int, policies: ExitPolicies,

@@ -114,6 +114,8 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
         for model in clean["model"].unique(maintain_order=True).to_list():
             sections.append(_definitions(figs, con, model, clean.filter(pl.col("model") == model)["run_id"].to_list(),
                                          k_mid, min_conf, scope))
+            sections.append(_probe_sensitivity(figs, con, model, clean.filter(pl.col("model") == model), k_mid,
+                                               scope))
         if clean["model"].n_unique() > 1:
             sections.append("<h2>Cross-model comparison</h2>")
             sections.append(_cross_model(figs, sweep.filter(pl.col("view") == "clean")))
@@ -264,6 +266,10 @@ def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
         return (f"<p>Early exit: no costs of {html.escape(run['model'])} measured yet "
                 f"(<code>featstore cost --model {html.escape(run['model'])} --db …</code>).</p>")
     batch, device = sizes.row(0)
+    population = q.exit_population(con, run["run_id"], scope=scope).row(0, named=True)
+    counted = f"<p>{html.escape(q.describe_population(population))}.</p>"
+    if population["n"] == 0:
+        return f"<p>Early exit for {html.escape(run['run_id'])}: no image to simulate on.</p>" + counted
     sim = q.exit_simulation(con, run["run_id"], device, batch, scope=scope)
     front = q.exit_pareto(con, run["run_id"], device, batch, scope=scope)
     oracle = sim.filter(pl.col("policy") == "oracle")
@@ -289,7 +295,7 @@ def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
     caption = f"Early exit for {run['run_id']}: costs measured on {device}, batch {batch}"
     bound = "" if oracle.is_empty() else ("<p>Oracle (exits at the first correct anchor; not a policy): "
                                           + _table(oracle) + "</p>")
-    return (figs.save(fig, f"{run['run_id']}_early_exit", caption)
+    return (figs.save(fig, f"{run['run_id']}_early_exit", caption) + counted
             + "<h3>Pareto front of the realisable policies</h3>" + _table(front) + bound)
 
 
@@ -393,6 +399,79 @@ def _definitions(figs: _Figures, con, model: str, runs: list[str], k: int, min_c
         parts.append(_table(worst.select("a", "b", "n", "spearman", "same_band", "early_a_late_b",
                                          "late_a_early_b")))
         parts.append(_disagreement_gallery(figs, con, model, result, worst))
+    return "".join(parts)
+
+
+def _differs(reference: dict, other: dict) -> str:
+    """What sets a run apart from the reference run, in words ('probe paper', 'seed 1', ...)."""
+    parts = [f"probe {other['probe']}" if other["probe"] != reference["probe"] else "",
+             f"params {other['params']}" if other["params"] != reference["params"] else "",
+             f"trained on {other['train_view']}" if other["train_view"] != reference["train_view"] else "",
+             (f"cross-fit {other['cross_fit']}" if other["cross_fit"] else "single split")
+             if other["cross_fit"] != reference["cross_fit"] else "",
+             f"seed {other['seed']}" if other["seed"] != reference["seed"] else ""]
+    return ", ".join(p for p in parts if p) or "nothing recorded"
+
+
+def _probe_sensitivity(figs: _Figures, con, model: str, runs: pl.DataFrame, k: int, scope: str) -> str:
+    """The default probe's run beside every other clean run of the model (paper, other families, another seed):
+    how often they predict the same class at each anchor and give the same l*(k) and band, on the images both
+    count, so a reader sees how much of the timeline is the probe's rather than the network's."""
+    linear = runs.filter(pl.col("probe") == "linear").with_columns(
+        (pl.col("params").cast(pl.Utf8).str.strip_chars() != "{}").alias("pinned"))
+    parts = [f"<h2>How much does the timeline depend on the probe? {html.escape(model)}</h2>"]
+    if linear.is_empty():
+        return "".join(parts) + "<p>No run of the default probe (linear) on clean to compare the others with.</p>"
+    reference = linear.sort(["pinned", "seed", "cross_fit", "run_id"], descending=[False, False, True, False]).row(
+        0, named=True)
+    others = runs.filter(pl.col("run_id") != reference["run_id"]).sort("run_id")
+    parts.append(f"<p>Reference: <code>{html.escape(reference['run_id'])}</code>. Each row counts the images both "
+                 f"runs predicted that the scope counts for both (n); same l*({k}) and same band are the shares of "
+                 f"those with an identical decision layer and an identical early/mid/late band; mean and late are "
+                 f"each run's mean l*({k}) and late share on those same images (<code>run_agreement</code>).</p>")
+    same_seed_family = others.filter((pl.col("probe") == reference["probe"])
+                                     & (pl.col("params") == reference["params"])
+                                     & (pl.col("cross_fit") == reference["cross_fit"])
+                                     & (pl.col("train_view") == reference["train_view"]))
+    missing = []
+    if others.filter(pl.col("probe") == "paper").is_empty():
+        missing.append(f"no paper run of {html.escape(model)} on clean (<code>featstore probe --variant paper</code> "
+                       "adds one)")
+    if same_seed_family.is_empty():
+        missing.append("no second seed of the reference run (<code>featstore probe --seed 1</code> with the same "
+                       "options adds one)")
+    if missing:
+        parts.append(f"<p>This database has {' and '.join(missing)}.</p>")
+    if others.is_empty():
+        return "".join(parts)
+    rows, curves = [], {}
+    for other in others.iter_rows(named=True):
+        agreement = q.run_agreement(con, reference["run_id"], other["run_id"], k, scope)
+        anchors = agreement.filter(pl.col("anchor").is_not_null())
+        overall = agreement.filter(pl.col("anchor").is_null()).row(0, named=True)
+        if not overall["n"]:
+            continue
+        worst = anchors.sort(["same_pred", "anchor"]).row(0, named=True)
+        curves[other["run_id"]] = anchors
+        rows.append({"run": other["run_id"], "differs in": _differs(reference, other), "n": overall["n"],
+                     "same pred, worst anchor": f"{worst['same_pred']:.3f} (anchor {worst['anchor']})",
+                     "same pred, every anchor": overall["same_pred"], f"same l*({k})": overall["same_layer"],
+                     "same band": overall["same_band"], "mean l* (ref)": overall["mean_a"],
+                     "mean l* (run)": overall["mean_b"], "late (ref)": overall["late_a"],
+                     "late (run)": overall["late_b"]})
+    if not rows:
+        return "".join(parts) + "<p>No other run shares images with the reference in this scope.</p>"
+    parts.append(_table(pl.DataFrame(rows)))
+    names = q.anchor_names(con, model)
+    fig, ax = figs.plt.subplots(figsize=(6.5, 3.6))
+    for run_id, anchors in curves.items():
+        ax.plot(anchors["anchor"].to_list(), anchors["same_pred"].to_list(), marker="o", ms=3, label=run_id)
+    _anchor_axis(ax, names)
+    ax.set_ylabel("share of identical predictions")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7, loc="lower right")
+    parts.append(figs.save(fig, f"{model}_probe_sensitivity", f"Identical predictions per anchor of each clean run "
+                                                              f"of {model} and {reference['run_id']}"))
     return "".join(parts)
 
 

@@ -301,21 +301,25 @@ def cost(model: str, db: Path, store: str | None, device: str, threads: int | No
 @options(option("--k"), option("--thresholds"), option("--combined-thresholds"))
 @option("--device", "measured")
 @option("--batch-size", "price")
-@options(option("--scope"), option("--format"))
+@options(option("--scope"), option("--no-gate"), option("--format"))
 @user_errors
 def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], combined_thresholds: list[float],
-             device: str | None, batch_size: int, scope: str, fmt: str) -> None:
+             device: str | None, batch_size: int, scope: str, no_gate: bool, fmt: str) -> None:
     """Simulate early exit from stored predictions: stability, confidence, combined and learned gates (the learned
-    one where `featstore gate` fitted one; its thresholds are --thresholds), oracle, Pareto front."""
+    one where `featstore gate` fitted one; its thresholds are --thresholds), oracle, Pareto front, every policy
+    counted on the same images (printed first: with a gate, those it did not learn from)."""
     from featstore.analytics.exit_policies import ExitPolicies
-    from featstore.analytics.queries import early_exit
+    from featstore.analytics.queries import describe_population, early_exit
 
-    policies = ExitPolicies(tuple(ks), tuple(thresholds), tuple(combined_thresholds))
+    policies = ExitPolicies(tuple(ks), tuple(thresholds), tuple(combined_thresholds), () if no_gate else None)
     result = early_exit(db, run_id, device, batch_size, policies, scope)
+    population = describe_population(result.population.row(0, named=True))
     if fmt != "table":
+        click.echo(population, err=True)  # stdout stays the machine-readable table (its column n says it too)
         print_frame(result.simulation, fmt)
         return
     click.echo(f"early exit for {run_id}, costs measured on {result.device}, batch {batch_size} (ms per image):")
+    click.echo(population)
     print_frame(result.simulation)
     click.echo("\nPareto front (accuracy vs mean latency):")
     print_frame(result.pareto)

@@ -270,6 +270,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                             help="Thresholds of the stability AND confidence gate."))},
     "--split": {"": ((), dict(type=click.Choice(["train", "val", "test"]), default="train",
                               help="The images the gate learns from; exit-sim evaluates it on the others."))},
+    "--no-gate": {"": ((), dict(is_flag=True, help="Leave the learned gate out of the comparison, so that every "
+                                "policy counts every image of --scope [default: with a gate, every policy counts "
+                                "only the images it did not learn from]."))},
     # circuits
     "--ig-steps": {"": ((), dict(type=checked("ig_steps"), default=5,
                                  help="m: integrated-gradient steps (left Riemann sum)."))},

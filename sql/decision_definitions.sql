@@ -2,8 +2,8 @@
 -- layer, t, band): every image's decision layer under each established definition, for each run in the list
 -- `runs`: kind 'l*' = l*(k) (docs/design.md §7), 'depth' = prediction depth against the model's own output
 -- (prediction_depths; T + 1 when unsettled), 'joint' = l*(k) stable and confident at >= min_conf (only when
--- min_conf > 0). definition = kind (with its parameters) and run id; band = early (layer < 0.3T), mid, late
--- (layer >= 0.7T; an unsettled depth is late).
+-- min_conf > 0). definition = kind (with its parameters) and run id; band = decision_band: early (layer < 0.3T),
+-- mid, late (layer >= 0.7T; an unsettled depth, T + 1, is late).
 CREATE OR REPLACE MACRO decision_definitions(runs, k := 2, min_conf := 0.5, scope := 'auto') AS TABLE
 WITH layers AS (
     SELECT 'l*' AS kind, 'l*(' || k || ')' AS name, run_id, image_id, layer, t
@@ -15,5 +15,5 @@ WITH layers AS (
     SELECT 'joint', 'joint(' || k || ', ' || min_conf || ')', run_id, image_id, layer, t
     FROM decision_layers(k, scope, min_conf := min_conf) WHERE min_conf > 0 AND list_contains(runs, run_id))
 SELECT name || ' ' || run_id AS definition, kind, run_id, image_id, layer, t,
-       CASE WHEN layer < 0.3 * t THEN 'early' WHEN layer >= 0.7 * t THEN 'late' ELSE 'mid' END AS band
+       decision_band(layer, t) AS band
 FROM layers;

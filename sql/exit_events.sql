@@ -3,14 +3,16 @@
 -- (docs/design.md §7), from the stored predictions alone. exit_anchor NULL = full depth, where the prediction is
 -- the model's own head. stability k: first l >= k with equal predictions at l-k..l (= l*(k)+k); confidence θ:
 -- first l with conf >= θ (compared at the stored float32 precision); combined (k, θ): both at the same l; learned
--- θ: first l whose learned gate score (gate_scores, `featstore gate`) is >= θ, on the images the gate was not
--- fitted on, when the run has a gate; oracle: first anchor whose prediction is correct.
+-- θ: first l whose learned gate score (gate_scores, `featstore gate`) is >= θ, when the run has a gate; oracle:
+-- first anchor whose prediction is correct. Every policy is counted on the same images, exit_images: the scope's
+-- that the run predicted, and with the learned gate in the comparison only those the gate did not learn from
+-- (exit_population says which).
 CREATE OR REPLACE MACRO exit_events(sim_run, ks := [1, 2, 3, 4],
                                     thresholds := NULL,
                                     combined_thresholds := [0.5, 0.7, 0.9], scope := 'auto',
                                     gate_thresholds := NULL) AS TABLE
-WITH r AS (SELECT run_id, model, view, cross_fit FROM runs WHERE run_id = sim_run),
-imgs AS (SELECT i.image_id, i.label FROM images i, r WHERE in_scope(scope, i.split, r.cross_fit)),
+WITH r AS (SELECT run_id, model, view FROM runs WHERE run_id = sim_run),
+imgs AS (SELECT image_id, label FROM exit_images(sim_run, scope := scope, gate_thresholds := gate_thresholds)),
 p AS (SELECT s.image_id, s.anchor, s.pred, s.conf, imgs.label,
              s.anchor - min(s.anchor) OVER (PARTITION BY s.image_id, s.pred, s.island) AS stable_for
       FROM prediction_islands(sim_run) s JOIN imgs USING (image_id)),
