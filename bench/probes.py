@@ -1,22 +1,32 @@
-"""Benchmark featstore's `linear` probes against scikit-learn's LogisticRegression (lbfgs, C=1), CPU.
+"""Benchmark featstore's default `linear` probe against scikit-learn, side by side in one run, CPU.
 
-Two sets of anchor features (tests/synthetic.py), 70/30 split as `featstore probe` makes it:
-- default: 10,000 rows, 100 classes, 12 anchors of the resnet50 preset's widths (`class_clusters`);
-- `--imagenet`: ImageNet-shaped, 1,000 classes x 36 rows, 12 anchors of the resnet18 preset's widths, features
-  with a few dominant directions as pooled activations have (`pooled_activations`).
-featstore is timed end to end (`featstore probe`: read the store, train every anchor, predict every row, write
-DuckDB); scikit-learn only for its fits on in-memory arrays, on the train+val rows featstore learns from,
-scored on the same test rows. Two scikit-learn baselines: StandardScaler + LogisticRegression (what a careful
-user runs; the target) and LogisticRegression on the raw features (which stops at its iteration cap).
-`--contention` adds featstore runs with a competing 2-thread process, at the thread policy's choice, at every
-core and at one thread, next to the same runs on the machine as it is.
+Three shapes (`--shape`):
+- `digits`: scikit-learn's 1,797 digits through a random-init resnet18 at 32 px (`featstore build`), its 12
+  preset anchors (widths 64-512), 10 classes;
+- `100` (default): 10,000 rows, 100 classes, 12 anchors of the resnet50 preset's widths (`class_clusters`);
+- `1000`: ImageNet-shaped, 1,000 classes x 36 rows, 12 anchors of the resnet18 preset's widths, features with a
+  few dominant directions as pooled activations have (`pooled_activations`).
+`--dims 64,512` replaces the preset widths (a shorter run). featstore is timed end to end (`featstore probe`:
+read the store, choose C and solve every anchor, predict every row, write DuckDB). Against it, on the same
+standardised rows and the same 70/30 split with its val part:
+- **agreement**: scikit-learn `LogisticRegression(C=<featstore's C>, tol=1e-8, max_iter=10000)` fitted on
+  train + val, the exact optimum of the same objective: the share of test images where both predict the same
+  class (target >= 99.5 %), and the decision-layer fractions (early, mid, late, never stable) at k = 1..4 of
+  both (target: within 0.005);
+- **accuracy**: scikit-learn's own default, C = 1 at tol 1e-4 (target: featstore >= it - 0.5 pp per anchor);
+- **speed**: scikit-learn's loop over the same grid of C with the same val rows (each C fitted on the train
+  rows, default tol, scored by the val log-loss, the best refitted on train + val): its time over featstore's
+  (targets >= 1x at 100 classes, >= 2x at 1,000).
+`--threads 1,2` also runs featstore at each pinned thread count and prints how many predictions and decision
+layers differ between them. `--contention` adds featstore beside a competing 2-thread process.
 
-    python bench/probes.py [--imagenet] [--dims 64,512,512] [--skip-raw] [--contention] [--variant linear:tol=0.001]
+    python bench/probes.py [--shape digits|100|1000] [--dims 64,512] [--exact 0,5,11] [--threads 1,2] [--contention]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -29,6 +39,7 @@ import duckdb
 import numpy as np
 
 from featstore.probing.split import make_split
+from featstore.probing.strength import StrengthGrid
 from featstore.runtime import tune_allocator
 from featstore.specs import RunOptions
 from featstore.threads import cores, idle_cores, runnable_elsewhere
@@ -43,39 +54,162 @@ COMPETITOR = ("import torch, time; torch.set_num_threads(2); a = torch.randn(102
               "while True: a = torch.tanh(a @ a) ")
 
 
-def sklearn_fits(feats, labels, fit, test, standardise: bool) -> tuple[float, list[float]]:
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
+def digits_features(tmp: Path) -> tuple[Path, str, list[np.ndarray], np.ndarray]:
+    """The digits through a random-init resnet18, stored by `featstore build`."""
+    from featstore.store import FeatureStore
+    from featstore.workflows.demo import digits_image_folder
 
-    accs, start = [], time.perf_counter()
-    for x in feats:
-        x = x.astype(np.float32)
-        if standardise:
-            x = StandardScaler().fit(x[fit]).transform(x)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            clf = LogisticRegression().fit(x[fit], labels[fit])
-        accs.append(float(clf.score(x[test], labels[test])))
-    return time.perf_counter() - start, accs
+    data = digits_image_folder(tmp / "images", size=32)
+    subprocess.run([sys.executable, "-m", "featstore.cli.main", "build", "--model", "resnet18", "--weights", "none",
+                    "--image-size", "32", "--data", str(data), "--store", str(tmp / "bench.zarr"), "--no-progress"],
+                   check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    fs = FeatureStore(tmp / "bench.zarr")
+    feats = [fs.read("resnet18", "clean", a.name) for a in fs.anchors("resnet18")]
+    return tmp / "bench.zarr", "resnet18", feats, fs.image_table()["label"]
 
 
-def featstore_run(store: Path, db: Path, variant: str, threads: int | None = None) -> tuple[float, list, list]:
-    """Seconds end to end, test accuracy per anchor, and (epochs, converged) per anchor."""
+def featstore_run(store: Path, model: str, db: Path, threads: int | None = None) -> tuple[float, dict]:
+    """Seconds end to end, and the run: predictions [images, anchors] in image order, per-anchor fit info."""
     start = time.perf_counter()
-    probe(ProbeConfig(store=store, model="synthetic", db=db, variant=variant,
-                      run=RunOptions(device="cpu", progress=False, threads=threads)))
+    probe(ProbeConfig(store=store, model=model, db=db, run=RunOptions(device="cpu", progress=False,
+                                                                      threads=threads)))
     seconds = time.perf_counter() - start
     con = duckdb.connect(str(db), read_only=True)
-    accs = [a for (a,) in con.execute(
-        "SELECT avg((p.pred = i.label)::INT) FROM predictions p JOIN images i USING (image_id) "
-        "WHERE i.split = 'test' GROUP BY p.anchor ORDER BY p.anchor").fetchall()]
-    fits = con.execute("SELECT epochs, converged FROM probe_fits ORDER BY anchor").fetchall()
+    got = con.execute("SELECT image_id, anchor, pred FROM predictions ORDER BY image_id, anchor").fetchnumpy()
+    infos = [json.loads(i) for (i,) in con.execute("SELECT info FROM probe_fits ORDER BY anchor").fetchall()]
     con.close()
-    return seconds, accs, fits
+    n = len(np.unique(got["image_id"]))
+    return seconds, {"pred": got["pred"].reshape(n, -1), "info": infos}
 
 
-def contention(store: Path, tmp: Path, variant: str, quiet_seconds: float) -> None:
+def decision_layers(preds: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """l*(k) per row (docs/design.md §7) and whether it is never stable."""
+    t = preds.shape[1] - 1
+    stable = np.stack([(preds[:, a : a + k + 1] == preds[:, a : a + 1]).all(axis=1) for a in range(t - k + 1)],
+                      axis=1)
+    never = ~stable.any(axis=1)
+    return np.where(never, t, stable.argmax(axis=1)), never
+
+
+def fractions(preds: np.ndarray, k: int) -> np.ndarray:
+    t = preds.shape[1] - 1
+    layer, never = decision_layers(preds, k)
+    return np.array([(layer < 0.3 * t).mean(), ((layer >= 0.3 * t) & (layer < 0.7 * t)).mean(),
+                     (layer >= 0.7 * t).mean(), never.mean()])
+
+
+def standardised(x: np.ndarray, fit: np.ndarray) -> np.ndarray:
+    from sklearn.preprocessing import StandardScaler
+
+    return StandardScaler().fit(x[fit].astype(np.float64)).transform(x.astype(np.float64))
+
+
+def sklearn_grid_loop(zs, labels, train, val, fit, grid) -> tuple[float, list[float]]:
+    """scikit-learn's loop over the grid with the same val rows; seconds (fits only) and the C chosen per anchor."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
+
+    chosen, start = [], time.perf_counter()
+    for z in zs:
+        losses = {}
+        for c in grid:
+            m = LogisticRegression(C=c).fit(z[train], labels[train])
+            losses[c] = log_loss(labels[val], m.predict_proba(z[val]), labels=m.classes_)
+        best = min(losses, key=losses.get)
+        LogisticRegression(C=best).fit(z[fit], labels[fit])
+        chosen.append(best)
+    return time.perf_counter() - start, chosen
+
+
+def main() -> None:
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=("digits", "100", "1000"), default="100")
+    parser.add_argument("--dims", help="comma list of anchor widths instead of the preset's (a shorter run)")
+    parser.add_argument("--exact", help="anchors to check against the exact solver (default: all)")
+    parser.add_argument("--threads", help="also run featstore pinned at each of these thread counts, e.g. 1,2")
+    parser.add_argument("--skip-loop", action="store_true", help="skip scikit-learn's grid loop (the speed ratio)")
+    parser.add_argument("--contention", action="store_true", help="also time featstore with a competing process")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", ConvergenceWarning)
+    tune_allocator()
+    tmp = Path(tempfile.mkdtemp())
+    if args.shape == "digits":
+        store, model, feats, labels = digits_features(tmp)
+    else:
+        if args.shape == "1000":
+            dims = [int(d) for d in args.dims.split(",")] if args.dims else RESNET18_DIMS
+            feats, labels = pooled_activations(1000, 36, dims)
+        else:
+            dims = [int(d) for d in args.dims.split(",")] if args.dims else RESNET50_DIMS
+            feats, labels = class_clusters(10_000, 100, dims)
+        store, model = write_feature_store(tmp / "bench.zarr", feats, labels, int(labels.max()) + 1), "synthetic"
+    dims = [f.shape[1] for f in feats]
+    split = make_split(np.arange(len(labels)))
+    train, val, test = split == "train", split == "val", split == "test"
+    fit = train | val
+    print(f"{args.shape}: {len(labels)} rows x {len(dims)} anchors (widths {','.join(map(str, dims))}), "
+          f"{int(labels.max()) + 1} classes, {int(train.sum())} train / {int(val.sum())} val / {int(test.sum())} "
+          f"test rows; CPU, {cores()} cores, other runnable threads now {runnable_elsewhere():.1f}, load "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+
+    cpu = time.process_time()
+    ours_time, ours = featstore_run(store, model, tmp / "bench.duckdb")
+    ours_cpu = time.process_time() - cpu
+    grid = list(StrengthGrid().values())
+    print(f"  featstore linear (end to end): {ours_time:.1f} s ({ours_cpu:.1f} CPU s); grid of {len(grid)} C",
+          flush=True)
+
+    zs = [standardised(x, fit) for x in feats]
+    if not args.skip_loop:
+        cpu = time.process_time()
+        loop_time, loop_c = sklearn_grid_loop(zs, labels, train, val, fit, grid)
+        loop_cpu = time.process_time() - cpu
+        print(f"  scikit-learn grid loop (fits only): {loop_time:.1f} s ({loop_cpu:.1f} CPU s) -> featstore is "
+              f"{loop_time / ours_time:.2f}x faster (CPU time {loop_cpu / ours_cpu:.2f}x); load now "
+              f"{os.getloadavg()[0]:.1f}", flush=True)
+        same_c = sum(a["C"] == c for a, c in zip(ours["info"], loop_c, strict=True))
+        print(f"  the same C as scikit-learn's loop at {same_c} of {len(dims)} anchors", flush=True)
+
+    exact_anchors = [int(a) for a in args.exact.split(",")] if args.exact else list(range(len(dims)))
+    print("  anchor  dim      C  passes  precision  agree-exact  acc(featstore)  acc(sk C=1)  diff(pp)")
+    theirs = ours["pred"].copy()
+    for a in range(len(dims)):
+        info, z = ours["info"][a], zs[a]
+        acc = (ours["pred"][test, a] == labels[test]).mean()
+        default = LogisticRegression().fit(z[fit], labels[fit]).score(z[test], labels[test])
+        agree = "-"
+        if a in exact_anchors:
+            theirs[:, a] = LogisticRegression(C=info["C"], tol=1e-8, max_iter=10_000).fit(z[fit], labels[fit]
+                                                                                          ).predict(z)
+            agree = f"{(theirs[test, a] == ours['pred'][test, a]).mean():.4f}"
+        print(f"  {a:6d} {dims[a]:4d} {info['C']:6g} {info['lbfgs_iterations']:7d} {info['precision']:>10s} "
+              f"{agree:>12s} {acc:15.4f} {default:12.4f} {100 * (acc - default):+9.2f}", flush=True)
+    if len(exact_anchors) == len(dims):
+        for k in (1, 2, 3, 4):
+            diff = np.abs(fractions(ours["pred"][test], k) - fractions(theirs[test], k))
+            print(f"  k={k}: early/mid/late/never featstore {np.round(fractions(ours['pred'][test], k), 4)}, "
+                  f"exact {np.round(fractions(theirs[test], k), 4)}, largest difference {diff.max():.4f} "
+                  f"(target <= 0.005)")
+
+    if args.threads:
+        runs = {t: featstore_run(store, model, tmp / f"t{t}.duckdb", int(t)) for t in args.threads.split(",")}
+        (ta, (sa, ra)), (tb, (sb, rb)) = list(runs.items())[:2]
+        same = (ra["pred"] == rb["pred"]).mean()
+        layers = [(decision_layers(ra["pred"], k)[0] != decision_layers(rb["pred"], k)[0]).sum() for k in (1, 2, 3, 4)]
+        print(f"  --threads {ta}: {sa:.1f} s, --threads {tb}: {sb:.1f} s; identical predictions {same:.6f} "
+              f"({int((ra['pred'] != rb['pred']).sum())} of {ra['pred'].size} differ); images whose l*(k) differs at "
+              f"k=1..4: {layers}; the same C at every anchor: "
+              f"{[i['C'] for i in ra['info']] == [i['C'] for i in rb['info']]}", flush=True)
+    if args.contention:
+        contention(store, model, tmp, ours_time)
+    if args.shape == "100":
+        print(f"  landing 50,000 images x 12 anchors in DuckDB: {land_predictions(tmp / 'land.duckdb'):.2f} s")
+
+
+def contention(store: Path, model: str, tmp: Path, quiet_seconds: float) -> None:
     """featstore's time per thread setting, on the machine as it is and with a competing 2-thread process."""
     print(f"\n  threads under contention ({cores()} cores; other runnable threads now: "
           f"{runnable_elsewhere():.1f}; the machine is shared, so 'as is' is not idle)")
@@ -84,80 +218,16 @@ def contention(store: Path, tmp: Path, variant: str, quiet_seconds: float) -> No
     for name, threads in settings.items():
         if threads == 1 and idle_cores() == 1:
             continue  # the policy's run above was this one
-        quiet = quiet_seconds if threads is None else featstore_run(store, tmp / f"q{name}.duckdb", variant,
+        quiet = quiet_seconds if threads is None else featstore_run(store, model, tmp / f"q{name}.duckdb",
                                                                     threads)[0]
         competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR])
         try:
             time.sleep(1.0)
-            busy = featstore_run(store, tmp / f"c{name}.duckdb", variant, threads)[0]
+            busy = featstore_run(store, model, tmp / f"c{name}.duckdb", threads)[0]
         finally:
             competitor.kill()
             competitor.wait()
         print(f"  {name:16s} {quiet:10.1f}   {busy:15.1f}   {busy / quiet:6.2f}x")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--imagenet", action="store_true", help="1,000 classes x 36 rows, resnet18 widths")
-    parser.add_argument("--n", type=int, default=10_000, help="rows of the 100-class set")
-    parser.add_argument("--classes", type=int, default=100, help="classes of the default set")
-    parser.add_argument("--dims", help="comma list of anchor widths instead of the preset's (a shorter run)")
-    parser.add_argument("--variant", default="linear")
-    parser.add_argument("--skip-raw", action="store_true", help="skip the slow raw-feature scikit-learn fits")
-    parser.add_argument("--contention", action="store_true", help="also time featstore with a competing process")
-    args = parser.parse_args()
-    tune_allocator()
-    tmp = Path(tempfile.mkdtemp())
-    if args.imagenet:
-        dims = [int(d) for d in args.dims.split(",")] if args.dims else RESNET18_DIMS
-        name = f"widths {','.join(map(str, dims))}, ImageNet-shaped (1,000 classes x 36 rows)"
-        feats, labels = pooled_activations(1000, 36, dims)
-        n_classes = 1000
-    else:
-        dims = [int(d) for d in args.dims.split(",")] if args.dims else RESNET50_DIMS
-        name = f"widths {','.join(map(str, dims))}, {args.classes} classes"
-        feats, labels = class_clusters(args.n, args.classes, dims)
-        n_classes = args.classes
-    write_feature_store(tmp / "bench.zarr", feats, labels, n_classes)
-
-    cpu = time.process_time()  # CPU seconds too: on a shared machine wall time depends on who else runs
-    ours_time, ours, fits = featstore_run(tmp / "bench.zarr", tmp / "bench.duckdb", args.variant)
-    ours_cpu = time.process_time() - cpu
-    split = make_split(np.arange(len(labels)))
-    fit, test = np.isin(split, ["train", "val"]), split == "test"
-    print(f"{len(labels)} rows x {len(dims)} anchors ({name}), {int(fit.sum())} fit rows, {int(test.sum())} test "
-          f"rows, CPU, {cores()} cores")
-    print(f"  featstore {args.variant} (end to end): {ours_time:7.1f} s", flush=True)
-    if args.contention:
-        contention(tmp / "bench.zarr", tmp, args.variant, ours_time)
-    if not args.imagenet:
-        print(f"  landing 50,000 images x 12 anchors in DuckDB: {land_predictions(tmp / 'land.duckdb'):.2f} s")
-    cpu = time.process_time()
-    baselines = {"sklearn std": sklearn_fits(feats, labels, fit, test, standardise=True)}
-    cpu = time.process_time() - cpu
-    print_table(dims, ours_time, ours, fits, baselines)
-    print(f"  CPU time of every thread: featstore {ours_cpu:.1f} s, sklearn std {cpu:.1f} s -> featstore is "
-          f"{cpu / ours_cpu:.1f}x faster (load average now {os.getloadavg()[0]:.1f})", flush=True)
-    if not args.skip_raw:
-        baselines["sklearn raw"] = sklearn_fits(feats, labels, fit, test, standardise=False)
-        print_table(dims, ours_time, ours, fits, baselines)
-
-
-def print_table(dims, ours_time, ours, fits, baselines) -> None:
-    print()
-    for base, (seconds, _) in baselines.items():
-        print(f"  {base:12s} ({len(dims)} fits only):  {seconds:7.1f} s   ->  featstore is "
-              f"{seconds / ours_time:5.1f}x faster")
-    print("  anchor  dim   featstore epochs conv " + " ".join(f"{n:>12s}  diff(pp)" for n in baselines))
-    for a, dim in enumerate(dims):
-        row = f"  {a:6d} {dim:5d}   {ours[a]:9.4f} {fits[a][0]:6d} {'yes' if fits[a][1] else 'NO':>4s} "
-        for _, accs in baselines.values():
-            row += f" {accs[a]:12.4f}  {100 * (ours[a] - accs[a]):+8.2f}"
-        print(row)
-    for base, (_, accs) in baselines.items():
-        diffs = [100 * (o - s) for o, s in zip(ours, accs, strict=True)]
-        print(f"  vs {base}: worst anchor {min(diffs):+.2f} pp (target >= -1), mean {np.mean(diffs):+.2f} pp "
-              f"(target >= -0.5)", flush=True)
 
 
 def land_predictions(db: Path, n: int = 50_000, anchors: int = 12) -> float:

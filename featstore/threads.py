@@ -94,8 +94,10 @@ class ThreadPolicy:
     tests (the machine's real load otherwise)."""
 
     def __init__(self, threads: int | None = None, device: torch.device | str = "cpu", every: float = 1.0,
-                 read: Reading = runnable_elsewhere, clock: Callable[[], float] = time.monotonic):
+                 read: Reading = runnable_elsewhere, clock: Callable[[], float] = time.monotonic,
+                 sets_torch: bool = True):
         self.pinned = threads
+        self.sets_torch = sets_torch  # False: only decide; the work spreads itself over `current` threads
         self.on_cpu = torch.device(device).type == "cpu"
         self.every, self.read, self.clock = every, read, clock
         self.current = torch.get_num_threads()
@@ -120,7 +122,7 @@ class ThreadPolicy:
         if force or (self.pinned is None and now - self._last >= self.every):
             self._last = now
             n = self.pinned or choose(self.read(), cores())
-            if n != torch.get_num_threads():
+            if self.sets_torch and n != torch.get_num_threads():
                 torch.set_num_threads(n)
             self.current = n
         if self.current not in self.used:

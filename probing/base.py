@@ -63,6 +63,7 @@ class AnchorContext:
     seed: int
     fit_rows: np.ndarray | None = None  # positions in the store of the rows the batches carry (sorted)
     store_rows: int = 0  # rows of the store (the length of a per-row record such as knn's reference mask)
+    resident: bool = False  # every fit row will be prepared and held in memory (`ProbeGroup.finish` may run)
 
 
 @dataclass
@@ -178,9 +179,11 @@ class ProbeGroup(ABC):
         """True when some anchors want `finish` (only asked when `resident`)."""
         return False
 
-    def finish(self, x: torch.Tensor, y: torch.Tensor, on_pass: Callable[[], None] | None = None) -> None:
+    def finish(self, x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor,
+               on_pass: Callable[[], None] | None = None) -> None:
         """Finish the waiting anchors on all fit rows at once: x [G, n, D] prepared, one slice per anchor in
-        `anchors`, y [n]; `on_pass()` after every pass over the rows. They leave `anchors` when done."""
+        `anchors`, y [n], is_val [n] (which rows are val rows); `on_pass()` after every pass over the rows. They
+        leave `anchors` when done."""
         raise NotImplementedError(f"{type(self).__name__} asked to finish but has no full-batch method")
 
 

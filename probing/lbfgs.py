@@ -1,14 +1,14 @@
 """Full-batch L-BFGS for the softmax probes of several anchors at once, on rows held in memory.
 
-Mini-batch SGD gets near a probe's optimum in a few epochs and then crawls: the last stretch of a convex,
-smooth objective is where a quasi-Newton method is fast (it learns the curvature the step-size cuts of SGD
-only guess). So `linear:full_batch=1` hands its anchors to this solver, when the rows are resident, once an SGD
-epoch lowers the objective by less than `handoff`.
+The last stretch of a convex, smooth objective is where a quasi-Newton method is fast (it learns the curvature
+that the step-size cuts of SGD only guess), so `linear` solves its resident rows with this solver.
 
 Each anchor keeps its own curvature pairs, step length and stopping state; only the expensive part, the loss
 and gradient over all rows, is one batched computation for every anchor still running. An anchor stops when
 its largest gradient entry is at most `gtol` (scikit-learn's test), or when `PATIENCE` iterations in a row
-lower its loss by less than float32 can resolve (the precision floor), or at `max_iter` (unconverged).
+lower its loss by less than the evaluation's precision can resolve (`RESOLUTION`: the precision floor), or at
+`max_iter` (unconverged). Float32 reaches its floor at a largest gradient entry of ~1e-5 on hard anchors, so a
+tight solve finishes in float64 (`SoftmaxObjective.dtype`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from featstore.probing import targets
 WOLFE_DECREASE = 1e-3  # sufficient decrease (scipy L-BFGS-B's ftol of its line search)
 WOLFE_CURVATURE = 0.9  # curvature condition (its gtol)
 MAX_EVALUATIONS = 20  # per line search
-RESOLUTION = 1e-6  # relative loss decrease float32 cannot tell from noise
+RESOLUTION = {torch.float32: 1e-6, torch.float64: 1e-14}  # relative loss decrease each precision cannot resolve
 PATIENCE = 3
 LOGIT_BYTES = 256 * 2**20  # a row chunk's logits stay below this
 
@@ -34,30 +34,46 @@ Objective = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Ten
 @dataclass
 class SoftmaxObjective:
     """f(W) = mean CE(z W[:D] + W[D], y) + l2 |W[:D]|^2 / 2 for G anchors; W: [G, D+1, C], z: [G, n, D]; y labels
-    or target distributions (`probing.targets`)."""
+    or target distributions (`probing.targets`). `l2` is one strength for every anchor or one per anchor [G].
+    With `dtype` float64 every chunk of rows is evaluated in float64 (W must be float64 then): float32 sums stop
+    resolving the loss's decrease near the optimum, and their last bits move with the thread count."""
 
     z: torch.Tensor
     y: torch.Tensor
     num_classes: int
-    l2: float
+    l2: float | torch.Tensor
+    dtype: torch.dtype = torch.float32
+
+    def strengths(self, which: torch.Tensor) -> torch.Tensor:
+        """[g, 1, 1] penalty strength of the anchors `which`."""
+        l2 = torch.as_tensor(self.l2, dtype=torch.float64, device=self.z.device).reshape(-1)
+        l2 = l2.expand(self.z.shape[0]) if l2.numel() == 1 else l2
+        return l2.index_select(0, which)[:, None, None]
 
     def __call__(self, w: torch.Tensor, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Loss [g] and gradient [g, D+1, C] of the anchors `which` (indices into z's first axis)."""
-        z = self.z if len(which) == self.z.shape[0] else self.z.index_select(0, which)
-        g, n, d = z.shape
+        """Loss [g] and gradient [g, D+1, C] of the anchors `which` (indices into z's first axis); a subset is
+        read as views of z, never copied."""
+        g, n, d = len(which), self.z.shape[1], self.z.shape[2]
+        everyone = g == self.z.shape[0] and bool((which == torch.arange(g, device=which.device)).all())
         rows = max(256, LOGIT_BYTES // max(1, 4 * g * self.num_classes))
-        loss = torch.zeros(g, dtype=torch.float64, device=z.device)
+        loss = torch.zeros(g, dtype=torch.float64, device=self.z.device)
         grad = torch.zeros_like(w)
+        picks = None if everyone else [int(i) for i in which]
         for start in range(0, n, rows):
-            zc, yc = z[:, start : start + rows], self.y[start : start + rows]
+            yc = self.y[start : start + rows]
+            if picks is None:
+                zc = self.z[:, start : start + rows].to(self.dtype)
+            else:
+                zc = torch.stack([self.z[i, start : start + rows] for i in picks]).to(self.dtype)
             logp = torch.log_softmax(torch.baddbmm(w[:, d:], zc, w[:, :d]), dim=-1)
             loss += targets.nll(logp, yc).sum(dim=1).double()
             p = targets.subtract_(logp.exp_(), yc)
             grad[:, :d].baddbmm_(zc.transpose(1, 2), p)
             grad[:, d:] += p.sum(dim=1, keepdim=True)
+        l2 = self.strengths(which)
         grad /= n
-        grad[:, :d].add_(w[:, :d], alpha=self.l2)
-        loss = loss / n + 0.5 * self.l2 * w[:, :d].double().pow(2).sum(dim=(1, 2))
+        grad[:, :d].add_(w[:, :d] * l2.to(w.dtype))
+        loss = loss / n + 0.5 * (l2[:, 0, 0] * w[:, :d].double().pow(2).sum(dim=(1, 2)))
         return loss, grad
 
 
@@ -83,6 +99,7 @@ class SolverState:
 
 def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, memory: int = 10,
              on_evaluation: Callable[[], None] | None = None) -> tuple[torch.Tensor, list[SolverState]]:
+    resolution = RESOLUTION.get(w.dtype, RESOLUTION[torch.float32])
     """Minimise every anchor's objective from `w` [G, ...]; returns the minimisers and each anchor's state.
     `on_evaluation()` hears of every batched evaluation, one pass over the rows (for a progress bar)."""
     w = w.clone()
@@ -144,7 +161,7 @@ def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, 
                     st.stop = "precision"
                 continue
             point, value, g_point = tried[i][chosen[i]]
-            _accept(st, point - w[i], g_point - grad[i], float(f[i]) - value, memory)
+            _accept(st, point - w[i], g_point - grad[i], float(f[i]) - value, memory, resolution)
             w[i], grad[i], f[i] = point, g_point, value
             st.loss, st.max_gradient = value, float(g_point.abs().max())
             if st.max_gradient <= gtol:
@@ -155,9 +172,10 @@ def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, 
     return w, states
 
 
-def _accept(st: SolverState, s: torch.Tensor, yv: torch.Tensor, decrease: float, memory: int) -> None:
+def _accept(st: SolverState, s: torch.Tensor, yv: torch.Tensor, decrease: float, memory: int,
+            resolution: float) -> None:
     st.iterations += 1
-    st.stalls = st.stalls + 1 if decrease <= RESOLUTION * max(abs(st.loss), 1e-12) else 0
+    st.stalls = st.stalls + 1 if decrease <= resolution * max(abs(st.loss), 1e-12) else 0
     sy = float((s * yv).sum())
     if sy > 1e-10 * float((yv * yv).sum()):
         st.s.append(s), st.y.append(yv), st.rho.append(1.0 / sy)

@@ -1,7 +1,7 @@
 """`lens`: per anchor, a linear readout of the model's own final distribution (tuned-lens style: Belrose et al.,
 "Eliciting Latent Predictions from Transformers with the Tuned Lens", 2023, one affine map per layer trained to
-match the final output). It is `linear` (same standardisation, preconditioning, learning-rate choice, stopping
-criterion, C=1 penalty) with the model's head as the target instead of the label: the objective is the
+match the final output). It is `linear` (same standardisation, L2 strength chosen on the val rows, solve to the
+optimum) with the model's head as the target instead of the label: the objective is the
 cross-entropy against softmax(stored logits of the training view), i.e. KL(head || lens) plus the head's own
 entropy, a constant. Its classes are the head's (its width may exceed the labelled classes), and its val
 "accuracy" is agreement with the head's argmax; `head_agreement(scope)` gives it per anchor on any split.

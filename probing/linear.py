@@ -1,28 +1,28 @@
-"""`linear` (default): a well-regularised multinomial logistic regression per anchor.
+"""`linear` (default): a multinomial logistic regression per anchor, at an L2 strength chosen on held-out rows and
+solved to its optimum, so that its predictions are those of the objective and not of where a solver stopped.
 
-The objective is scikit-learn's LogisticRegression(C=1) on standardised features, fitted on the train + val
-rows: mean cross-entropy plus 1/(2N) |w|^2 (bias not penalised); on preconditioned anchors (below) the
-penalty applies to the weights of the preconditioned features, which regularises the dominant directions more.
-All anchors of one width are fitted at once (weights stacked as [G, D, C], one batched matmul serves them all).
+The objective is scikit-learn's LogisticRegression(C) on standardised features: mean cross-entropy plus
+|w|^2 / (2 C N) over the N rows it learns from (bias not penalised). All anchors of one width are fitted at once
+(weights stacked as [G, D, C], one batched matmul serves them all).
 
-- Preconditioning: pooled activations are often strongly correlated (top eigenvalue of the standardised train
-  covariance tens of times the mean), and every first-order method then crawls along all other directions.
-  Such anchors are fitted on z = x P with P = (C/mean + I)^(-1/2) from the sample covariance C (the top of the
-  spectrum shrunk towards the bulk); anchors with a flat spectrum are left alone.
-- Rows in memory (the usual case, `full_batch=1`): full-batch L-BFGS from zero (`probing/lbfgs.py`), with
-  scikit-learn's solver settings: a strong-Wolfe line search and its stopping test, the largest gradient entry
-  at most `gtol` (1e-4, scikit-learn's `tol`), at most `max_iterations`. That test stops short of the exact
-  optimum, and at 100 classes x 70 rows per class stopping there generalises better than the optimum (by up
-  to 2 pp on held-out rows, `bench/probes.py`): it is part of what scikit-learn's default computes, so it is
-  part of ours. Wide anchors need a handful of passes over the rows.
-- Rows streamed from the store (more than `--memory-budget`), or `full_batch=0`: mini-batch SGD with momentum.
-  Step sizes are dimensionless learning rates divided by the top eigenvalue of the (preconditioned) sample
-  covariance (power iteration), so one grid fits every anchor width. The first epoch trains one head per
-  candidate rate on the train rows; the val loss picks one, and only that head trains on, from then on from the
-  val rows too. After each epoch the objective (mean loss over the epoch's batches plus the penalty) is compared
-  with the previous epoch's: a relative decrease below `tol` is a plateau and a rise means the step is too
-  large; either divides the step size by `decay`, and a plateau after `decays` such cuts means converged.
-  `max_epochs` is the cap; a probe stopped by it is reported unconverged.
+- Rows in memory (the usual case, `full_batch=1`): `probing/strength.py` solves every anchor along a grid of C on
+  the train rows (warm-started, float32 L-BFGS to `search_gtol`), chooses each anchor's C by its val loss, refits
+  on train + val at that C and solves to `gtol` (float64 at the end), where the predictions no longer move: they
+  equal scikit-learn's at tol 1e-8 and do not depend on the thread count (docs/probes.md). `linear:C=1` pins the
+  strength and skips the search. `probe_fits.info` records the chosen "C", the val loss of every C tried, and the
+  solver's end; `val_accuracy` is the path's at the chosen C, on val rows it did not learn from.
+- Rows streamed from the store (more than `--memory-budget`), or `full_batch=0`: mini-batch SGD with momentum at
+  the pinned C (C = 1 when none is pinned: there is no search). Pooled activations are often strongly correlated
+  (top eigenvalue of the standardised covariance tens of times the mean), and SGD then crawls along all other
+  directions, so such anchors are fitted on z = x P with P = (C/mean + I)^(-1/2) from the sample covariance; the
+  penalty then applies to the weights of the preconditioned features. Step sizes are dimensionless learning rates
+  divided by the top eigenvalue of the (preconditioned) covariance (power iteration), so one grid fits every
+  width. The first epoch trains one head per candidate rate on the train rows; the val loss picks one, and only
+  that head trains on, from then on from the val rows too (so its val accuracy is in-sample: recorded as
+  `in_sample_val_accuracy` in the info, not as `val_accuracy`). After each epoch the objective is compared with
+  the previous epoch's: a relative decrease below `tol` is a plateau and a rise means the step is too large;
+  either divides the step size by `decay`, and a plateau after `decays` such cuts means converged. `max_epochs`
+  is the cap; a probe stopped by it is reported unconverged.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 
 from featstore.probing import targets
 from featstore.probing.base import AnchorContext, LinearFit, Plan, ProbeGroup, ProbeVariant, register
-from featstore.probing.lbfgs import SoftmaxObjective, minimise
+from featstore.probing.strength import StrengthGrid, Tolerances, choose_and_solve
 from featstore.schema import Int, Real
 
 PRECONDITION_ABOVE = 8.0  # top eigenvalue / mean eigenvalue beyond which an anchor is preconditioned
@@ -87,12 +87,20 @@ class Linear(ProbeVariant):
         "decay": Real(4.0, gt=1, help="step-size divisor at a plateau or a rise"),
         "decays": Int(3, ge=0, help="step-size cuts before a plateau means converged"),
         "full_batch": Int(1, ge=0, le=1, help="1: full-batch L-BFGS on resident rows; 0: SGD throughout"),
-        "gtol": Real(1e-4, gt=0, help="full_batch: largest gradient entry at which L-BFGS stops"),
-        "max_iterations": Int(300, ge=1, help="full_batch: L-BFGS iterations at most"),
+        "C": Real(0.0, gt=0, also=(0,), help="L2 strength, scikit-learn's C (penalty |W|^2 / 2CN); 0: chosen per "
+                                               "anchor on the val rows from C_low..C_high"),
+        "C_low": Real(1e-3, gt=0, help="the searched grid's smallest C (strongest penalty)"),
+        "C_high": Real(1e2, gt=0, help="the searched grid's largest C"),
+        "C_per_decade": Int(2, ge=1, le=10, help="grid values per factor of 10 (2: 1e-3, 3.2e-3, 1e-2, ...)"),
+        "search_gtol": Real(1e-5, gt=0, help="full_batch: the C path's gradient test (train rows, float32)"),
+        "gtol": Real(1e-6, gt=0, help="full_batch: largest gradient entry at which the refit stops"),
+        "max_iterations": Int(1000, ge=1, help="full_batch: L-BFGS iterations of each solve at most"),
     }
 
     @classmethod
     def relations(cls, params: dict) -> None:
+        if params["C_low"] > params["C_high"]:
+            raise ValueError(f"C_low={params['C_low']:g} exceeds C_high={params['C_high']:g}; give C_low <= C_high")
         low, high = params["lr_low"], params["lr_high"]
         if low > high:
             raise ValueError(f"lr_low={low:g} exceeds lr_high={high:g}; give lr_low <= lr_high")
@@ -111,22 +119,24 @@ class Linear(ProbeVariant):
 
     def make_group(self, ctxs) -> ProbeGroup:
         p = self.params
+        grid = StrengthGrid(p["C_low"], p["C_high"], p["C_per_decade"], p["C"])
         return LinearGroup(ctxs, candidate_rates(p["lr_low"], p["lr_high"]), p["momentum"], p["tol"], p["decay"],
-                           p["decays"], FullBatch(bool(p["full_batch"]), p["gtol"], p["max_iterations"]))
+                           p["decays"], FullBatch(bool(p["full_batch"]), grid,
+                                                  Tolerances(p["search_gtol"], p["gtol"], p["max_iterations"])))
 
 
 @dataclass(frozen=True)
 class FullBatch:
-    """The full-batch L-BFGS solve on resident rows: on or off, its gradient tolerance and iteration cap."""
+    """The full-batch solve on resident rows: on or off, the C it searches (or pins) and how tightly it solves."""
 
     on: bool = True
-    gtol: float = 1e-4
-    max_iterations: int = 300
+    grid: StrengthGrid = StrengthGrid()
+    tol: Tolerances = Tolerances()
 
 
 class LinearGroup(ProbeGroup):
     """G anchors of width D, each with K heads of C classes, as [G, D, K*C] weights. With resident rows and
-    `full_batch`, `finish` solves every anchor by L-BFGS from zero before any SGD epoch (K = 1). Otherwise SGD: in
+    `full_batch`, `finish` chooses C and solves every anchor before any SGD epoch (K = 1). Otherwise SGD: in
     the first epoch there is a head per candidate learning rate, learning from the train rows only; from the
     second, K = 1: the chosen head, which then learns from the val rows too."""
 
@@ -138,13 +148,16 @@ class LinearGroup(ProbeGroup):
         self.c, dev = ctx0.num_classes, ctx0.device
         self.anchors = [ctx.anchor for ctx in ctxs]
         self.lrs, self.momentum, self.tol, self.decay, self.decays = lrs, momentum, tol, decay, decays
-        self.wd = 1.0 / ctx0.n_fit  # scikit-learn's C=1 on the rows the final probe learns from
+        self.solves = full_batch.on and ctx0.resident  # `finish` will solve: no SGD, so no preconditioning
+        self.sgd_c = full_batch.grid.pinned or 1.0  # SGD has no search: the pinned C, or scikit-learn's default
+        self.wd = 1.0 / (self.sgd_c * ctx0.n_fit)  # on the rows the final probe learns from
+        self.held_out: dict[int, tuple[float, float]] = {}  # anchor -> val loss and accuracy, rows not learnt from
         stds, means, samples, lams, self.preconditioned = [], [], [], [], {}
         for ctx in ctxs:
             mean, std = ctx.stats.mean.to(dev), ctx.stats.std.to(dev)
             sample = (ctx.stats.sample.to(dev) - mean) / std
             lam = top_eigenvalue(sample, seed=ctx.seed)
-            self.preconditioned[ctx.anchor] = lam > PRECONDITION_ABOVE and len(sample) > 1
+            self.preconditioned[ctx.anchor] = not self.solves and lam > PRECONDITION_ABOVE and len(sample) > 1
             stds.append(std), means.append(mean), samples.append(sample), lams.append(lam)
         # z = x @ transform + offset: standardisation (and preconditioning). Without any preconditioned anchor the
         # transform is diagonal, kept as [G, 1, D] and applied elementwise: a dense [D, D] product over every row
@@ -244,24 +257,31 @@ class LinearGroup(ProbeGroup):
         """Before the first SGD epoch, when the rows are resident and the full-batch solve is on."""
         return self.resident and self.full_batch.on and self.chosen is None and bool(self.anchors)
 
-    def finish(self, x, y, on_pass=None) -> None:
-        """L-BFGS from zero on all fit rows, every anchor of the group at once, to the gradient test; the anchors
-        retire, converged unless the iteration cap stopped them."""
+    def finish(self, x, y, is_val, on_pass=None) -> None:
+        """Choose C on the val rows and solve every anchor of the group at it (`probing/strength.py`); the anchors
+        retire, converged unless an iteration cap stopped them."""
         g, d = self.w.shape[0], self.w.shape[1]
         self.chosen = [-1] * g  # no learning rate: one head, solved
-        objective = SoftmaxObjective(x, y, self.c, self.wd)
-        w, states = minimise(objective, torch.zeros(g, d + 1, self.c, device=x.device), self.full_batch.gtol,
-                             self.full_batch.max_iterations, on_evaluation=on_pass)
-        self.w, self.b = w[:, :d].contiguous(), w[:, d:].contiguous()
+        n_train = int((~is_val).sum())
+        if bool(is_val[:n_train].any()):  # train rows first, as the path reads them (views, no copy)
+            order = torch.argsort(is_val.to(torch.int8), stable=True)
+            x, y = x.index_select(1, order), y[order]
+        tol = self.full_batch.tol
+        solved = choose_and_solve(x, y, n_train, self.c, self.full_batch.grid, tol, on_pass)
+        self.w, self.b = solved.w[:, :d].contiguous(), solved.w[:, d:].contiguous()
         self.vw, self.vb, self.lr = torch.zeros_like(self.w), torch.zeros_like(self.b), self.lr[:, :, : self.c]
         self.loss_sum = self.loss_sum[:, :1].clone()
-        for a, st in zip(self.anchors, states, strict=True):
-            self.epochs[a] = st.evaluations  # passes over the fit rows
+        for i, (a, st) in enumerate(zip(self.anchors, solved.states, strict=True)):
+            self.epochs[a] = solved.passes[i]  # passes over the rows, path and refit
             self.history[a].append(st.loss)
-            self.solver[a] = {"solver": "lbfgs", "cap": "max_iterations", "lbfgs_iterations": st.iterations,
-                              "lbfgs_stop": st.stop, "max_gradient": st.max_gradient}
+            self.held_out[a] = (solved.val_loss[i], solved.val_accuracy[i])
+            self.solver[a] = {"solver": "lbfgs", "cap": "max_iterations", "C": solved.c[i],
+                              "C_chosen_on": "pinned" if self.full_batch.grid.pinned else "val loss",
+                              "val_loss_per_C": solved.path[i], "lbfgs_iterations": st.iterations,
+                              "lbfgs_stop": st.stop, "max_gradient": st.max_gradient, "gtol": solved.gtol,
+                              "precision": solved.precision[i]}
         for i in reversed(range(g)):
-            self._retire(i, converged=states[i].converged(self.full_batch.gtol))
+            self._retire(i, converged=solved.states[i].converged(solved.gtol))
 
     def _select(self, val_x, val_y) -> None:
         """Pick each anchor's learning rate by its head's val loss; keep only that head."""
@@ -304,12 +324,16 @@ class LinearGroup(ProbeGroup):
             # raw space: z W + b = x (T W) + (offset W + b)
             weight = transform.T * w if self.diagonal else transform @ w
             bias = b + offset @ w
-            logits = val_x[a] @ weight + bias
             info = {"lr": self.lrs[chosen] if chosen >= 0 else None, "preconditioned": self.preconditioned[a],
-                    "lr_cuts": self.cuts[a],
+                    "lr_cuts": self.cuts[a], "C": self.sgd_c,
                     "objective_history": self.history[a], **self.selection.get(a, {}), **self.solver.get(a, {})}
+            if a in self.held_out:
+                val_loss, val_accuracy = self.held_out[a]
+            else:  # SGD learnt from the val rows too: their accuracy is no held-out figure
+                logits = val_x[a] @ weight + bias
+                info["in_sample_val_accuracy"] = float((logits.argmax(dim=-1) == targets.hard(val_y)).float().mean())
+                val_loss, val_accuracy = float(torch.nn.functional.cross_entropy(logits, val_y)), float("nan")
             out[a] = LinearFit(weight.T.contiguous(), bias.contiguous(), info=info, epochs=self.epochs[a],
-                               converged=converged, train_loss=train_loss,
-                               val_loss=float(torch.nn.functional.cross_entropy(logits, val_y)),
-                               val_accuracy=float((logits.argmax(dim=-1) == targets.hard(val_y)).float().mean()))
+                               converged=converged, train_loss=train_loss, val_loss=val_loss,
+                               val_accuracy=val_accuracy)
         return out

@@ -49,9 +49,10 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     fit = np.concatenate([rows.train, rows.val]) if trains_on_val else rows.train
     plan = variant.plan(len(fit))
     stats = source.stats(fit, seed=seed)  # the rows it learns from (as a standardising scikit-learn user does)
+    resident = holds_prepared(source.nbytes, len(fit) * sum(source.dims) * 4, source.memory_budget)
     contexts = [AnchorContext(anchor=a, dim=d, num_classes=num_classes, n_train=len(rows.train), n_fit=len(fit),
                               stats=stats[a], device=device, seed=seed, fit_rows=np.sort(fit),
-                              store_rows=len(rows.labels)) for a, d in enumerate(source.dims)]
+                              store_rows=len(rows.labels), resident=resident) for a, d in enumerate(source.dims)]
     groups = [variant.make_group([contexts[a] for a in anchors])
               for anchors in anchor_groups(source.dims, variant.batches_anchors())]
     val_x = source.gather(rows.val)
@@ -60,7 +61,6 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     is_val_row = torch.zeros(len(rows.labels), dtype=torch.bool, device=device)
     is_val_row[torch.from_numpy(rows.val).to(device)] = True
     rng = np.random.default_rng(seed)
-    resident = holds_prepared(source.nbytes, len(fit) * sum(source.dims) * 4, source.memory_budget)
     batches = ResidentBatches(source, groups, fit, labels, is_val_row, seed) if resident else None
     for g in groups:
         g.resident = batches is not None
@@ -74,7 +74,7 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     shown = None
     for g in groups if batches is not None else ():
         if g.ready_to_finish():  # a full-batch method that starts without any epoch
-            g.finish(batches.stack(g), batches.y, on_pass)
+            g.finish(batches.stack(g), batches.y, batches.is_val, on_pass)
     for epoch in range(plan.max_epochs):
         active = [g for g in groups if g.anchors]
         if not active:
@@ -90,7 +90,7 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
         for g in active:
             g.end_epoch(epoch, val_x, val_y)
             if batches is not None and g.ready_to_finish():
-                g.finish(batches.stack(g), batches.y, on_pass)
+                g.finish(batches.stack(g), batches.y, batches.is_val, on_pass)
         if bar is not None and shown is not None:
             bar.set_postfix(epoch=f"{epoch + 1} (cap {plan.max_epochs})", training=sum(len(g.anchors) for g in groups),
                             loss=f"{float(shown[0]):.3f}", acc=f"{float(shown[1]):.3f}")

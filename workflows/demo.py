@@ -98,14 +98,26 @@ def clean_batch(images: ImageSet, prep: Preprocessing) -> torch.Tensor:
     return prep.normalize(torch.stack([dataset[i][1][0] for i in range(len(dataset))]))
 
 
+MICRO_BATCHES = 2  # each batch of 64 is two micro-batches of 32, each computed on one thread
+
+
 def fit_resnet18(x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, num_classes: int, epochs: int,
                  seed: int = 0, progress: bool = True, desc: str = "training resnet18",
                  threads: int | None = None) -> torch.nn.Module:
     """Train torchvision's resnet18 from scratch on rows `train` of a normalised in-memory batch (AdamW, one-cycle
     learning rate to 2e-3, batches of 64): the demo's recipe, shared with bench/demo_depth.py. The weights are
-    initialised from torch's global generator (seed it first); `seed` orders the batches. CPU threads: `threads`,
-    or the idle cores, looked at again as batches go (`featstore.threads`)."""
+    initialised from torch's global generator (seed it first); `seed` orders the batches.
+
+    The same network whatever the thread count: float sums split over another number of threads differ in the last
+    bits, and minutes of training turn that into another network. So each batch is `MICRO_BATCHES` micro-batches,
+    each run forward and backward on one thread (batch norm over its own 32 rows, on its own copy of the running
+    statistics), their gradient sums and statistics added in a fixed order; with two threads (`threads`, or the
+    idle cores, looked at again as batches go: `featstore.threads`) the micro-batches run side by side."""
+    import copy
+    from concurrent.futures import ThreadPoolExecutor
+
     import torchvision
+    from torch.func import functional_call
     from tqdm import tqdm
 
     model = torchvision.models.resnet18(weights=None, num_classes=num_classes)
@@ -114,24 +126,54 @@ def fit_resnet18(x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, num_clas
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=2e-3, total_steps=epochs * per_epoch)
     gen = torch.Generator().manual_seed(seed)
     model.train()
+    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+    replicas = [copy.deepcopy(model) for _ in range(MICRO_BATCHES)]  # functional_call swaps a module's tensors
+
+    def micro_batch(j: int, rows: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], dict]:
+        stats = {k: v.clone() for k, v in buffers.items()}
+        out = functional_call(replicas[j], ({**params, **stats},), (x[rows],))
+        loss = torch.nn.functional.cross_entropy(out, y[rows], reduction="sum")
+        return loss.detach(), torch.autograd.grad(loss, list(params.values())), stats
+
     bar = tqdm(total=epochs * len(train), unit="img", desc=desc, disable=not progress, dynamic_ncols=True,
                leave=True)
-    with ThreadPolicy(threads, x.device) as policy:
-        for epoch in range(epochs):
-            order = train[torch.randperm(len(train), generator=gen)]
-            for i in range(0, len(order), 64):
-                policy.update()
-                batch = order[i : i + 64]
-                loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
-                optimiser.zero_grad()
-                loss.backward()
-                optimiser.step()
-                schedule.step()
-                bar.update(len(batch))
-                bar.set_postfix(epoch=f"{epoch + 1}/{epochs}", loss=f"{loss.item():.3f}", threads=policy.current,
-                                refresh=False)
+    before = torch.get_num_threads()
+    with ThreadPolicy(threads, x.device, sets_torch=False) as policy, ThreadPoolExecutor(MICRO_BATCHES) as pool:
+        torch.set_num_threads(1)
+        try:
+            for epoch in range(epochs):
+                order = train[torch.randperm(len(train), generator=gen)]
+                for i in range(0, len(order), 64):
+                    batch = order[i : i + 64]
+                    parts = [p for p in torch.chunk(batch, MICRO_BATCHES) if len(p)]
+                    if policy.update() > 1:
+                        results = list(pool.map(micro_batch, range(len(parts)), parts))
+                    else:
+                        results = [micro_batch(j, p) for j, p in enumerate(parts)]
+                    for k, param in enumerate(params.values()):
+                        param.grad = _in_order([r[1][k] for r in results]).div_(len(batch))
+                    with torch.no_grad():
+                        for name, value in buffers.items():  # running statistics: the micro-batches' mean
+                            stats = [r[2][name] for r in results]
+                            value.copy_(_in_order(stats).div_(len(stats)) if value.is_floating_point() else stats[0])
+                    optimiser.step()
+                    schedule.step()
+                    bar.update(len(batch))
+                    loss = float(sum(r[0] for r in results)) / len(batch)
+                    bar.set_postfix(epoch=f"{epoch + 1}/{epochs}", loss=f"{loss:.3f}", threads=policy.current,
+                                    refresh=False)
+        finally:
+            torch.set_num_threads(before)
     bar.close()
     return model.eval()
+
+
+def _in_order(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of tensors added first to last (a fixed order: the same bits however they were computed)."""
+    total = tensors[0].clone()
+    for t in tensors[1:]:
+        total += t
+    return total
 
 
 def train_resnet18(data: Path, target: Path, epochs: int, seed: int = 0, progress: bool = True,
