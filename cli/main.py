@@ -490,21 +490,28 @@ def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, threads
 @click.argument("store")  # a folder or an object-store URL
 @option("--model", "only")
 @option("--quick")
+@option("--db", "verified")
 @user_errors
-def verify(store: str, model: str | None, quick: bool) -> None:
+def verify(store: str, model: str | None, quick: bool, dbs: tuple[Path, ...]) -> None:
     """Check everything the store holds: the image table, each model's and array's metadata, and every chunk
     marked done (its files present and decodable, its values those its commit wrote, no NaN or infinity in rows
-    not marked skipped). Lists each problem; exit status 1 if any (the same build repairs what it can)."""
+    not marked skipped); with --db, that every probe run of those databases finds its weights in the store.
+    Lists each problem; exit status 1 if any (the same build repairs what it can)."""
     from featstore.store import FeatureStore
 
-    problems = FeatureStore(store).verify(model, deep=not quick)
+    problems = [str(p) for p in FeatureStore(store).verify(model, deep=not quick)]
+    if dbs:
+        from featstore.workflows.probe import missing_weights
+
+        problems += missing_weights(store, list(dbs))
     for problem in problems:
-        click.echo(str(problem))
+        click.echo(problem)
     if problems:
-        click.echo(f"{len(problems)} problem(s); rerun the same `featstore build` to repair what it can recompute "
-                   f"(it names what it cannot)", err=True)
+        click.echo(f"{len(problems)} problem(s); rerun the same `featstore build` to repair what it can recompute, "
+                   f"and the same `featstore probe` for a run whose weights are missing", err=True)
         sys.exit(1)
-    click.echo(f"{store}: the image table and all metadata are sound, every done chunk is intact")
+    weights = f"; every probe run of {len(dbs)} database(s) finds its weights" if dbs else ""
+    click.echo(f"{store}: the image table and all metadata are sound, every done chunk is intact{weights}")
 
 
 @cli.command()

@@ -29,6 +29,7 @@ from featstore.errors import FeatstoreError
 from featstore.integrity import NO_CHECKSUM, UNREADABLE, Damage, checksum, text_checksum
 from featstore.location import StoreLocation
 from featstore.models import published_top1
+from featstore.records import ModelSource
 from featstore.store_config import StoreConfig
 
 FORMAT = 1
@@ -208,6 +209,15 @@ class FeatureStore:
 
     def anchors(self, key: str) -> list[Anchor]:
         return list(self.config(key).anchors)
+
+    def source(self, key: str) -> ModelSource:
+        """How this store identifies a model's rows (its image table's checksums, the weights, the anchors): what a
+        database records with the model, and refuses a probe of another store for."""
+        attrs, cfg = self.image_attrs(), self.config(key)
+        sums = attrs.get("checksums") or {}
+        images = "/".join(f"{k}={sums[k]}" for k in sorted(sums)) or str(attrs.get("fingerprint", ""))
+        return ModelSource(key, str(self.location), images, cfg.weights_id,
+                           " ".join(f"{a.name}:{a.dim}" for a in cfg.anchors))
 
     def views(self, key: str) -> list[str]:
         with self.damage_is_one_line(f"the views of {key!r}"):
@@ -499,11 +509,15 @@ class FeatureStore:
     # -- probes -------------------------------------------------------------------------------------
 
     def write_probe(self, key: str, name: str, anchor: str, arrays: dict[str, np.ndarray], attrs: dict,
-                    version: str) -> None:
+                    version: str, owner: dict | None = None) -> None:
         """Save what one anchor's probe keeps, one array per name with folds first (linear: weight [folds, C, D]
         float32, bias [folds, C]; knn: reference [folds, N] bool), under <model>/probes/<name>/<version>/;
-        nothing reads them until `make_probe_current` names that version."""
-        g = self.root[key].require_group("probes").require_group(name).require_group(version).require_group(anchor)
+        nothing reads them until `make_probe_current` names that version. `owner` (the database and split whose
+        runs name the version) goes into the version group's attrs."""
+        vg = self.root[key].require_group("probes").require_group(name).require_group(version)
+        if owner and dict(vg.attrs) != owner:
+            vg.attrs.put(owner)
+        g = vg.require_group(anchor)
         for array, values in arrays.items():
             dtype = "bool" if values.dtype == bool else "float32"
             g.create_array(array, shape=values.shape, chunks=values.shape, dtype=dtype, overwrite=True)[:] = values
@@ -513,13 +527,25 @@ class FeatureStore:
         """Fail now, not after training, when probes cannot be saved under <model>/ (a read-only store)."""
         self.location.check_writable(key)
 
-    def make_probe_current(self, key: str, name: str, version: str) -> None:
-        """Point <model>/probes/<name> at `version` (one attrs file, written atomically), then drop the others.
-        Called after the database committed the rows of that version, so a failure before leaves the old pair."""
+    def make_probe_current(self, key: str, name: str, version: str, retired: Sequence[str] = ()) -> None:
+        """Point <model>/probes/<name> at `version` (one attrs file, written atomically), then drop the `retired`
+        versions: those the committing database named before and names no more. Called after the database
+        committed the rows of that version, so a failure before leaves the old pair. Versions other jobs wrote
+        (other databases, other views of the one-job-per-view pattern) are never touched: each job's version name
+        is its own."""
         g = self.root[key]["probes"][name]
         g.attrs["current"] = version
-        for other in [k for k, _ in g.groups() if k != version]:
-            del g[other]
+        present = {k for k, _ in g.groups()}
+        for other in retired:
+            if other != version and other in present:
+                del g[other]
+
+    def probe_version_exists(self, key: str, name: str, version: str) -> bool:
+        """True when <model>/probes/<name>/<version> holds weights (listed, no metadata parsed)."""
+        try:
+            return bool(self.listed(f"{key}/probes/{name}/{version}"))
+        except Exception:
+            return False
 
     def discard_probe_version(self, key: str, name: str, version: str) -> None:
         """Remove a version that never became current (its database transaction failed)."""
