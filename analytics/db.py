@@ -247,12 +247,16 @@ def _check_one_experiment(con: duckdb.DuckDBPyConnection, aliases: Sequence[str]
                                      f"with one store and one --split-seed")
 
 
-def connect_several(paths: Sequence[str | Path]) -> duckdb.DuckDBPyConnection:
+RUN_TABLES = ("runs", "predictions", "decisions", "folds", "probe_fits", "gates", "gate_scores")  # keyed by run_id
+
+
+def connect_several(paths: Sequence[str | Path], runs: Sequence[str] | None = None) -> duckdb.DuckDBPyConnection:
     """One sealed read-only connection over several featstore databases of one image set, as if they were one:
     each is attached read-only (as `attach_names` names it), every featstore table is a TEMP view over all of them,
     and the macros read those views. Refused in one line: a file that is not a featstore database, databases that
     are not one experiment (other image sets, splits, or weights or anchors for a model) and a run id held by two
-    of them."""
+    of them. `runs`: only these probe runs are seen (every table keyed by run id holds their rows alone), so that
+    a study reports exactly the runs it declares, not others an earlier version of it left in the database."""
     paths = [Path(p) for p in paths]
     for p in paths:
         connect(p, read_only=True).close()  # each one exists and is a featstore database
@@ -276,12 +280,16 @@ def connect_several(paths: Sequence[str | Path]) -> duckdb.DuckDBPyConnection:
         if found:
             fingerprints[found[0]] = p
     images_from = next((a for a, p in zip(aliases, paths, strict=True) if p in fingerprints.values()), aliases[0])
+    if runs is not None:
+        con.execute("CREATE TEMP TABLE declared_runs AS SELECT unnest(?::VARCHAR[]) AS run_id", [list(runs)])
     for table in schema_tables():
         parts = [f"SELECT * FROM {a}.{table}" for a in ([images_from] if table in SHARED_TABLES else aliases)
                  if (a, table) in present]
         body = " UNION ALL BY NAME ".join(parts) if parts else f"SELECT * FROM {aliases[0]}.{table} LIMIT 0"
         if table in DEDUPLICATED_TABLES:
             body = f"SELECT DISTINCT * FROM ({body})"
+        if runs is not None and table in RUN_TABLES:
+            body = f"SELECT * FROM ({body}) WHERE run_id IN (SELECT run_id FROM declared_runs)"
         con.execute(f"CREATE TEMP VIEW {table} AS {body}")
     install_macros(con, temporary=True)
     for kind, run_id, copies in con.execute("SELECT * FROM duplicate_runs()").fetchall():
