@@ -17,12 +17,12 @@ from featstore.cli.options import (
     options,
     run_options,
 )
-from featstore.errors import FeatstoreError, FeatstoreWarning
+from featstore.errors import FeatstoreError, FeatstoreWarning, storage_failure
 from featstore.specs import ImageSource, ModelSpec, RunOptions, split_options
 
 
 def user_errors(fn):
-    """Turn FeatstoreError into one line on stderr and exit status 2."""
+    """Turn FeatstoreError, and object storage that stopped answering, into one line on stderr and exit status 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -30,6 +30,13 @@ def user_errors(fn):
             return fn(*args, **kwargs)
         except FeatstoreError as e:
             click.echo(f"featstore: error: {e}", err=True)
+            sys.exit(2)
+        except Exception as e:
+            failure = storage_failure(e)
+            if failure is None:
+                raise
+            click.echo(f"featstore: error: the object store stopped answering ({failure}); what was committed "
+                       f"before stays: rerun the command to resume once it answers", err=True)
             sys.exit(2)
 
     return wrapper
@@ -449,6 +456,8 @@ def format_info(summary: dict) -> str:
                          f"{threads}")
         if m.get("probes"):
             lines.append("  probes " + ", ".join(m["probes"]))
+        if m.get("foreign"):
+            lines.append("  not featstore's (ignored): " + ", ".join(m["foreign"]))
     return "\n".join(lines)
 
 

@@ -220,8 +220,19 @@ class FeatureStore:
                            " ".join(f"{a.name}:{a.dim}" for a in cfg.anchors))
 
     def views(self, key: str) -> list[str]:
+        """The view groups of a model (a folder there that is not a Zarr group, say someone's `notes/`, is not
+        one: `foreign` names those)."""
         with self.damage_is_one_line(f"the views of {key!r}"):
-            return [k for k in self.listed(key) if k != "probes"]
+            return [k for k in self.listed(key) if k != "probes" and self._is_node(f"{key}/{k}")]
+
+    def foreign(self, key: str) -> list[str]:
+        """What a model group holds that featstore did not write: entries that are not Zarr nodes (no zarr.json),
+        ignored by every command and named by `featstore info`."""
+        with self.damage_is_one_line(f"the listing of {key!r}"):
+            return [k for k in self.listed(key) if k != "probes" and not self._is_node(f"{key}/{k}")]
+
+    def _is_node(self, path: str) -> bool:
+        return bool(sync(self.root.store.exists(f"{path}/zarr.json")))
 
     def prepare_model(self, key: str, config: StoreConfig, versions: dict) -> None:
         """Create the model group, or check that an existing one was built with the same config."""
@@ -379,7 +390,7 @@ class FeatureStore:
                 problems.append(Damage(k, f"its metadata cannot be read ({str(e.__cause__ or e)[:160]})",
                                        ""))
                 continue
-            for v in [v for v in self.listed(k) if v != "probes" and "done" in self.listed(f"{k}/{v}")]:
+            for v in [v for v in self.views(k) if "done" in self.listed(f"{k}/{v}")]:
                 damage = self.check_view_arrays(k, v)
                 problems += damage if damage else self.check_view(k, v, deep)
         return problems
@@ -474,18 +485,26 @@ class FeatureStore:
         targets = [g["anchors"][a.name] for a in anchors] + [g["logits"], g["skipped"]]
         values = [*data.features, data.logits, data.skipped]
 
-        async def write_all() -> None:  # every array at once (each a PUT on object storage), then the bitmap
-            await asyncio.gather(*[t.async_array.setitem((slice(start, stop),), v)
-                                   for t, v in zip(targets, values, strict=True)])
+        guard = self.guard or (lambda: None)  # a build that lost (or may have lost) its lease writes nothing more
 
+        async def write(target: zarr.Array, value: np.ndarray) -> None:
+            guard()  # checked before each PUT, not only at the commit point: a build paused past its lease's
+            await target.async_array.setitem((slice(start, stop),), value)  # expiry never writes over the new holder's
+
+        async def write_all() -> None:  # every array at once (each a PUT on object storage), then the bitmap
+            await asyncio.gather(*[write(t, v) for t, v in zip(targets, values, strict=True)])
+
+        sums = np.asarray([checksum(np.asarray(v, dtype=t.dtype)) for t, v in zip(targets, values, strict=True)],
+                          dtype=np.uint64)  # the values as they decode, each in its array's type
+        guard()
         sync(write_all())
+        guard()
         if "threads" in g:  # views made before thread counts were recorded have none
             g["threads"][data.chunk] = data.threads
-        if "checksums" in g:  # the values as they decode, each in its array's type
-            g["checksums"][data.chunk] = np.asarray([checksum(np.asarray(v, dtype=t.dtype))
-                                                     for t, v in zip(targets, values, strict=True)], dtype=np.uint64)
-        if self.guard is not None:
-            self.guard()  # a build that lost its lease on the model commits nothing more
+        if "checksums" in g:
+            guard()
+            g["checksums"][data.chunk] = sums
+        guard()
         g["done"][data.chunk] = True
 
     def threads_used(self, key: str, view: str) -> list[int]:
@@ -600,6 +619,7 @@ class FeatureStore:
             "token_pool": cfg.token_pool, "num_classes": cfg.num_classes, "chunk_rows": cfg.chunk_rows,
             "anchors": [(a.index, a.name, a.module, a.dim) for a in cfg.anchors],
             "views": views, "probes": probes, "versions": attrs.get("versions", {}),
+            **({"foreign": foreign} if (foreign := self.foreign(key)) else {}),
         }
 
 
