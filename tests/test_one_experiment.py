@@ -194,9 +194,17 @@ def test_jobs_sharing_a_probe_name_keep_each_others_weights(tmp_path):
             for i, view in enumerate(("clean", "noisy"))]
     for job in jobs:
         assert job.wait(timeout=600) == 0, job.stderr.read()[-2000:]
+    # the pattern's numbers, read as one by sql, are those of one job predicting both views into one database
+    sweep = "SELECT run_id, k, mean, never_stable FROM decision_sweep(2) ORDER BY run_id, k"
+    together = run_cli("sql", "--db", tmp_path / "v0.duckdb", "--db", tmp_path / "v1.duckdb", "--format", "csv",
+                       sweep).output
+    single = tmp_path / "single.duckdb"
+    probe(store, single, "--view", "all")
+    assert together == run_cli("sql", "--db", single, "--format", "csv", sweep).output
+    assert len(together.splitlines()) == 1 + 2 * 2  # two views (runs) x k = 1, 2
     dbs = [p0, p1, tmp_path / "v0.duckdb", tmp_path / "v1.duckdb"]
     named = {v for db in dbs for v in run_versions(db).values()}
-    assert len(named) == 4 and named == versions(store)
+    assert len(named) == 4 and named | set(run_versions(single).values()) == versions(store)
     run_cli("verify", store, *[x for db in dbs for x in ("--db", db)])
     # weights that went missing (deleted by hand) are listed, run by run, and verify exits 1
     shutil.rmtree(tmp_path / "s.zarr" / "synthetic" / "probes" / "linear:tol=0.02@clean" / v1["synthetic/clean/"
