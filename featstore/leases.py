@@ -189,7 +189,18 @@ class Lease:
             try:
                 self.etag = obstore.put(self.store, self.key, renewed.encode(), mode={"e_tag": self.etag})["e_tag"]
                 self.holder = renewed
-            except PreconditionError:
+            except PreconditionError:  # replaced since our last renewal: by another process, or by our own
+                try:  # renewal that the server applied while its answer was lost (a retried request, an outage)
+                    found = obstore.get(self.store, self.key)
+                    theirs, etag = Holder.decode(bytes(found.bytes())), found.meta["e_tag"]
+                except NOT_FOUND:
+                    self.lost = "its object was deleted"
+                    return
+                except Exception:  # the store did not answer: try again, until the lease runs out
+                    continue
+                if theirs is not None and theirs.token == self.holder.token:
+                    self.holder, self.etag = theirs, etag  # our own write: still ours
+                    continue
                 self.lost = "another process took it over"
                 return
             except NOT_FOUND:

@@ -202,3 +202,25 @@ def test_a_lease_object_deleted_during_a_build_is_a_lost_lease(s3_url):
     with pytest.raises(FeatstoreError, match="lost its lease"):
         lease.check()
     lease.release()
+
+
+def test_a_renewal_the_server_applied_while_its_answer_was_lost_keeps_the_lease(s3_url):
+    """Issue 32: after an S3 outage the holder's own buffered renewal had succeeded at the server, so its next
+    If-Match failed and the build said "another process took it over". A lease that still carries this holder's
+    token is its own: it keeps it (another process's token still loses it)."""
+    import json
+
+    store = StoreLocation.parse(s3_url).object_store
+    lease = Lease(store, "m.lease", "model 'm'", s3_url, wait=False, ttl=1.0)
+    lease.acquire()
+    own = {**lease.holder.__dict__, "expires": time.time() + 1.0}
+    obstore.put(store, "m.lease", json.dumps(own, sort_keys=True).encode())  # our renewal, its answer lost: new ETag
+    time.sleep(0.9)  # several renewals later
+    lease.check()
+    assert obstore.head(store, "m.lease")["e_tag"] == lease.etag
+    other = {**own, "token": "someone-else", "expires": time.time() + 1.0}
+    obstore.put(store, "m.lease", json.dumps(other, sort_keys=True).encode())
+    time.sleep(0.6)
+    with pytest.raises(FeatstoreError, match="another process took it over"):
+        lease.check()
+    lease.release()
