@@ -85,7 +85,10 @@ class FeatureStore:
             raise FeatstoreError(f"no featstore store at {self.location}; build one with `featstore build`")
         self.location.check_usable()
         try:
-            self.root = zarr.open_group(self.location.zarr_store(read_only=mode == "r"), mode=mode)
+            # a new store is created with its format attr in its first zarr.json: another build starting at the
+            # same moment never sees a root without it
+            self.root = zarr.open_group(self.location.zarr_store(read_only=mode == "r"), mode=mode,
+                                        **({} if mode == "r" else {"attributes": {"featstore_format": FORMAT}}))
         except Exception as e:
             raise FeatstoreError(f"cannot open {self.location} as a Zarr v3 store ({type(e).__name__}: "
                                  f"{_brief(e)}); point --store at a featstore store or a new path") from e

@@ -285,3 +285,15 @@ def test_a_server_that_goes_away_mid_build_is_one_line(big_image_dir):
     assert build.wait(timeout=600) == 2
     lines = [line for line in build.stderr.read().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("featstore: error: the object store stopped answering"), lines
+
+
+def test_a_store_made_by_another_build_meanwhile_is_not_other_objects(s3_url, monkeypatch):
+    """Issue 32: three builds of different models started together into a new prefix: 1 in 8 was refused as
+    "holds other objects" when another build wrote the root between the check for a store and the listing."""
+    from featstore.location import StoreLocation
+
+    feats, labels = class_clusters(20, 2, [4], seed=1)
+    write_feature_store(s3_url, feats, labels, 2, chunk_rows=16)
+    answers = iter([False])  # no store yet when it looks; the other build's root is there when it lists
+    monkeypatch.setattr(StoreLocation, "has_store", lambda self: next(answers, True))
+    StoreLocation.parse(s3_url).check_usable()
