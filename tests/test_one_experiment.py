@@ -73,6 +73,14 @@ def test_a_database_from_before_sources_were_recorded_is_checked_by_its_anchors(
     con.close()
     line = fails("probe", "--store", c, "--model", "synthetic", "--db", x, "--no-progress")
     assert "weights torchvision:B where the database holds torchvision:A" in line and "anchors (2:" in line
+    # sql reads it beside a database of this version (its identity from its anchors and runs)
+    y = tmp_path / "new.duckdb"
+    probe(a, y, "--seed", "1")
+    out = run_cli("sql", "--db", x, "--db", y, "--format", "csv", "SELECT count(*) AS n FROM runs").output
+    assert out.split() == ["n", "2"]
+    z = tmp_path / "other.duckdb"
+    probe(c, z, "--seed", "2")
+    assert "the weights model synthetic was probed from differs" in fails("sql", "--db", x, "--db", z, "SELECT 1")
 
 
 def test_sql_refuses_databases_split_with_other_seeds(stores, tmp_path):
