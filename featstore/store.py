@@ -346,17 +346,21 @@ class FeatureStore:
             if not deep:
                 continue
             blocks = read_rows([arr for _, _, arr in there], start, stop, errors=True)
+            changed, agreed = [], []
             for (column, name, _), block in zip(there, blocks, strict=True):
                 if isinstance(block, BaseException):
                     problems.append(ChunkProblem(key, view, name, chunk, f"cannot be decoded ({_brief(block)})"))
                     continue
-                if recorded is not None and NO_CHECKSUM != recorded[column] != checksum(block):
-                    problems.append(ChunkProblem(key, view, name, chunk, CHANGED))
-                    continue
+                if recorded is not None and NO_CHECKSUM != recorded[column]:
+                    if recorded[column] != checksum(block):
+                        changed.append(name)
+                        continue
+                    agreed.append(name)
                 bad_rows = np.flatnonzero(~np.isfinite(block).all(axis=1) & ~skipped)
                 if len(bad_rows):
                     problems.append(ChunkProblem(key, view, name, chunk, f"NaN or infinity in {len(bad_rows)} row(s) "
                                                  f"not marked skipped (first: row {start + int(bad_rows[0])})"))
+            problems += _blame(key, view, chunk, changed, agreed)
         return problems
 
     def _checksums(self, g: zarr.Group, columns: int) -> np.ndarray | None:
@@ -624,6 +628,18 @@ class FeatureStore:
             "views": views, "probes": probes, "versions": attrs.get("versions", {}),
             **({"foreign": foreign} if (foreign := self.foreign(key)) else {}),
         }
+
+
+def _blame(key: str, view: str, chunk: int, changed: list[str], agreed: list[str]) -> list[ChunkProblem]:
+    """Which arrays of a done chunk are really wrong. Most of them differing from the chunk's checksum row means
+    the row is another commit's (a writer that lost its lease wrote its row and a few arrays over the chunk's
+    commit): the arrays that agree with the row are that writer's, the others the commit's own."""
+    if len(changed) <= len(agreed) or not agreed:
+        return [ChunkProblem(key, view, name, chunk, CHANGED) for name in changed]
+    stale = "written by another commit than the chunk's other arrays (the chunk's checksum row is that commit's)"
+    return [ChunkProblem(key, view, "checksums", chunk, f"the row disagrees with {len(changed)} of "
+                         f"{len(changed) + len(agreed)} arrays: another commit's, like {', '.join(agreed)}")] + \
+        [ChunkProblem(key, view, name, chunk, stale) for name in agreed]
 
 
 def _create_checksums(g: zarr.Group, n_chunks: int, anchors: Sequence[Anchor]) -> None:
