@@ -224,3 +224,14 @@ def test_a_renewal_the_server_applied_while_its_answer_was_lost_keeps_the_lease(
     with pytest.raises(FeatstoreError, match="another process took it over"):
         lease.check()
     lease.release()
+
+
+def test_a_lease_object_deleted_before_release_is_released_quietly(s3_url):
+    """obstore 0.12's head of a deleted object raises FileNotFoundError: a build whose lease object was deleted
+    committed every chunk, then exited 1 with a traceback from its release."""
+    store = StoreLocation.parse(s3_url).object_store
+    lease = Lease(store, "m.lease", "model 'm'", s3_url, wait=False, ttl=60)
+    lease.acquire()
+    obstore.delete(store, "m.lease")
+    lease.release()
+    assert list(obstore.list(store).collect()) == []
