@@ -27,8 +27,7 @@ def export(db: str | Path, to: str | Path) -> list[Path]:
     """Write every table of `db` under `to` (which must not exist yet, or be an empty folder, or a symlink to
     one); returns what was written."""
     to = Path(os.path.realpath(to)) if Path(to).is_symlink() else Path(to)
-    if to.exists() and (not to.is_dir() or any(to.iterdir())):
-        raise FeatstoreError(f"{to} already exists and is not an empty folder; export into a new folder")
+    _check_target(to)
     fsdb.connect(db, read_only=True).close()  # a featstore database, before anything is created
     partial = to.with_name(to.name + ".partial")
     try:
@@ -39,6 +38,16 @@ def export(db: str | Path, to: str | Path) -> list[Path]:
         if not partial.is_dir() or partial.is_symlink():
             raise FeatstoreError(f"{partial} exists and is not a folder featstore export began; move it away or "
                                  f"export to another --to") from None
+    try:
+        _export_under_lock(db, to, partial, ours)
+    except FileNotFoundError as e:  # the other export renamed its finished folder away meanwhile
+        if partial.exists() or not to.exists():
+            raise
+        raise FeatstoreError(f"{to} was written by another export meanwhile; export into a new folder") from e
+    return sorted(p for p in to.iterdir())
+
+
+def _export_under_lock(db: str | Path, to: Path, partial: Path, ours: bool) -> None:
     with locked(partial, wait=False, what=f"export folder {partial}", instead="or export to another --to"):
         marker = partial / MARKER
         if not marker.is_file():
@@ -49,6 +58,7 @@ def export(db: str | Path, to: str | Path) -> list[Path]:
         for leftover in [p for p in partial.iterdir() if p.name != MARKER]:  # an interrupted export's own files
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         try:
+            _check_target(to)  # another export may have finished it since
             _write_tables(db, partial)
             marker.unlink()
             if to.exists():
@@ -61,7 +71,11 @@ def export(db: str | Path, to: str | Path) -> list[Path]:
                 for p in partial.iterdir():
                     shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
             raise
-    return sorted(p for p in to.iterdir())
+
+
+def _check_target(to: Path) -> None:
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise FeatstoreError(f"{to} already exists and is not an empty folder; export into a new folder")
 
 
 def _write_tables(db: str | Path, folder: Path) -> None:
