@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from featstore.errors import FeatstoreError
-from featstore.records import CircuitRun, DatasetInfo, GateScores, ModelCost, RunRows, ZooRow
+from featstore.records import CircuitRun, DatasetInfo, GateScores, ModelCost, ModelSource, RunRows, ZooRow
 
 _DEFINITION = re.compile(r"CREATE OR REPLACE (MACRO|VIEW) (\w+)")
 
@@ -80,16 +80,22 @@ def schema_tables() -> tuple[str, ...]:
 WRITE_WAIT_S = 120.0  # how long a job's final writes wait for readers (`featstore sql`) to let go of the database
 
 
-def _stand_in_for_newer_tables(con: duckdb.DuckDBPyConnection) -> None:
+def _stand_in_for_newer_tables(con: duckdb.DuckDBPyConnection, database: str | None = None) -> list[str]:
     """A featstore file opened read-only that predates a table (say css_graph) gets an empty TEMP one, so the
-    macros that read it still bind; files without featstore's `meta` table are left as they are."""
-    existing = {row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    macros that read it still bind; files without featstore's `meta` table are left as they are. `database`: the
+    attached database to look at (default: the connection's own). Returns the tables stood in for."""
+    where = "WHERE database_name = current_database()" if database is None else "WHERE database_name = ?"
+    existing = {row[0] for row in con.execute(f"SELECT table_name FROM duckdb_tables() {where} AND NOT temporary",
+                                              [] if database is None else [database]).fetchall()}
     if "meta" not in existing:
-        return
+        return []
+    made = []
     for statement in _without_comments(sql_text("schema")).split(";"):
         found = re.search(r"CREATE TABLE IF NOT EXISTS (\w+)", statement)
         if found and found.group(1) not in existing:
             con.execute(statement.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
+            made.append(found.group(1))
+    return made
 
 
 # A read-only connection must not be able to write anything anywhere: no other file (ATTACH, COPY, EXPORT,
@@ -135,6 +141,7 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
                              f"pass another --db") from e
     try:
         if not read_only:
+            _check_not_foreign(con, path)
             con.execute(sql_text("schema"))
         else:
             _stand_in_for_newer_tables(con)
@@ -150,6 +157,16 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
             raise FeatstoreError(f"cannot write database {path}: {str(e).splitlines()[0]}") from e
         raise  # a macro that does not bind on a write connection is featstore's own bug
     return con
+
+
+def _check_not_foreign(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """A write connection adds featstore's tables only to a database that is featstore's (its `meta` table) or holds
+    no table yet: another program's DuckDB file is refused, not filled with featstore's tables."""
+    tables = [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = "
+                                        "current_database() AND NOT temporary ORDER BY 1").fetchall()]
+    if tables and "meta" not in tables:
+        raise FeatstoreError(f"{path} is a DuckDB database featstore did not write (it holds table {tables[0]}"
+                             f"{f' and {len(tables) - 1} more' if len(tables) > 1 else ''}); pass another --db")
 
 
 def remove_database(path: str | Path) -> None:
@@ -181,26 +198,78 @@ def remove_empty(con: duckdb.DuckDBPyConnection, path: str | Path) -> None:
 
 # tables several databases hold the same copy of (one image set, one anchor list per model): read once
 SHARED_TABLES = ("meta", "images")
-DEDUPLICATED_TABLES = ("anchors", "model_outputs")
+DEDUPLICATED_TABLES = ("anchors", "model_outputs", "model_sources")
 
 
-def connect_several(paths: Sequence[str | Path]) -> duckdb.DuckDBPyConnection:
+def attach_names(con: duckdb.DuckDBPyConnection, paths: Sequence[Path]) -> list[str]:
+    """The name each database is attached under: its file stem as a plain lower-case identifier (`runs-2.duckdb`:
+    `runs_2`), or `db_<n>` where that is not a name SQL can use unquoted (a keyword such as `select`, a leading
+    digit, DuckDB's own `memory`/`temp`/`system`/`main`) or one an earlier database took (DuckDB's names ignore
+    case, so `x` and `X` are one name)."""
+    keywords = {k for (k,) in con.execute("SELECT keyword_name FROM duckdb_keywords()").fetchall()}
+    taken = {"memory", "temp", "system", "main"}
+    aliases: list[str] = []
+    for p in paths:
+        alias = re.sub(r"\W", "_", p.stem).lower()
+        if not re.match(r"[a-z_]", alias) or alias in taken or alias in keywords:
+            alias = next(f"db_{n}" for n in range(len(aliases) + 1, len(aliases) + len(taken) + 2)
+                         if f"db_{n}" not in taken)
+        taken.add(alias)
+        aliases.append(alias)
+    return aliases
+
+
+def _check_one_experiment(con: duckdb.DuckDBPyConnection, aliases: Sequence[str], paths: Sequence[Path]) -> None:
+    """Databases read as one must be one experiment (sql/database_identity.sql): the same image set and split, the
+    same images table, and per model the same weights and anchors; the first difference is refused in one line."""
+    first: dict[tuple[str, str], str] = {}
+    for n, (alias, p) in enumerate(zip(aliases, paths, strict=True)):
+        stand_ins = _stand_in_for_newer_tables(con, alias)  # an older featstore's file: empty, as it would be
+        con.execute(f"SET search_path = '{alias}'")
+        try:
+            identity = {(what, key): value
+                        for what, key, value in con.execute(sql_text("database_identity")).fetchall()}
+        finally:
+            con.execute("RESET search_path")
+            for table in stand_ins:
+                con.execute(f"DROP TABLE temp.{table}")
+        if n == 0:
+            first = identity
+            continue
+        for (what, key), value in identity.items():
+            if (what, key) in first and first[(what, key)] != value:
+                said = {"split": "its image set" if key == "dataset" else f"its {key}",
+                        "images": "its images table (labels or train/val/test split)",
+                        "weights": f"the weights model {key} was probed from",
+                        "anchors": f"the anchors of model {key}"}[what]
+                raise FeatstoreError(f"databases {paths[0]} and {p} are not one experiment: {said} differs "
+                                     f"({first[(what, key)]} vs {value}); query them one at a time, or probe them "
+                                     f"with one store and one --split-seed")
+
+
+RUN_TABLES = ("runs", "predictions", "decisions", "folds", "probe_fits", "gates", "gate_scores")  # keyed by run_id
+
+
+def connect_several(paths: Sequence[str | Path], runs: Sequence[str] | None = None) -> duckdb.DuckDBPyConnection:
     """One sealed read-only connection over several featstore databases of one image set, as if they were one:
-    each is attached read-only (as its file name, `db_2` ... where names repeat), every featstore table is a TEMP
-    view over all of them, and the macros read those views. Refused in one line: a file that is not a featstore
-    database, databases of other image sets, and a run id held by two of them."""
+    each is attached read-only (as `attach_names` names it), every featstore table is a TEMP view over all of them,
+    and the macros read those views. Refused in one line: a file that is not a featstore database, databases that
+    are not one experiment (other image sets, splits, or weights or anchors for a model) and a run id held by two
+    of them. `runs`: only these probe runs are seen (every table keyed by run id holds their rows alone), so that
+    a study reports exactly the runs it declares, not others an earlier version of it left in the database."""
     paths = [Path(p) for p in paths]
     for p in paths:
         connect(p, read_only=True).close()  # each one exists and is a featstore database
     con = duckdb.connect(":memory:", config={k: v for k, v in READ_ONLY_CONFIG.items()
                                              if k not in ("enable_external_access", "lock_configuration")})
-    aliases: list[str] = []
-    for p in paths:
-        alias = re.sub(r"\W", "_", p.stem)
-        if not re.match(r"[A-Za-z_]", alias) or alias in aliases or alias in ("memory", "temp", "system", "main"):
-            alias = f"db_{len(aliases) + 1}"
+    aliases = attach_names(con, paths)
+    for alias, p in zip(aliases, paths, strict=True):
         con.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [str(p)])
-        aliases.append(alias)
+    try:
+        _check_one_experiment(con, aliases, paths)
+    except BaseException:
+        con.close()
+        raise
     for key, value in READ_ONLY_CONFIG.items():  # sealed from here on, as every read-only connection
         if key in ("enable_external_access", "lock_configuration"):
             con.execute(f"SET {key} = {str(value).lower()}")
@@ -210,16 +279,17 @@ def connect_several(paths: Sequence[str | Path]) -> duckdb.DuckDBPyConnection:
         found = con.execute(f"SELECT value FROM {alias}.meta WHERE key = 'dataset'").fetchone()
         if found:
             fingerprints[found[0]] = p
-    if len(fingerprints) > 1:
-        a, b = list(fingerprints.values())[:2]
-        raise FeatstoreError(f"databases {a} and {b} hold different image sets; query them one at a time")
     images_from = next((a for a, p in zip(aliases, paths, strict=True) if p in fingerprints.values()), aliases[0])
+    if runs is not None:
+        con.execute("CREATE TEMP TABLE declared_runs AS SELECT unnest(?::VARCHAR[]) AS run_id", [list(runs)])
     for table in schema_tables():
         parts = [f"SELECT * FROM {a}.{table}" for a in ([images_from] if table in SHARED_TABLES else aliases)
                  if (a, table) in present]
         body = " UNION ALL BY NAME ".join(parts) if parts else f"SELECT * FROM {aliases[0]}.{table} LIMIT 0"
         if table in DEDUPLICATED_TABLES:
             body = f"SELECT DISTINCT * FROM ({body})"
+        if runs is not None and table in RUN_TABLES:
+            body = f"SELECT * FROM ({body}) WHERE run_id IN (SELECT run_id FROM declared_runs)"
         con.execute(f"CREATE TEMP VIEW {table} AS {body}")
     install_macros(con, temporary=True)
     for kind, run_id, copies in con.execute("SELECT * FROM duplicate_runs()").fetchall():
@@ -293,6 +363,48 @@ def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo)
         raise FeatstoreError(f"database {path} records a val fraction of {rows.get('val_frac')} in its images "
                              f"table; probe with that value or use a new --db")
     return True
+
+
+def model_source(con: duckdb.DuckDBPyConnection, model: str) -> ModelSource | None:
+    """The store a model's rows in this database come from (None: the database holds no rows of it). A database
+    written before sources were recorded tells what its anchors table and its runs' weights say."""
+    row = con.execute("SELECT model, store, images, weights_id, anchors FROM model_sources WHERE model = ?",
+                      [model]).fetchone()
+    if row:
+        return ModelSource(*row)
+    anchors = con.execute("SELECT string_agg(name || ':' || dim, ' ' ORDER BY anchor) FROM anchors WHERE model = ?",
+                          [model]).fetchone()[0]
+    weights = con.execute("SELECT min(params->>'weights_id') FROM runs WHERE model = ?", [model]).fetchone()[0]
+    return ModelSource(model, "", "", weights or "", anchors) if anchors or weights else None
+
+
+def check_source(con: duckdb.DuckDBPyConnection, path: Path, source: ModelSource) -> None:
+    """Refuse, in one line naming what differs, a probe of `source.model` from a store whose image table, weights
+    or anchors are not those whose rows the database already holds: one database, one store per model."""
+    held = model_source(con, source.model)
+    differs = held.differences(source) if held else []
+    if differs:
+        raise FeatstoreError(f"database {path} holds model {source.model!r} probed from another store "
+                             f"({held.store or 'an older featstore'}): {source.store} has {'; '.join(differs)}; "
+                             f"one database per store and model: pass a new --db (or --name the other build)")
+
+
+def register_source(con: duckdb.DuckDBPyConnection, source: ModelSource) -> None:
+    with transaction(con):
+        con.execute("DELETE FROM model_sources WHERE model = ?", [source.model])
+        _insert_records(con, "model_sources", [source])
+
+
+def probe_versions(con: duckdb.DuckDBPyConnection, model: str, probe_name: str) -> set[str]:
+    """The stored-weights versions of one probe name that this database's runs of a model name."""
+    return {v for (v,) in con.execute("SELECT DISTINCT params->>'probe_version' FROM runs WHERE model = ? AND "
+                                      "params->>'probe_name' = ?", [model, probe_name]).fetchall() if v}
+
+
+def run_weights(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str, str, str]]:
+    """Every probe run's (run_id, model, probe name, stored-weights version), for `featstore verify --db`."""
+    return con.execute("SELECT run_id, model, params->>'probe_name', params->>'probe_version' FROM runs WHERE "
+                       "params->>'probe_version' IS NOT NULL ORDER BY run_id").fetchall()
 
 
 def _set_meta(con: duckdb.DuckDBPyConnection, items: dict[str, str]) -> None:

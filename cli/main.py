@@ -17,12 +17,12 @@ from featstore.cli.options import (
     options,
     run_options,
 )
-from featstore.errors import FeatstoreError, FeatstoreWarning
+from featstore.errors import FeatstoreError, FeatstoreWarning, storage_failure
 from featstore.specs import ImageSource, ModelSpec, RunOptions, split_options
 
 
 def user_errors(fn):
-    """Turn FeatstoreError into one line on stderr and exit status 2."""
+    """Turn FeatstoreError, and object storage that stopped answering, into one line on stderr and exit status 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -30,6 +30,13 @@ def user_errors(fn):
             return fn(*args, **kwargs)
         except FeatstoreError as e:
             click.echo(f"featstore: error: {e}", err=True)
+            sys.exit(2)
+        except Exception as e:
+            failure = storage_failure(e)
+            if failure is None:
+                raise
+            click.echo(f"featstore: error: the object store stopped answering ({failure}); what was committed "
+                       f"before stays: rerun the command to resume once it answers", err=True)
             sys.exit(2)
 
     return wrapper
@@ -453,6 +460,8 @@ def format_info(summary: dict) -> str:
                          f"{threads}")
         if m.get("probes"):
             lines.append("  probes " + ", ".join(m["probes"]))
+        if m.get("foreign"):
+            lines.append("  not featstore's (ignored): " + ", ".join(m["foreign"]))
     return "\n".join(lines)
 
 
@@ -494,21 +503,28 @@ def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, threads
 @click.argument("store")  # a folder or an object-store URL
 @option("--model", "only")
 @option("--quick")
+@option("--db", "verified")
 @user_errors
-def verify(store: str, model: str | None, quick: bool) -> None:
+def verify(store: str, model: str | None, quick: bool, dbs: tuple[Path, ...]) -> None:
     """Check everything the store holds: the image table, each model's and array's metadata, and every chunk
     marked done (its files present and decodable, its values those its commit wrote, no NaN or infinity in rows
-    not marked skipped). Lists each problem; exit status 1 if any (the same build repairs what it can)."""
+    not marked skipped); with --db, that every probe run of those databases finds its weights in the store.
+    Lists each problem; exit status 1 if any (the same build repairs what it can)."""
     from featstore.store import FeatureStore
 
-    problems = FeatureStore(store).verify(model, deep=not quick)
+    problems = [str(p) for p in FeatureStore(store).verify(model, deep=not quick)]
+    if dbs:
+        from featstore.workflows.probe import missing_weights
+
+        problems += missing_weights(store, list(dbs))
     for problem in problems:
-        click.echo(str(problem))
+        click.echo(problem)
     if problems:
-        click.echo(f"{len(problems)} problem(s); rerun the same `featstore build` to repair what it can recompute "
-                   f"(it names what it cannot)", err=True)
+        click.echo(f"{len(problems)} problem(s); rerun the same `featstore build` to repair what it can recompute, "
+                   f"and the same `featstore probe` for a run whose weights are missing", err=True)
         sys.exit(1)
-    click.echo(f"{store}: the image table and all metadata are sound, every done chunk is intact")
+    weights = f"; every probe run of {len(dbs)} database(s) finds its weights" if dbs else ""
+    click.echo(f"{store}: the image table and all metadata are sound, every done chunk is intact{weights}")
 
 
 @cli.command()

@@ -169,6 +169,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
         "target": ((), dict(required=True, type=PATH, help="Database to fold the sources into (created if "
                             "missing).")),
         "circuits": ((), dict(required=True, type=PATH, help="A database filled by featstore circuits.")),
+        "verified": (("dbs",), dict(type=PATH, multiple=True, help="A database probed from this store: list its "
+                                    "runs whose stored weights are missing (repeat for several).")),
         "write": ((), dict(required=True, type=PATH, help="DuckDB file to create or extend.")),
         "costs": ((), dict(required=True, type=PATH, help="DuckDB file to keep the costs in.")),
         "gate": ((), dict(required=True, type=PATH, help="A database filled by featstore probe (the gate and its "

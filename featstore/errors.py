@@ -9,3 +9,17 @@ class FeatstoreError(Exception):
 
 class FeatstoreWarning(UserWarning):
     """Something a user should know that does not stop the command; the CLI prints it as one line."""
+
+
+def storage_failure(error: BaseException) -> str | None:
+    """When `error` (or what it was raised from) is object storage failing to answer (obstore's errors: a server
+    that went away, a network cut), its first line; None for anything else. The CLI says it in one line instead of
+    a traceback: every commit is atomic, so a rerun resumes."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__module__.split(".")[0] == "obstore":
+            return f"{type(current).__name__}: {(str(current).splitlines() or [''])[0][:240]}"
+        current = current.__cause__ or current.__context__
+    return None

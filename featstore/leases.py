@@ -13,6 +13,7 @@ well within the ttl (NTP does).
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
@@ -27,6 +28,9 @@ from featstore.errors import FeatstoreError
 
 TTL_SECONDS = 60.0
 POLL_SECONDS = 0.25
+MAX_AHEAD_SECONDS = 600.0  # no holder writes an expiry further ahead than its ttl: one beyond this is garbage
+# obstore 0.12 raises the builtin FileNotFoundError for a missing object where older versions raised NotFoundError
+NOT_FOUND = (NotFoundError, FileNotFoundError)
 
 
 class LeaseUnsupported(FeatstoreError):
@@ -82,8 +86,10 @@ class Holder:
         return f"pid {self.pid} on host {self.host}"
 
     def gone(self, now: float) -> bool:
-        """Expired, or a process of this machine's current boot that no longer runs."""
-        if now > self.expires:
+        """Expired, or a process of this machine's current boot that no longer runs. An expiry that is not a finite
+        time, or lies further ahead than any holder writes one (MAX_AHEAD_SECONDS), is garbage: such a lease would
+        otherwise be waited on forever."""
+        if not math.isfinite(self.expires) or now > self.expires or self.expires - now > MAX_AHEAD_SECONDS:
             return True
         same_boot = self.host == socket.gethostname() and self.boot and self.boot == _boot_id()
         return bool(same_boot and _start_ticks(self.pid) != self.start)
@@ -134,7 +140,7 @@ class Lease:
             try:
                 found = obstore.get(self.store, self.key)
                 theirs, etag = Holder.decode(bytes(found.bytes())), found.meta["e_tag"]
-            except NotFoundError:
+            except NOT_FOUND:
                 continue  # released meanwhile: try again
             if theirs is not None and theirs.token == token:  # our own create, retried by the client
                 self.holder, self.etag = theirs, etag
@@ -144,7 +150,7 @@ class Lease:
                     self.etag = self._put(mine, {"e_tag": etag})
                     self.holder = mine
                     break
-                except (PreconditionError, NotFoundError):
+                except (PreconditionError, *NOT_FOUND):
                     continue
             if not self.wait:
                 left = max(0, round(theirs.expires - time.time()))
@@ -170,7 +176,7 @@ class Lease:
             try:
                 if obstore.head(self.store, self.key)["e_tag"] == self.etag:
                     obstore.delete(self.store, self.key)
-            except NotFoundError:
+            except NOT_FOUND:
                 pass
         self.etag = None
 
@@ -183,8 +189,22 @@ class Lease:
             try:
                 self.etag = obstore.put(self.store, self.key, renewed.encode(), mode={"e_tag": self.etag})["e_tag"]
                 self.holder = renewed
-            except (PreconditionError, NotFoundError):
+            except PreconditionError:  # replaced since our last renewal: by another process, or by our own
+                try:  # renewal that the server applied while its answer was lost (a retried request, an outage)
+                    found = obstore.get(self.store, self.key)
+                    theirs, etag = Holder.decode(bytes(found.bytes())), found.meta["e_tag"]
+                except NOT_FOUND:
+                    self.lost = "its object was deleted"
+                    return
+                except Exception:  # the store did not answer: try again, until the lease runs out
+                    continue
+                if theirs is not None and theirs.token == self.holder.token:
+                    self.holder, self.etag = theirs, etag  # our own write: still ours
+                    continue
                 self.lost = "another process took it over"
+                return
+            except NOT_FOUND:
+                self.lost = "its object was deleted"
                 return
             except Exception as e:  # the store did not answer: try again, until the lease runs out
                 if time.time() > self.holder.expires:

@@ -122,7 +122,10 @@ class StoreLocation:
                 raise FeatstoreError(f"{self.path} is {kind}, not a featstore store (no zarr.json); point --store "
                                      f"at a new path or an existing store")
             return
-        if any(not k.startswith(f"{LEASES}/") for k in self.keys("")):  # a lease is ours, not foreign
+        keys = self.keys("")
+        if "zarr.json" in keys:  # another build made the store since has_store() looked: a store, not foreign
+            return
+        if any(not k.startswith(f"{LEASES}/") for k in keys):  # a lease is ours, not foreign
             raise FeatstoreError(f"{self.url} holds other objects, not a featstore store (no zarr.json); point "
                                  f"--store at a new prefix or an existing store")
 

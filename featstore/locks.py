@@ -31,15 +31,16 @@ def lock_holder(path: Path) -> str:
 
 
 @contextmanager
-def locked(path: Path, wait: bool, what: str) -> Iterator[None]:
-    """Hold an exclusive lock on directory `path`: wait for it, or refuse at once naming its holder."""
+def locked(path: Path, wait: bool, what: str, instead: str = "or use another --store") -> Iterator[None]:
+    """Hold an exclusive lock on directory `path`: wait for it, or refuse at once naming its holder (`instead`:
+    what else the refusal suggests)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError as e:
             raise FeatstoreError(f"{what} is being written by {lock_holder(path)}; wait for that featstore "
-                                 f"command to finish (a rerun then resumes), or use another --store") from e
+                                 f"command to finish (a rerun then resumes), {instead}") from e
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock

@@ -29,6 +29,40 @@ class DatasetInfo:
 
 
 @dataclass(frozen=True)
+class ModelSource:
+    """One row of `model_sources`: the store a model's rows in a database come from, as the store identifies
+    itself. A database holds one source per model: a probe (or a merged or attached database) whose images,
+    weights or anchors differ is another experiment. `store` says where it was read, and is never compared (a
+    store may be moved or copied)."""
+
+    model: str
+    store: str
+    images: str  # the image table's checksums (ids, labels, paths), or its fingerprint for a store without them
+    weights_id: str
+    anchors: str  # "name:width" of every anchor in order, space-separated
+
+    def differences(self, other: ModelSource) -> list[str]:
+        """What differs, one phrase each: `self` as a database holds it, `other` as a new source has it (a field
+        either side does not know, in a database written before sources were recorded, is not compared)."""
+        said = []
+        if self.images and other.images and self.images != other.images:
+            said.append(f"image table {other.images[:12]} where the database holds {self.images[:12]}")
+        if self.weights_id and other.weights_id and self.weights_id != other.weights_id:
+            said.append(f"weights {other.weights_id} where the database holds {self.weights_id}")
+        if self.anchors and other.anchors and self.anchors != other.anchors:
+            theirs, mine = _anchor_list(other.anchors), _anchor_list(self.anchors)
+            if theirs == mine:  # the same names: their widths differ
+                theirs, mine = other.anchors, self.anchors
+            said.append(f"anchors {theirs} where the database holds {mine}")
+        return said
+
+
+def _anchor_list(anchors: str) -> str:
+    names = [a.rsplit(":", 1)[0] for a in anchors.split()]
+    return f"({len(names)}: {names[0]} … {names[-1]})" if len(names) > 2 else f"({len(names)}: {', '.join(names)})"
+
+
+@dataclass(frozen=True)
 class ProbeRun:
     """One row of `runs`: a set of probes' predictions of one view. `params` holds the variant's parameters and
     what identifies the probes (probe_id, probe_name, probe_version, split seed, weights)."""

@@ -29,6 +29,7 @@ from featstore.errors import FeatstoreError
 from featstore.integrity import NO_CHECKSUM, UNREADABLE, Damage, checksum, text_checksum
 from featstore.location import StoreLocation
 from featstore.models import published_top1
+from featstore.records import ModelSource
 from featstore.store_config import StoreConfig
 
 FORMAT = 1
@@ -84,7 +85,10 @@ class FeatureStore:
             raise FeatstoreError(f"no featstore store at {self.location}; build one with `featstore build`")
         self.location.check_usable()
         try:
-            self.root = zarr.open_group(self.location.zarr_store(read_only=mode == "r"), mode=mode)
+            # a new store is created with its format attr in its first zarr.json: another build starting at the
+            # same moment never sees a root without it
+            self.root = zarr.open_group(self.location.zarr_store(read_only=mode == "r"), mode=mode,
+                                        **({} if mode == "r" else {"attributes": {"featstore_format": FORMAT}}))
         except Exception as e:
             raise FeatstoreError(f"cannot open {self.location} as a Zarr v3 store ({type(e).__name__}: "
                                  f"{_brief(e)}); point --store at a featstore store or a new path") from e
@@ -209,9 +213,29 @@ class FeatureStore:
     def anchors(self, key: str) -> list[Anchor]:
         return list(self.config(key).anchors)
 
+    def source(self, key: str) -> ModelSource:
+        """How this store identifies a model's rows (its image table's checksums, the weights, the anchors): what a
+        database records with the model, and refuses a probe of another store for."""
+        attrs, cfg = self.image_attrs(), self.config(key)
+        sums = attrs.get("checksums") or {}
+        images = "/".join(f"{k}={sums[k]}" for k in sorted(sums)) or str(attrs.get("fingerprint", ""))
+        return ModelSource(key, str(self.location), images, cfg.weights_id,
+                           " ".join(f"{a.name}:{a.dim}" for a in cfg.anchors))
+
     def views(self, key: str) -> list[str]:
+        """The view groups of a model (a folder there that is not a Zarr group, say someone's `notes/`, is not
+        one: `foreign` names those)."""
         with self.damage_is_one_line(f"the views of {key!r}"):
-            return [k for k in self.listed(key) if k != "probes"]
+            return [k for k in self.listed(key) if k != "probes" and self._is_node(f"{key}/{k}")]
+
+    def foreign(self, key: str) -> list[str]:
+        """What a model group holds that featstore did not write: entries that are not Zarr nodes (no zarr.json),
+        ignored by every command and named by `featstore info`."""
+        with self.damage_is_one_line(f"the listing of {key!r}"):
+            return [k for k in self.listed(key) if k != "probes" and not self._is_node(f"{key}/{k}")]
+
+    def _is_node(self, path: str) -> bool:
+        return bool(sync(self.root.store.exists(f"{path}/zarr.json")))
 
     def prepare_model(self, key: str, config: StoreConfig, versions: dict) -> None:
         """Create the model group, or check that an existing one was built with the same config."""
@@ -322,17 +346,21 @@ class FeatureStore:
             if not deep:
                 continue
             blocks = read_rows([arr for _, _, arr in there], start, stop, errors=True)
+            changed, agreed = [], []
             for (column, name, _), block in zip(there, blocks, strict=True):
                 if isinstance(block, BaseException):
                     problems.append(ChunkProblem(key, view, name, chunk, f"cannot be decoded ({_brief(block)})"))
                     continue
-                if recorded is not None and NO_CHECKSUM != recorded[column] != checksum(block):
-                    problems.append(ChunkProblem(key, view, name, chunk, CHANGED))
-                    continue
+                if recorded is not None and NO_CHECKSUM != recorded[column]:
+                    if recorded[column] != checksum(block):
+                        changed.append(name)
+                        continue
+                    agreed.append(name)
                 bad_rows = np.flatnonzero(~np.isfinite(block).all(axis=1) & ~skipped)
                 if len(bad_rows):
                     problems.append(ChunkProblem(key, view, name, chunk, f"NaN or infinity in {len(bad_rows)} row(s) "
                                                  f"not marked skipped (first: row {start + int(bad_rows[0])})"))
+            problems += _blame(key, view, chunk, changed, agreed)
         return problems
 
     def _checksums(self, g: zarr.Group, columns: int) -> np.ndarray | None:
@@ -369,7 +397,7 @@ class FeatureStore:
                 problems.append(Damage(k, f"its metadata cannot be read ({str(e.__cause__ or e)[:160]})",
                                        ""))
                 continue
-            for v in [v for v in self.listed(k) if v != "probes" and "done" in self.listed(f"{k}/{v}")]:
+            for v in [v for v in self.views(k) if "done" in self.listed(f"{k}/{v}")]:
                 damage = self.check_view_arrays(k, v)
                 problems += damage if damage else self.check_view(k, v, deep)
         return problems
@@ -464,18 +492,26 @@ class FeatureStore:
         targets = [g["anchors"][a.name] for a in anchors] + [g["logits"], g["skipped"]]
         values = [*data.features, data.logits, data.skipped]
 
-        async def write_all() -> None:  # every array at once (each a PUT on object storage), then the bitmap
-            await asyncio.gather(*[t.async_array.setitem((slice(start, stop),), v)
-                                   for t, v in zip(targets, values, strict=True)])
+        guard = self.guard or (lambda: None)  # a build that lost (or may have lost) its lease writes nothing more
 
+        async def write(target: zarr.Array, value: np.ndarray) -> None:
+            guard()  # checked before each PUT, not only at the commit point: a build paused past its lease's
+            await target.async_array.setitem((slice(start, stop),), value)  # expiry never writes over the new holder's
+
+        async def write_all() -> None:  # every array at once (each a PUT on object storage), then the bitmap
+            await asyncio.gather(*[write(t, v) for t, v in zip(targets, values, strict=True)])
+
+        sums = np.asarray([checksum(np.asarray(v, dtype=t.dtype)) for t, v in zip(targets, values, strict=True)],
+                          dtype=np.uint64)  # the values as they decode, each in its array's type
+        guard()
         sync(write_all())
+        guard()
         if "threads" in g:  # views made before thread counts were recorded have none
             g["threads"][data.chunk] = data.threads
-        if "checksums" in g:  # the values as they decode, each in its array's type
-            g["checksums"][data.chunk] = np.asarray([checksum(np.asarray(v, dtype=t.dtype))
-                                                     for t, v in zip(targets, values, strict=True)], dtype=np.uint64)
-        if self.guard is not None:
-            self.guard()  # a build that lost its lease on the model commits nothing more
+        if "checksums" in g:
+            guard()
+            g["checksums"][data.chunk] = sums
+        guard()
         g["done"][data.chunk] = True
 
     def threads_used(self, key: str, view: str) -> list[int]:
@@ -499,11 +535,15 @@ class FeatureStore:
     # -- probes -------------------------------------------------------------------------------------
 
     def write_probe(self, key: str, name: str, anchor: str, arrays: dict[str, np.ndarray], attrs: dict,
-                    version: str) -> None:
+                    version: str, owner: dict | None = None) -> None:
         """Save what one anchor's probe keeps, one array per name with folds first (linear: weight [folds, C, D]
         float32, bias [folds, C]; knn: reference [folds, N] bool), under <model>/probes/<name>/<version>/;
-        nothing reads them until `make_probe_current` names that version."""
-        g = self.root[key].require_group("probes").require_group(name).require_group(version).require_group(anchor)
+        nothing reads them until `make_probe_current` names that version. `owner` (the database and split whose
+        runs name the version) goes into the version group's attrs."""
+        vg = self.root[key].require_group("probes").require_group(name).require_group(version)
+        if owner and dict(vg.attrs) != owner:
+            vg.attrs.put(owner)
+        g = vg.require_group(anchor)
         for array, values in arrays.items():
             dtype = "bool" if values.dtype == bool else "float32"
             g.create_array(array, shape=values.shape, chunks=values.shape, dtype=dtype, overwrite=True)[:] = values
@@ -513,13 +553,25 @@ class FeatureStore:
         """Fail now, not after training, when probes cannot be saved under <model>/ (a read-only store)."""
         self.location.check_writable(key)
 
-    def make_probe_current(self, key: str, name: str, version: str) -> None:
-        """Point <model>/probes/<name> at `version` (one attrs file, written atomically), then drop the others.
-        Called after the database committed the rows of that version, so a failure before leaves the old pair."""
+    def make_probe_current(self, key: str, name: str, version: str, retired: Sequence[str] = ()) -> None:
+        """Point <model>/probes/<name> at `version` (one attrs file, written atomically), then drop the `retired`
+        versions: those the committing database named before and names no more. Called after the database
+        committed the rows of that version, so a failure before leaves the old pair. Versions other jobs wrote
+        (other databases, other views of the one-job-per-view pattern) are never touched: each job's version name
+        is its own."""
         g = self.root[key]["probes"][name]
         g.attrs["current"] = version
-        for other in [k for k, _ in g.groups() if k != version]:
-            del g[other]
+        present = {k for k, _ in g.groups()}
+        for other in retired:
+            if other != version and other in present:
+                del g[other]
+
+    def probe_version_exists(self, key: str, name: str, version: str) -> bool:
+        """True when <model>/probes/<name>/<version> holds weights (listed, no metadata parsed)."""
+        try:
+            return bool(self.listed(f"{key}/probes/{name}/{version}"))
+        except Exception:
+            return False
 
     def discard_probe_version(self, key: str, name: str, version: str) -> None:
         """Remove a version that never became current (its database transaction failed)."""
@@ -574,7 +626,20 @@ class FeatureStore:
             "token_pool": cfg.token_pool, "num_classes": cfg.num_classes, "chunk_rows": cfg.chunk_rows,
             "anchors": [(a.index, a.name, a.module, a.dim) for a in cfg.anchors],
             "views": views, "probes": probes, "versions": attrs.get("versions", {}),
+            **({"foreign": foreign} if (foreign := self.foreign(key)) else {}),
         }
+
+
+def _blame(key: str, view: str, chunk: int, changed: list[str], agreed: list[str]) -> list[ChunkProblem]:
+    """Which arrays of a done chunk are really wrong. Most of them differing from the chunk's checksum row means
+    the row is another commit's (a writer that lost its lease wrote its row and a few arrays over the chunk's
+    commit): the arrays that agree with the row are that writer's, the others the commit's own."""
+    if len(changed) <= len(agreed) or not agreed:
+        return [ChunkProblem(key, view, name, chunk, CHANGED) for name in changed]
+    stale = "written by another commit than the chunk's other arrays (the chunk's checksum row is that commit's)"
+    return [ChunkProblem(key, view, "checksums", chunk, f"the row disagrees with {len(changed)} of "
+                         f"{len(changed) + len(agreed)} arrays: another commit's, like {', '.join(agreed)}")] + \
+        [ChunkProblem(key, view, name, chunk, stale) for name in agreed]
 
 
 def _create_checksums(g: zarr.Group, n_chunks: int, anchors: Sequence[Anchor]) -> None:

@@ -222,9 +222,11 @@ def predict_view(data: ProbeData, fits: list[Fit], view: str) -> ViewPredictions
     return ViewPredictions(view, pred, conf, fold, records)
 
 
-def save_probes(data: ProbeData, name: str, version: str, fits: list[Fit], variant: ProbeVariant) -> None:
+def save_probes(data: ProbeData, name: str, version: str, fits: list[Fit], variant: ProbeVariant,
+                owner: dict | None = None) -> None:
     """Every anchor's probe, as a new (not yet current) version in the store: what each fit keeps (linear:
-    weights [folds, C, D] and biases [folds, C]; knn: which rows it used), stacked over folds."""
+    weights [folds, C, D] and biases [folds, C]; knn: which rows it used), stacked over folds; `owner` says which
+    database's runs name the version."""
     settings = data.settings
     for a, anchor in enumerate(data.anchors):
         kept = [f.probes[a].arrays() for f in fits]
@@ -232,7 +234,7 @@ def save_probes(data: ProbeData, name: str, version: str, fits: list[Fit], varia
         data.store.write_probe(data.key, name, anchor.name, arrays,
                                {"variant": variant.name, "params": variant.params, "seed": settings.seed,
                                 "split_seed": settings.split_seed, "cross_fit": settings.cross_fit,
-                                "folds": [f.probes[a].record() for f in fits]}, version)
+                                "folds": [f.probes[a].record() for f in fits]}, version, owner)
 
 
 def model_outputs(data: ProbeData, view: str) -> tuple[np.ndarray, np.ndarray]:

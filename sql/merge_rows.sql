@@ -1,6 +1,6 @@
 -- merge_rows: with a source database attached as `src`, every result it holds replaces the target's result of
--- the same key (equal content, unless --replace allowed a different one); images, anchors and meta the target
--- lacks are added. Run inside the merge's one transaction, after merge_conflicts and merge_disagreements.
+-- the same key (equal content, unless --replace allowed a different one); images, anchors, model sources and meta
+-- the target lacks are added. Run inside the merge's one transaction, after merge_conflicts and merge_disagreements.
 -- A learned gate belongs to its run's predictions: the target's goes when the source brings a gate for that run,
 -- or brings the run with other content (--replace; that gate learnt the old predictions).
 DELETE FROM gate_scores WHERE run_id IN (SELECT run_id FROM src.gates) OR run_id IN (
@@ -40,5 +40,6 @@ DELETE FROM css_graph t WHERE EXISTS (SELECT 1 FROM src.css_graph s WHERE s.id_r
                                       AND s.ood_run = t.ood_run AND s.distance = t.distance AND s.top_n = t.top_n);
 INSERT INTO css_graph BY NAME SELECT * FROM src.css_graph;
 INSERT INTO anchors BY NAME SELECT * FROM src.anchors WHERE model NOT IN (SELECT model FROM anchors);
+INSERT INTO model_sources BY NAME SELECT * FROM src.model_sources WHERE model NOT IN (SELECT model FROM model_sources);
 INSERT INTO images BY NAME SELECT * FROM src.images WHERE NOT EXISTS (SELECT 1 FROM images);
 INSERT OR IGNORE INTO meta SELECT * FROM src.meta;

@@ -13,6 +13,11 @@ CREATE TABLE IF NOT EXISTS anchors (
     model VARCHAR, anchor SMALLINT, name VARCHAR, module VARCHAR, dim INTEGER, depth_frac DOUBLE,
     block INTEGER, tap VARCHAR, PRIMARY KEY (model, anchor));
 
+-- the store each model's rows come from, as it identifies itself: its image table's checksum, the model's weights
+-- and anchors (name:width, in order); a probe from a store that disagrees is refused (docs/clusters.md)
+CREATE TABLE IF NOT EXISTS model_sources (
+    model VARCHAR PRIMARY KEY, store VARCHAR, images VARCHAR, weights_id VARCHAR, anchors VARCHAR);
+
 -- one row per (model, view, probe variant[, cross-fit, seed]): rerunning replaces it
 CREATE TABLE IF NOT EXISTS runs (
     run_id VARCHAR PRIMARY KEY, model VARCHAR, view VARCHAR, train_view VARCHAR, probe VARCHAR, params JSON,

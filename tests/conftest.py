@@ -86,6 +86,18 @@ def fails(*args) -> str:
     return lines[0]
 
 
+def digest(db) -> dict[str, list]:
+    """Every row of every table, timestamps included: what 'changes nothing' compares."""
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        names = [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()]
+        return {t: sorted(map(repr, con.execute(f"SELECT * FROM {t}").fetchall())) for t in names}
+    finally:
+        con.close()
+
+
 def fail_after_inserting(monkeypatch, table: str, message: str) -> None:
     """Make featstore's DuckDB writer raise OSError(message) right after it has inserted rows into `table`:
     a crash in the middle of a run's transaction."""

@@ -85,8 +85,9 @@ def pooled_activations(n_classes: int, per_class: int, dims: list[int], seed: in
 
 def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np.ndarray, n_classes: int,
                         model: str = "synthetic", views: dict[str, list[np.ndarray]] | None = None,
-                        chunk_rows: int = 1024) -> Path | str:
-    """A store holding the given anchor features (no network involved), for probe tests and benchmarks."""
+                        chunk_rows: int = 1024, weights_id: str = "synthetic") -> Path | str:
+    """A store holding the given anchor features (no network involved), for probe tests and benchmarks;
+    `weights_id` is what its model config says the features were computed with."""
     from featstore.anchors import Anchor
     from featstore.datasets import ImageSet
     from featstore.store import ChunkData, FeatureStore
@@ -103,7 +104,7 @@ def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np
     last = max(1, len(features) - 1)
     anchors = [Anchor(i, f"anchor{i:02d}", f"anchor{i:02d}", int(f.shape[1]), i / last)
                for i, f in enumerate(features)]
-    config = StoreConfig(model=model, library="synthetic", weights_id="synthetic", preprocessing=None,
+    config = StoreConfig(model=model, library="synthetic", weights_id=weights_id, preprocessing=None,
                          token_pool=None, num_classes=n_classes, chunk_rows=chunk_rows, batch_size=chunk_rows,
                          precision="fp32", anchors=tuple(anchors), images_fingerprint=images.fingerprint())
     store.prepare_model(model, config, {})

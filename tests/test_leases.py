@@ -136,3 +136,102 @@ def test_a_build_that_lost_its_lease_commits_no_more_chunks(s3_url):
                                                        np.zeros(32, dtype=bool)))
     assert fs.done("synthetic", "clean").tolist() == [True, False]
     lease.release()
+
+
+def test_a_build_paused_past_its_lease_writes_nothing_over_the_new_holder(s3_url):
+    """Issue 32 case 9: a build paused past its lease's expiry, while another build took over and committed the
+    chunk, PUT its arrays and checksum row over the new holder's when it resumed. Now it checks the deadline before
+    each write: the new holder's chunk stays, and verify finds the store sound."""
+    import numpy as np
+    from synthetic import class_clusters, write_feature_store
+
+    from featstore.store import ChunkData, FeatureStore
+
+    feats, labels = class_clusters(64, 2, [8, 4], seed=1)
+    write_feature_store(s3_url, feats, labels, 2, chunk_rows=32)
+    objects = StoreLocation.parse(s3_url).object_store
+    stale, fresh = FeatureStore(s3_url, mode="a"), FeatureStore(s3_url, mode="a")
+    first = Lease(objects, ".featstore/synthetic.lease", "model 'm'", s3_url, wait=False, ttl=1.0)
+    first.acquire()
+    first._stop.set()  # paused: renewing nothing (SIGSTOP)
+    first._thread.join()
+    time.sleep(1.2)
+    second = Lease(objects, ".featstore/synthetic.lease", "model 'm'", s3_url, wait=False, ttl=30)
+    second.acquire()  # the first one's lease expired: taken over
+    new = [f[:32] + 1.0 for f in feats]
+    fresh.guard = second.check
+    fresh.commit_chunk("synthetic", "clean", ChunkData(0, new, np.ones((32, 2), np.float16), np.zeros(32, bool)))
+    stale.guard = first.check  # it resumes with its own (other) values of the same chunk
+    with pytest.raises(FeatstoreError, match="lost its lease"):
+        stale.commit_chunk("synthetic", "clean", ChunkData(0, [f[:32] - 5.0 for f in feats],
+                                                           np.zeros((32, 2), np.float16), np.zeros(32, bool)))
+    for a, name in enumerate(("anchor00", "anchor01")):
+        np.testing.assert_array_equal(fresh.read("synthetic", "clean", name, slice(0, 32)),
+                                      new[a].astype(np.float16))
+    np.testing.assert_array_equal(fresh.read_logits("synthetic", "clean", slice(0, 32)), np.ones((32, 2)))
+    assert fresh.verify() == []  # the checksum row is the new holder's too
+    second.release()
+
+
+@pytest.mark.parametrize("expires", ["NaN", "Infinity", "4102444800.0"])
+def test_a_lease_with_an_expiry_no_holder_writes_is_taken_over(s3_url, expires):
+    """Issue 32: a lease whose expiry is NaN, Infinity or in 2100 (a holder on another host) was waited on
+    forever; it is garbage, taken over at once."""
+    import json
+    import socket
+
+    store = StoreLocation.parse(s3_url).object_store
+    garbage = {"host": "elsewhere", "pid": 1, "boot": "x", "start": None, "token": "t"}
+    raw = json.dumps(garbage)[:-1] + f', "expires": {expires}}}'
+    obstore.put(store, "m.lease", raw.encode())
+    t = time.monotonic()
+    with Lease(store, "m.lease", "model 'm'", s3_url, wait=True) as lease:
+        lease.check()
+        assert json.loads(bytes(obstore.get(store, "m.lease").bytes()))["host"] == socket.gethostname()
+    assert time.monotonic() - t < 10
+
+
+def test_a_lease_object_deleted_during_a_build_is_a_lost_lease(s3_url):
+    """obstore 0.12 raises FileNotFoundError for the renewal of a deleted lease, which no `except NotFoundError`
+    matched: the build committed every chunk. Now it is a lost lease, said in one line."""
+    store = StoreLocation.parse(s3_url).object_store
+    lease = Lease(store, "m.lease", "model 'm'", s3_url, wait=False, ttl=0.4)
+    lease.acquire()
+    obstore.delete(store, "m.lease")
+    time.sleep(0.6)
+    with pytest.raises(FeatstoreError, match="lost its lease"):
+        lease.check()
+    lease.release()
+
+
+def test_a_renewal_the_server_applied_while_its_answer_was_lost_keeps_the_lease(s3_url):
+    """Issue 32: after an S3 outage the holder's own buffered renewal had succeeded at the server, so its next
+    If-Match failed and the build said "another process took it over". A lease that still carries this holder's
+    token is its own: it keeps it (another process's token still loses it)."""
+    import json
+
+    store = StoreLocation.parse(s3_url).object_store
+    lease = Lease(store, "m.lease", "model 'm'", s3_url, wait=False, ttl=1.0)
+    lease.acquire()
+    own = {**lease.holder.__dict__, "expires": time.time() + 1.0}
+    obstore.put(store, "m.lease", json.dumps(own, sort_keys=True).encode())  # our renewal, its answer lost: new ETag
+    time.sleep(0.9)  # several renewals later
+    lease.check()
+    assert obstore.head(store, "m.lease")["e_tag"] == lease.etag
+    other = {**own, "token": "someone-else", "expires": time.time() + 1.0}
+    obstore.put(store, "m.lease", json.dumps(other, sort_keys=True).encode())
+    time.sleep(0.6)
+    with pytest.raises(FeatstoreError, match="another process took it over"):
+        lease.check()
+    lease.release()
+
+
+def test_a_lease_object_deleted_before_release_is_released_quietly(s3_url):
+    """obstore 0.12's head of a deleted object raises FileNotFoundError: a build whose lease object was deleted
+    committed every chunk, then exited 1 with a traceback from its release."""
+    store = StoreLocation.parse(s3_url).object_store
+    lease = Lease(store, "m.lease", "model 'm'", s3_url, wait=False, ttl=60)
+    lease.acquire()
+    obstore.delete(store, "m.lease")
+    lease.release()
+    assert list(obstore.list(store).collect()) == []

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from synthetic import class_clusters, write_feature_store
 
-from conftest import fails, run_cli
+from conftest import digest, fails, run_cli
 
 DIMS = [6, 8, 8]
 SEEDS = (0, 1, 2)
@@ -38,16 +38,6 @@ def tables(db) -> dict[str, list[tuple]]:
     con = duckdb.connect(str(db), read_only=True)
     try:
         return {name: sorted(map(repr, con.execute(sql).fetchall())) for name, sql in COMPARED.items()}
-    finally:
-        con.close()
-
-
-def digest(db) -> dict[str, list]:
-    """Every row of every table, timestamps included: what 'changes nothing' compares."""
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        names = [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()]
-        return {t: sorted(map(repr, con.execute(f"SELECT * FROM {t}").fetchall())) for t in names}
     finally:
         con.close()
 

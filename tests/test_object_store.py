@@ -237,3 +237,63 @@ def test_a_study_keeps_its_store_on_s3_and_resumes_from_it(tmp_path, s3_url):
     assert done_chunks(s3_url) == 1  # 30 images, chunks of 32
     assert "0 step(s) run, 3 already done" in run_cli("study", study, "--out", out, "--store", s3_url,
                                                       "--no-progress").output
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_foreign_folder_in_a_model_group_is_ignored_and_named(where, s3_url, tmp_path):
+    """Issue 32: a stray folder in a model group (someone's notes/) made `info` a KeyError, `probe --view all` say
+    "no view 'notes'", and verify count it as nothing. Now info names it, verify and probe leave it alone."""
+    feats, labels = class_clusters(60, 3, [4, 6], seed=5)
+    url = s3_url if where == "s3" else str(tmp_path / "s.zarr")
+    write_feature_store(url, feats, labels, 3, chunk_rows=32, views={"noisy": [f + 1 for f in feats]})
+    if where == "s3":
+        obstore.put(objects(url), "synthetic/notes/a.txt", b"mine")
+    else:
+        (tmp_path / "s.zarr" / "synthetic" / "notes").mkdir()
+        (tmp_path / "s.zarr" / "synthetic" / "notes" / "a.txt").write_text("mine")
+    assert "not featstore's (ignored): notes" in run_cli("info", url).output
+    assert "every done chunk is intact" in run_cli("verify", url).output
+    db = tmp_path / "f.duckdb"
+    run_cli("probe", "--store", url, "--model", "synthetic", "--view", "all", "--db", db, "--variant",
+            "linear:tol=0.02", "--threads", "1", "--no-progress")
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    assert sorted(v for (v,) in con.execute("SELECT view FROM runs").fetchall()) == ["clean", "noisy"]
+    con.close()
+
+
+def test_a_server_that_goes_away_mid_build_is_one_line(big_image_dir):
+    """Issue 32: the S3 server killed mid-build gave 174 lines of traceback. It is one line and exit status 2, and
+    what was committed before stays marked done."""
+    from s3server import s3_server, with_env
+
+    with s3_server() as server:
+        server.create_bucket("gone")
+        url = "s3://gone/s.zarr"
+        env = {**with_env(server.env), "OMP_NUM_THREADS": "1"}
+        build = subprocess.Popen([*CLI, "build", "--data", str(big_image_dir), "--store", url, *BUILD], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        store = S3Store("gone", prefix="s.zarr", endpoint=server.endpoint, client_options={"allow_http": True},
+                        **{k.removeprefix("AWS_").lower(): v for k, v in server.env.items()
+                           if k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")})
+        deadline = time.monotonic() + 300
+        while sum(len(b) for b in obstore.list(store, "resnet18/clean/done/c/")) < 1:
+            assert build.poll() is None and time.monotonic() < deadline, build.stderr.read()[-2000:]
+            time.sleep(0.05)
+    # the server is gone (killed on leaving the block) while the build has chunks to go
+    assert build.wait(timeout=600) == 2
+    lines = [line for line in build.stderr.read().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("featstore: error: the object store stopped answering"), lines
+
+
+def test_a_store_made_by_another_build_meanwhile_is_not_other_objects(s3_url, monkeypatch):
+    """Issue 32: three builds of different models started together into a new prefix: 1 in 8 was refused as
+    "holds other objects" when another build wrote the root between the check for a store and the listing."""
+    from featstore.location import StoreLocation
+
+    feats, labels = class_clusters(20, 2, [4], seed=1)
+    write_feature_store(s3_url, feats, labels, 2, chunk_rows=16)
+    answers = iter([False])  # no store yet when it looks; the other build's root is there when it lists
+    monkeypatch.setattr(StoreLocation, "has_store", lambda self: next(answers, True))
+    StoreLocation.parse(s3_url).check_usable()

@@ -168,3 +168,26 @@ def test_a_full_disk_keeps_a_database_that_held_runs(small, tmp_path):
     assert failed.returncode == 2 and "cannot write database" in failed.stderr, failed.stderr
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT run_id FROM runs").fetchall() == [("synthetic/clean/linear",)]
+
+
+@pytest.mark.parametrize("extra", [(), ("--cross-fit", "2")])
+def test_a_val_fraction_that_leaves_no_val_rows_is_refused(small, tmp_path, extra):
+    """Issue 32 case 4: `--variant paper --val-frac 0.01` returned its untrained starting weights recorded as
+    converged, val accuracy -1. 60 images: 42 train+val, round(0.01 * 42) = 0 val rows (cross-fit: of 30)."""
+    store, _ = small
+    db = tmp_path / "v.duckdb"
+    before = probe_listing(store)
+    line = fails("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "paper", "--val-frac",
+                 "0.01", "--no-progress", *extra)
+    where = "fold 0 of --cross-fit 2" if extra else "the split"
+    train = 30 if extra else 42
+    assert f"--val-frac 0.01: {where} holds no val rows ({train} train rows of 60 usable images)" in line
+    assert not db.exists()
+    assert probe_listing(store) == before  # no weights were saved
+
+
+def probe_listing(store) -> list[str]:
+    from featstore.store import FeatureStore
+
+    fs = FeatureStore(store)
+    return fs.listed("synthetic/probes/paper@clean") if "probes" in fs.listed("synthetic") else []

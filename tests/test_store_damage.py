@@ -192,3 +192,30 @@ def test_a_replaced_image_is_refused_unless_asked_to_rebuild(built, image_dir, t
     assert "changed" not in run_cli("build", "--data", images, "--store", store, *SMALL).output
     first.touch()  # a new time, the same bytes: the recorded content says it is unchanged
     assert "0 chunk(s) written" in run_cli("build", "--data", images, "--store", store, *SMALL).output
+
+
+def test_verify_blames_the_arrays_a_stale_writer_left_not_the_commits(tmp_path):
+    """Issue 32 case 9: a writer that lost its lease PUT two arrays and the checksum row over another build's
+    committed chunk; verify blamed the correct arrays (they differ from the stale row). Now the arrays that agree
+    with a row most arrays disagree with are named as the stale ones, beside the row."""
+    from synthetic import class_clusters, write_feature_store
+
+    from featstore.integrity import checksum
+
+    feats, labels = class_clusters(32, 2, [4, 4, 4, 4], seed=3)
+    path = write_feature_store(tmp_path / "s.zarr", feats, labels, 2, chunk_rows=16)
+    g = zarr.open_group(str(path), mode="a")["synthetic"]["clean"]
+    stale = {"anchors/anchor00": feats[0][:16] - 3.0, "logits": np.full((16, 2), 7.0)}
+    for name, values in stale.items():
+        g[name][0:16] = values
+    # the stale writer's row: the checksums of its own values of every array (other than the commit's, but for
+    # `skipped`), though it PUT only two of them
+    theirs = {**{n: -np.ones(g[n].chunks) for n in g["checksums"].attrs["arrays"]}, **stale,
+              "skipped": g["skipped"][0:16]}
+    g["checksums"][0] = np.asarray([checksum(np.asarray(theirs[n], dtype=g[n].dtype))
+                                    for n in g["checksums"].attrs["arrays"]], dtype=np.uint64)
+    found = {(p.array, p.what) for p in FeatureStore(path).verify()}
+    blamed = {a for a, what in found if "another commit than the chunk's other arrays" in what}
+    assert blamed == {"anchors/anchor00", "logits"}
+    assert any(a == "checksums" and "disagrees with 3 of 5 arrays" in what for a, what in found)
+    assert not {a for a, _ in found} & {"anchors/anchor01", "anchors/anchor02", "anchors/anchor03"}

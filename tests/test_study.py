@@ -190,3 +190,25 @@ def test_study_models_must_have_distinct_keys_and_a_known_pool(tmp_path):
     assert "share the key 'resnet18'" in fails("study", bad) and "key = " in fails("study", bad)
     bad.write_text("[data]\npath = '.'\n[[models]]\nname = 'resnet18'\npool = 'max'\n")
     assert "[[models]] #1: pool = 'max' must be one of 'cls', 'mean'" in fails("study", bad)
+
+
+def test_a_rerun_reports_what_the_file_declares_now(tiny, tmp_path):
+    """Issue 32 case 5: after the file dropped a seed and a view, the table still counted both seeds and the
+    corrupted view's delta. Now it reads the runs the file declares (the database keeps the others)."""
+    out = tmp_path / "out"
+    both = run_study(tiny, out=out, progress=False)
+    assert set(both.table["seeds"].drop_nulls().to_list()) == {2}
+    tiny.write_text(tiny.read_text().replace("seeds = [0, 1]", "seeds = [0]").replace(
+        'views = ["clean", "gaussian_noise-2"]', 'views = ["clean"]'))
+    one = run_study(tiny, out=out, progress=False)
+    table = {r["statistic"]: r for r in one.table.to_dicts()}
+    assert {r["seeds"] for r in table.values() if r["featstore"] is not None} == {1}
+    assert table["corruption_delta"]["featstore"] is None  # no corrupted view is declared now
+    con = duckdb.connect(str(out / "featstore.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 4  # nothing was deleted
+    seed0 = con.execute("SELECT mean_layer, f_early FROM paper_table(2) WHERE run_id = "
+                        "'resnet18/clean/linear:tol=0.02'").fetchone()
+    con.close()
+    assert table["mean_layer"]["featstore"] == pytest.approx(seed0[0])
+    assert table["f_early"]["featstore"] == pytest.approx(seed0[1])
+    assert "probe seeds 0" in one.population and "probe seeds 0, 1" in both.population

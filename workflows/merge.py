@@ -2,11 +2,12 @@
 
 Jobs on a cluster cannot share one DuckDB file (one writer at a time), so each writes a database of its own and
 `merge` folds them in afterwards. All sources go in one transaction of the target: all or nothing. A source is
-refused (one line, nothing written) when it is another experiment — other images, another split, other anchors
-for a model — or when it holds a result under a key the target already holds with other content (a run id, a
-circuit run, a cost measurement, a learned gate, ...), unless `replace` lets the source's result win; a run's
-learned gate goes with the run it learnt from. Merging the same source
-twice changes nothing: equal results replace each other. The SQL is in sql/merge_*.sql.
+refused (one line, nothing written, no new target left behind) when it is another experiment — other images,
+another split, other anchors or weights for a model — or when it holds a result under a key the target already
+holds with other content (a run id, a circuit run, a cost measurement, a learned gate, ...), unless `replace` lets
+the source's result win; a run's learned gate goes with the run it learnt from. Merging the same source twice
+changes nothing: equal results replace each other. A target that is another program's DuckDB file is refused.
+The SQL is in sql/merge_*.sql.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def merge(target: str | Path, sources: list[str | Path], replace: bool = False) 
             raise FeatstoreError(f"source {p} is the target database itself; name other sources")
     for p in paths:  # each source is a featstore database (checked with its own sealed read-only connection)
         fsdb.connect(p, read_only=True).close()
+    creating = not target.exists()
     con = fsdb.connect(target, wait_s=fsdb.WRITE_WAIT_S)
     replaced: list[str] = []
     try:
@@ -55,6 +57,10 @@ def merge(target: str | Path, sources: list[str | Path], replace: bool = False) 
                     con.execute("DETACH src")
         runs = con.execute("SELECT count(*) FROM runs").fetchone()[0]
         circuits = con.execute("SELECT count(*) FROM circuit_runs").fetchone()[0]
+    except BaseException:
+        if creating:  # a target this merge created and could not fill: not left behind, empty
+            fsdb.remove_empty(con, target)
+        raise
     finally:
         con.close()
     return MergeResult(target, paths, runs, circuits, replaced)

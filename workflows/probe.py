@@ -3,8 +3,10 @@
 All checks (store complete, DB free and of the same image set, variant known) run before anything is
 trained or written. Rerunning a command replaces its own runs, another parameter set lands beside them (see
 `featstore.probing.run` for what names a run). Store and database commit together: the probe weights are
-written as a new version first, then every predicted view's rows in one transaction, and only then is that
-version made current, so a failure anywhere leaves the old weights and rows in place.
+written as a new version first (a name of this job's own, recording the database and split in its attrs), then
+every predicted view's rows in one transaction, and only then is that version made current, so a failure anywhere
+leaves the old weights and rows in place. The versions this database's runs no longer name are dropped then, and
+no others: two jobs of one probe name (other databases, or one view each) keep each other's weights.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from featstore.probing.run import (
     ProbeSettings,
     check_complete,
     fit_all,
+    fit_plans,
     model_outputs,
     parse_bytes,
     predict_view,
@@ -107,6 +110,17 @@ class _Job:
                           self.cfg.run.seed, self.streamed)
 
 
+def check_val_rows(data: ProbeData, cfg: ProbeConfig) -> None:
+    """Every fit needs val rows (early stopping, model selection and the recorded val accuracy read them): a val
+    fraction that leaves a fit none is refused before training, not learnt as untrained weights marked converged."""
+    for k, (rows, _) in enumerate(fit_plans(data)):
+        if not len(rows.val):
+            where = f"fold {k} of --cross-fit {cfg.cross_fit}" if cfg.cross_fit else "the split"
+            raise FeatstoreError(f"--val-frac {cfg.val_frac}: {where} holds no val rows ({len(rows.train)} train "
+                                 f"rows of {len(data.valid)} usable images); early stopping and the val accuracy "
+                                 f"need some: pass a larger --val-frac")
+
+
 def planned_run_ids(cfg: ProbeConfig) -> list[str]:
     """The run ids `probe(cfg)` writes, one per predicted view, from the store's sizes alone (nothing is read or
     trained): what a study checks for in the database."""
@@ -130,13 +144,16 @@ def probe(cfg: ProbeConfig) -> list[str]:
     if cfg.cross_fit > len(data.valid) // 2:
         raise FeatstoreError(f"--cross-fit {cfg.cross_fit}: the store has {len(data.valid)} usable images, so at "
                              f"most {len(data.valid) // 2} folds (each fold must hold out at least 2 images)")
+    check_val_rows(data, cfg)
     image_attrs = store.image_attrs()
     info = DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store),
                        cfg.split_seed, cfg.val_frac)
+    source = store.source(key)
     if Path(cfg.db).exists():  # read-only beside `featstore sql`'s readers; a writer holding it is refused now
         con = fsdb.connect(cfg.db, read_only=True)
         try:
             fsdb.check_dataset(con, cfg.db, info)
+            fsdb.check_source(con, cfg.db, source)
         finally:
             con.close()
 
@@ -160,7 +177,8 @@ def probe(cfg: ProbeConfig) -> list[str]:
     table, labels = data.table, data.table["label"]
     con, was_empty = None, False
     try:  # weights as a new version, then the rows in one transaction, then that version becomes current
-        save_probes(data, probe_name, version, fits, variant)
+        save_probes(data, probe_name, version, fits, variant,
+                    {"database": str(cfg.db.resolve()), "split_seed": cfg.split_seed})
         con = fsdb.connect(cfg.db, wait_s=fsdb.WRITE_WAIT_S)
         was_empty = fsdb.is_empty(con)
         if not fsdb.check_dataset(con, cfg.db, info):
@@ -168,8 +186,12 @@ def probe(cfg: ProbeConfig) -> list[str]:
             split[data.skipped] = "skipped"
             fsdb.register_images(con, info, table["image_id"], table["path"], labels, split,
                                  image_attrs.get("class_names"))
+        fsdb.check_source(con, cfg.db, source)  # another job may have filled it meanwhile
+        fsdb.register_source(con, source)
         fsdb.register_anchors(con, key, data.anchors)
+        named = fsdb.probe_versions(con, key, probe_name)  # what this database's runs read before this job
         fsdb.write_runs(con, [rows for rows, _ in outputs])
+        retired = sorted(named - fsdb.probe_versions(con, key, probe_name))
     except BaseException:
         store.discard_probe_version(key, probe_name, version)
         if con is not None:
@@ -178,9 +200,33 @@ def probe(cfg: ProbeConfig) -> list[str]:
             con.close()
         raise
     try:
-        store.make_probe_current(key, probe_name, version)
+        store.make_probe_current(key, probe_name, version, retired)
         for rows, (pred, conf) in outputs:
             fsdb.replace_model_outputs(con, key, rows.run.view, table["image_id"][data.valid], pred, conf)
     finally:
         con.close()
     return [rows.run.run_id for rows, _ in outputs]
+
+
+def missing_weights(store: str | Path, dbs: list[Path]) -> list[str]:
+    """The probe runs of these databases whose stored weights this store should hold and does not, one line each:
+    a run of a model the store holds, from a database whose source for that model is this store's (its images,
+    weights and anchors), naming a version that is not there."""
+    fs = FeatureStore(store)
+    models = set(fs.models())
+    lines = []
+    for db in dbs:
+        con = fsdb.connect(db, read_only=True)
+        try:
+            ours = {}
+            for run_id, model, name, version in fsdb.run_weights(con):
+                if model not in models:
+                    continue
+                if model not in ours:
+                    held = fsdb.model_source(con, model)
+                    ours[model] = held is None or not held.differences(fs.source(model))
+                if ours[model] and not fs.probe_version_exists(model, name, version):
+                    lines.append(f"{db}: run {run_id}: its weights {model}/probes/{name}/{version} are missing")
+        finally:
+            con.close()
+    return lines

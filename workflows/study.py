@@ -20,6 +20,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from featstore.analytics import db as fsdb
 from featstore.analytics.queries import paper_table_spread, population
 from featstore.analytics.report import write_report
 from featstore.anchors import PRESETS
@@ -324,8 +325,21 @@ def run_study(path: str | Path, data: str | Path | None = None, out: str | Path 
         if bar is not None:
             bar.close()
     db = study.out / "featstore.duckdb"
-    return StudyResult(db, study.store_at, study.out / "report" / "report.html", beside_paper(study, db),
-                       ran, skipped, study.published_source, population_line(study, db))
+    con = declared(study, db)  # the runs the file declares now, not those an earlier version of it left
+    try:
+        return StudyResult(db, study.store_at, study.out / "report" / "report.html", beside_paper(study, con),
+                           ran, skipped, study.published_source, population_line(study, con))
+    finally:
+        con.close()
+
+
+def declared(study: Study, db: Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to the study's database that sees only the probe runs its file declares (models,
+    variants, seeds and views as they read now): a rerun after the file dropped seeds or views reports those it
+    keeps, while the database keeps every run for `featstore sql`."""
+    runs = [r for m in study.models for variant in study.variants for seed in study.seeds
+            for r in planned_run_ids(_probe_config(study, m, variant, seed))]
+    return fsdb.connect_several([db], runs=runs)
 
 
 TABLE_SCHEMA = {"model": pl.String, "weights": pl.String, "pool": pl.String, "statistic": pl.String,
@@ -333,7 +347,7 @@ TABLE_SCHEMA = {"model": pl.String, "weights": pl.String, "pool": pl.String, "st
                 "seeds": pl.Int64, "n": pl.Int64, "paper": pl.Float64}
 
 
-def beside_paper(study: Study, db: Path) -> pl.DataFrame:
+def beside_paper(study: Study, db: Path | duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """One row per (model, weights, statistic): ours at k (first variant) as the mean over the probe seeds with
     their spread (sample std, min, max; `sql/paper_table_spread.sql`), the images each figure counts, and the
     paper's figure."""
@@ -356,7 +370,7 @@ def beside_paper(study: Study, db: Path) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=TABLE_SCHEMA)
 
 
-def population_line(study: Study, db: Path) -> str:
+def population_line(study: Study, db: Path | duckdb.DuckDBPyConnection) -> str:
     """Which images the table counts: the image set, how many of its images, by which rule, over which seeds."""
     pop = population(db).filter(pl.col("view") == "clean")
     if pop.is_empty():
