@@ -152,11 +152,27 @@ def test_a_pinned_strength_skips_the_search(tmp_path):
 
 
 def test_no_val_rows_to_choose_on_is_one_line(tmp_path):
-    """Five images leave no val row: the search is refused before anything is written; a pinned C still fits."""
+    """Five images leave no val row: the search (and a pinned C's held-out figure) is refused in one line before
+    anything is written."""
     feats, labels = class_clusters(5, 2, [4, 8], seed=1)
     store = write_feature_store(tmp_path / "s.zarr", feats, labels, 2)
     db = tmp_path / "f.duckdb"
-    line = fails("probe", "--store", store, "--model", "synthetic", "--db", db, "--no-progress")
-    assert "no val rows to choose the probe's L2 strength on" in line and "linear:C=1" in line
-    assert not db.exists()
-    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--no-progress", "--variant", "linear:C=1")
+    for variant in ("linear", "linear:C=1"):
+        line = fails("probe", "--store", store, "--model", "synthetic", "--db", db, "--no-progress", "--variant",
+                     variant)
+        assert "holds no val rows" in line and "--val-frac" in line, line
+        assert not db.exists()
+
+
+def test_the_solver_itself_refuses_a_search_without_val_rows():
+    """Called directly (no split check before it), the search names the two ways out."""
+    import torch
+
+    from featstore.errors import FeatstoreError
+    from featstore.probing.strength import StrengthGrid, Tolerances, choose_and_solve
+
+    x, y = torch.randn(1, 20, 3), torch.arange(20) % 2
+    with pytest.raises(FeatstoreError, match="no val rows to choose the probe's L2 strength on.*linear:C=1"):
+        choose_and_solve(x, y, 20, 2, StrengthGrid(), Tolerances())
+    solved = choose_and_solve(x, y, 20, 2, StrengthGrid(pinned=1.0), Tolerances())
+    assert solved.c == [1.0] and solved.states[0].stop == "gradient"
