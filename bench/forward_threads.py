@@ -7,11 +7,12 @@ random-init resnet18 at 32 px, the test suite's digits store) at both counts, pr
 every anchor's features and of the logits, then probes both stores with the default `linear` and counts the
 predictions and decision layers that differ.
 
-    python bench/forward_threads.py
+    python bench/forward_threads.py [--store-dtype float32]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -31,13 +32,16 @@ def featstore(*args: str) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--store-dtype", default="auto", help="as featstore build's (float32: the forward's own bits)")
+    args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp())
     data = digits_image_folder(tmp / "images", size=32)
     preds, layers = {}, {}
     for threads in (1, 2):
         store, db = tmp / f"t{threads}.zarr", tmp / f"t{threads}.duckdb"
         featstore("build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--data", str(data),
-                  "--store", str(store), "--threads", str(threads))
+                  "--store", str(store), "--threads", str(threads), "--store-dtype", args.store_dtype)
         featstore("probe", "--store", str(store), "--model", "resnet18", "--db", str(db), "--threads", "1")
         con = duckdb.connect(str(db), read_only=True)
         preds[threads] = con.execute("SELECT pred FROM predictions ORDER BY image_id, anchor").fetchnumpy()["pred"]
@@ -45,7 +49,7 @@ def main() -> None:
                                        [k]).fetchall() for k in (1, 2, 3, 4)]
         con.close()
     one, two = FeatureStore(tmp / "t1.zarr"), FeatureStore(tmp / "t2.zarr")
-    print("stored features, --threads 1 vs 2 (float16 as stored):")
+    print(f"stored features, --threads 1 vs 2 (--store-dtype {args.store_dtype}):")
     print("  anchor             dim   values differing   largest |difference|   largest relative")
     for anchor in one.anchors("resnet18"):
         a = one.read("resnet18", "clean", anchor.name).astype(np.float64)
