@@ -150,3 +150,19 @@ def read_probe(store, key: str, name: str, anchor: str) -> tuple[np.ndarray, np.
 def read_probe_arrays(store, key: str, name: str, anchor: str) -> dict[str, np.ndarray]:
     """Every array one anchor's current probe keeps (knn: `reference`, the rows it votes with), from Zarr."""
     return {array: values[:] for array, values in _probe_group(store, key, name, anchor).arrays()}
+
+
+def register_toy_images(con, labels: np.ndarray, split: np.ndarray, models: tuple[str, ...], anchors: int) -> None:
+    """A hand-made database's images (ids 0..n-1, their labels and split) and `anchors` two-wide anchors a0, a1, ...
+    for each model: what the tests of tables written without a store start from."""
+    from types import SimpleNamespace
+
+    from featstore.analytics import db as fsdb
+
+    n = len(labels)
+    fsdb.register_images(con, fsdb.DatasetInfo("fp", "t", "-", 0), np.arange(n), np.array(["x.png"] * n), labels,
+                         split)
+    last = max(1, anchors - 1)
+    for model in models:
+        fsdb.register_anchors(con, model, [SimpleNamespace(index=a, name=f"a{a}", module=f"a{a}", dim=2,
+                                                           depth_frac=a / last) for a in range(anchors)])

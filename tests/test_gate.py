@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 from sklearn.linear_model import LogisticRegression
-from synthetic import run_rows
+from synthetic import register_toy_images, run_rows
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
@@ -52,9 +52,7 @@ def world(tmp_path_factory):
     ids = np.arange(N)
     labels = rng.integers(0, 3, N)
     split = rng.choice(["train", "val", "test"], N, p=[0.6, 0.1, 0.3])
-    fsdb.register_images(con, fsdb.DatasetInfo("fp", "t", "-", 0), ids, np.array(["x.png"] * N), labels, split)
-    fsdb.register_anchors(con, "m", [SimpleNamespace(index=a, name=f"a{a}", module=f"a{a}", dim=2, depth_frac=a / T)
-                                     for a in range(T + 1)])
+    register_toy_images(con, labels, split, ("m",), T + 1)
     head = np.where(rng.random(N) < 0.8, labels, rng.integers(0, 3, N))
     settle = rng.integers(0, T + 1, N)
     preds = rng.integers(0, 3, (N, T + 1))
