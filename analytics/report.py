@@ -404,8 +404,9 @@ def _definitions(figs: _Figures, con, model: str, runs: list[str], k: int, min_c
 
 def _differs(reference: dict, other: dict) -> str:
     """What sets a run apart from the reference run, in words ('probe paper', 'seed 1', ...)."""
-    parts = [f"probe {other['probe']}" if other["probe"] != reference["probe"] else "",
-             f"params {other['params']}" if other["params"] != reference["params"] else "",
+    same_family = other["probe"] == reference["probe"]  # another family's params say nothing beside its name
+    parts = [f"probe {other['probe']}" if not same_family else "",
+             f"params {other['params']}" if same_family and other["params"] != reference["params"] else "",
              f"trained on {other['train_view']}" if other["train_view"] != reference["train_view"] else "",
              (f"cross-fit {other['cross_fit']}" if other["cross_fit"] else "single split")
              if other["cross_fit"] != reference["cross_fit"] else "",
