@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from featstore.analytics import queries as q
-from featstore.analytics.db import connect
+from featstore.analytics.db import connect, connect_several
 from featstore.errors import FeatstoreError
 
 
@@ -60,12 +60,13 @@ class _Figures:
 
 
 def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = None, scope: str = "auto",
-                 k: int | None = None, min_conf: float = 0.5) -> Path:
+                 k: int | None = None, min_conf: float = 0.5, runs: Sequence[str] | None = None) -> Path:
     """Write `out/report.html` (and one PNG per figure) for every run in `db`: the k-sweep over `ks`, and the
     single-k sections (cross-model table, headline, decision mass, gallery, the comparison of definitions) at `k`
-    (default 2, or the first k); `min_conf` is the joint criterion's threshold in that comparison."""
+    (default 2, or the first k); `min_conf` is the joint criterion's threshold in that comparison. `runs`: report
+    only these probe runs (a study's declared ones), though the database holds others."""
     out = Path(out)
-    con = connect(db, read_only=True)
+    con = connect(db, read_only=True) if runs is None else connect_several([db], runs=runs)
     try:
         q.check_scope(scope)
         ks = q.stability_windows(con, ks)

@@ -198,6 +198,8 @@ def test_a_rerun_reports_what_the_file_declares_now(tiny, tmp_path):
     out = tmp_path / "out"
     both = run_study(tiny, out=out, progress=False)
     assert set(both.table["seeds"].drop_nulls().to_list()) == {2}
+    page = both.report.read_text()
+    assert "linear:tol=0.02/seed1" in page and "resnet18/gaussian_noise-2/" in page
     tiny.write_text(tiny.read_text().replace("seeds = [0, 1]", "seeds = [0]").replace(
         'views = ["clean", "gaussian_noise-2"]', 'views = ["clean"]'))
     one = run_study(tiny, out=out, progress=False)
@@ -212,3 +214,6 @@ def test_a_rerun_reports_what_the_file_declares_now(tiny, tmp_path):
     assert table["mean_layer"]["featstore"] == pytest.approx(seed0[0])
     assert table["f_early"]["featstore"] == pytest.approx(seed0[1])
     assert "probe seeds 0" in one.population and "probe seeds 0, 1" in both.population
+    page = one.report.read_text()  # the HTML report too shows only the declared runs, and was redone
+    assert "resnet18/clean/linear:tol=0.02" in page
+    assert "/seed1" not in page and "gaussian_noise-2" not in page

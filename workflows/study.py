@@ -239,7 +239,10 @@ def plan(study: Study) -> list[Step]:
                 steps.append(Step(f"probe {first}", _params(cfg), f"probe {m.key} {variant} seed {seed}",
                                   lambda cfg=cfg: probe(cfg), lambda cfg=cfg: _probed(cfg)))
     report = study.out / "report"
-    steps.append(Step("report", {"k": study.k}, "report", lambda: write_report(db, report, k=study.k),
+    declares = {"models": [m.key for m in study.models], "variants": list(study.variants),
+                "seeds": list(study.seeds), "views": list(study.views)}  # a report of other runs is redone
+    steps.append(Step("report", {"k": study.k, "declares": declares}, "report",
+                      lambda: write_report(db, report, k=study.k, runs=declared_run_ids(study)),
                       lambda: (report / "report.html").is_file()))
     return steps
 
@@ -337,9 +340,13 @@ def declared(study: Study, db: Path) -> duckdb.DuckDBPyConnection:
     """A read-only connection to the study's database that sees only the probe runs its file declares (models,
     variants, seeds and views as they read now): a rerun after the file dropped seeds or views reports those it
     keeps, while the database keeps every run for `featstore sql`."""
-    runs = [r for m in study.models for variant in study.variants for seed in study.seeds
+    return fsdb.connect_several([db], runs=declared_run_ids(study))
+
+
+def declared_run_ids(study: Study) -> list[str]:
+    """The probe runs the study's file declares now (models x variants x seeds, each over its views)."""
+    return [r for m in study.models for variant in study.variants for seed in study.seeds
             for r in planned_run_ids(_probe_config(study, m, variant, seed))]
-    return fsdb.connect_several([db], runs=runs)
 
 
 TABLE_SCHEMA = {"model": pl.String, "weights": pl.String, "pool": pl.String, "statistic": pl.String,
