@@ -89,8 +89,8 @@ def cli() -> None:
 @user_errors
 def build(**given) -> None:
     """Extract pooled anchor activations (and logits) of MODEL over DATA into STORE; resumable."""
+    from featstore.api import build as run_build
     from featstore.build import BuildConfig
-    from featstore.build import build as run_build
 
     (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
     result = run_build(BuildConfig(model=model, images=images, run=run, **rest))
@@ -123,8 +123,8 @@ def build(**given) -> None:
 @user_errors
 def probe(**given) -> None:
     """Train one linear probe per anchor from the store and land every prediction in DuckDB."""
+    from featstore.api import probe as run_probe
     from featstore.workflows.probe import ProbeConfig
-    from featstore.workflows.probe import probe as run_probe
 
     (run,), rest = split_options(given, RunOptions)
     project_dim = rest.pop("project_dim")

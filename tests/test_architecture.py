@@ -16,11 +16,22 @@ from conftest import fails, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# folder -> its package name, lowest layer first; a layer may import only the layers before it
+# folder -> its package name, lowest layer first; a layer may import only the layers before it. "api" is the public
+# API (featstore/__init__.py and featstore/api.py, docs/python.md): above the jobs, below the CLI that calls it
 LAYERS = [("featstore", "featstore"), ("probing", "featstore.probing"), ("analytics", "featstore.analytics"),
-          ("workflows", "featstore.workflows"), ("cli", "featstore.cli")]
-# the libraries a layer must never import: the core and the probes know no database, analytics knows no network
-FORBIDDEN = {"featstore": ("duckdb",), "probing": ("duckdb",), "analytics": ("torch", "torchvision", "timm")}
+          ("workflows", "featstore.workflows"), ("api", "featstore.api"), ("cli", "featstore.cli")]
+API_FILES = ("featstore/__init__.py", "featstore/api.py")
+# the libraries a layer must never import: the core and the probes know no database, analytics knows no network,
+# the API reaches the database only through analytics
+FORBIDDEN = {"featstore": ("duckdb",), "probing": ("duckdb",), "analytics": ("torch", "torchvision", "timm"),
+             "api": ("duckdb",)}
+
+
+def _files(folder: str) -> list[Path]:
+    """The files of a layer: a folder's, the API's two files of featstore/ standing apart from the core's."""
+    if folder == "api":
+        return [ROOT / f for f in API_FILES]
+    return sorted(p for p in (ROOT / folder).glob("*.py") if p.relative_to(ROOT).as_posix() not in API_FILES)
 
 
 def _layer_of(module: str) -> int | None:
@@ -45,7 +56,7 @@ def _imports(path: Path, prefix: str = "featstore") -> list[tuple[int, str]]:
 def test_imports_run_one_way():
     wrong = []
     for rank, (folder, _) in enumerate(LAYERS):
-        files = sorted((ROOT / folder).glob("*.py"))
+        files = _files(folder)
         assert files, folder
         for path in files:
             for line, name in _imports(path):
@@ -62,11 +73,13 @@ def test_the_layering_test_sees_function_level_imports(tmp_path):
     assert _imports(bad) == [(2, "featstore.workflows"), (2, "featstore.workflows.probe")]
     assert _imports(bad, "duckdb") == [(3, "duckdb")]
     assert _layer_of("featstore.workflows.probe") == 3 and _layer_of("featstore.store") == 0
+    assert _layer_of("featstore.api") == 4 and _layer_of("featstore") == 0 and _layer_of("featstore.cli.main") == 5
+    assert ROOT / "featstore" / "api.py" not in _files("featstore") and ROOT / "featstore" / "api.py" in _files("api")
 
 
 def test_each_layer_keeps_to_its_libraries():
     wrong = [f"{folder}/{path.name}:{line} imports {name}"
-             for folder, banned in FORBIDDEN.items() for path in sorted((ROOT / folder).glob("*.py"))
+             for folder, banned in FORBIDDEN.items() for path in _files(folder)
              for library in banned for line, name in _imports(path, library)]
     assert not wrong, "\n".join(wrong)
 
@@ -87,8 +100,8 @@ def test_jobs_that_persist_live_in_workflows():
     """Only analytics/db.py opens a database for writing, and only workflows/ call it that way; the CLI opens
     none itself (its query commands go through analytics, read-only)."""
     writers = []
-    for folder in ("featstore", "probing", "analytics", "workflows", "cli"):
-        for path in sorted((ROOT / folder).glob("*.py")):
+    for folder in ("featstore", "probing", "analytics", "workflows", "api", "cli"):
+        for path in _files(folder):
             if (folder, path.name) == ("analytics", "db.py"):
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
@@ -249,7 +262,7 @@ def test_analytical_sql_lives_in_sql_files():
 
     analytical = re.compile(r"\bJOIN\b|\bGROUP\s+BY\b|\bOVER\s*\(|\bLATERAL\b", re.IGNORECASE)
     wrong = [f"{folder}/{path.name}:{line}: {text[:80]}" for folder, _ in LAYERS
-             for path in sorted((ROOT / folder).glob("*.py")) for line, text in _sql_strings(path)
+             for path in _files(folder) for line, text in _sql_strings(path)
              if analytical.search(text)]
     assert not wrong, "\n".join(wrong)
     assert _sql_strings(Path(__file__))  # the scan sees calls (this file has some)
@@ -272,3 +285,14 @@ def test_every_option_is_declared_once():
             default = getattr(record(**({"model": "m"} if record is ModelSpec else
                                         {"data": "d"} if record is ImageSource else {})), field)
             assert OPTIONS[flag][next(iter(OPTIONS[flag]))][1].get("default") == default, flag
+
+
+def test_the_cli_build_and_probe_call_the_public_api():
+    """`featstore build` and `featstore probe` run `fs.build` / `fs.probe` (docs/python.md), not the jobs beneath."""
+    tree = ast.parse((ROOT / "cli" / "main.py").read_text())
+    for command in ("build", "probe"):
+        body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == command)
+        imported = {(n.module, a.name) for n in ast.walk(body) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert ("featstore.api", command) in imported, command
+        assert not any(module in ("featstore.build", "featstore.workflows.probe") and name == command
+                       for module, name in imported), command

@@ -174,7 +174,7 @@ def test_commands_in_the_docs_use_options_the_cli_has():
         spans = [span.replace("\n", " ") for span in re.findall(r"`([^`]+)`", _prose(text))]
         lines += [span for span in spans if not span.startswith("featstore: ")]  # quoted messages, not commands
         for line in lines:
-            for name, rest in re.findall(r"\bfeatstore\)? ([a-z][a-z-]*)([^#;]*)", line):
+            for name, rest in re.findall(r"(?<!import )\bfeatstore\)? ([a-z][a-z-]*)([^#;]*)", line):
                 if name not in cli.commands:
                     wrong.append(f"{page.relative_to(ROOT)}: featstore {name} (no such command)")
                     continue

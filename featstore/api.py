@@ -1,0 +1,578 @@
+"""featstore's public Python API (docs/python.md), the layer the CLI's `build` and `probe` call.
+
+A store, read-only (`open_store`); probes fitted on in-memory arrays with the CLI's own solver (`Probe`); probe
+runs from a registered variant or any scikit-learn estimator, landed in DuckDB like every run (`probe`); the saved
+probes read back (`load_probe`); the results read-only (`connect`). Everything heavy (torch, DuckDB, the jobs) is
+imported inside the functions, so `import featstore` stays light: `featstore/__init__.py` resolves these names on
+first use.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from featstore.errors import FeatstoreError
+from featstore.specs import ImageSource, ModelSpec, RunOptions
+
+if TYPE_CHECKING:
+    import polars as pl
+    import torch
+
+    from featstore.anchors import Anchor
+    from featstore.build import BuildConfig, BuildResult
+    from featstore.probing.base import FittedProbe
+    from featstore.store import FeatureStore
+    from featstore.workflows.probe import ProbeConfig
+
+__all__ = ["BuildConfig", "FeatstoreError", "ImageSource", "LoadedProbe", "ModelData", "ModelSpec", "Probe",
+           "ProbeConfig", "Results", "RunOptions", "Store", "build", "connect", "load_probe", "open_store", "probe",
+           "register_probe"]
+
+
+def __getattr__(name: str) -> Any:
+    """The job records, imported only when asked for (they pull in torch)."""
+    if name == "BuildConfig":
+        from featstore.build import BuildConfig
+
+        return BuildConfig
+    if name == "ProbeConfig":
+        from featstore.workflows.probe import ProbeConfig
+
+        return ProbeConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# -- the store, read-only ----------------------------------------------------------------------------
+
+
+class Store:
+    """A featstore store opened read-only (a folder or an object-store URL): its models, and per model its data."""
+
+    def __init__(self, location: str | Path):
+        from featstore.store import FeatureStore
+
+        if isinstance(location, Path) or "://" not in str(location):  # a folder: where it is now, whatever cwd later
+            location = Path(location).absolute()
+        self._fs = FeatureStore(location)  # mode "r": a missing store is an error, nothing is created
+
+    @property
+    def location(self) -> str:
+        return str(self._fs.location)
+
+    @property
+    def models(self) -> list[str]:
+        return self._fs.models()
+
+    def model(self, name: str) -> ModelData:
+        """One model group ('resnet18' or its store key); an unknown one is an error naming those there are."""
+        from featstore.store import model_key
+
+        key = model_key(name)
+        self._fs.model_attrs(key)
+        return ModelData(self._fs, key)
+
+    def __repr__(self) -> str:
+        return f"Store({self.location!r}, models={self.models})"
+
+
+class ModelData:
+    """What a store holds of one model: its anchors, views, images and the stored features (read on demand)."""
+
+    def __init__(self, store: FeatureStore, key: str):
+        self._fs, self.key = store, key
+
+    @property
+    def anchors(self) -> list[Anchor]:
+        return self._fs.anchors(self.key)
+
+    @property
+    def views(self) -> list[str]:
+        return self._fs.views(self.key)
+
+    @property
+    def image_ids(self) -> np.ndarray:
+        return self._fs.image_table()["image_id"]
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self._fs.image_table()["label"]
+
+    def anchor(self, which: str | int) -> Anchor:
+        """An anchor by name or index; anything else is an error listing the valid ones."""
+        anchors = self.anchors
+        names = [a.name for a in anchors]
+        if isinstance(which, str) and which in names:
+            return anchors[names.index(which)]
+        if isinstance(which, int | np.integer) and not isinstance(which, bool) and 0 <= which < len(anchors):
+            return anchors[int(which)]
+        raise FeatstoreError(f"anchor {which!r} of {self.key!r}: give a name or an index 0..{len(anchors) - 1} "
+                             f"(the anchors: {', '.join(names)})")
+
+    def features(self, anchor: str | int, view: str = "clean") -> np.ndarray:
+        """[images, width] pooled features of one anchor, as float32 (what the probes learn from)."""
+        a = self.anchor(anchor)
+        return np.asarray(self._fs.read(self.key, view, a.name), dtype=np.float32)
+
+    def skipped(self, view: str = "clean") -> np.ndarray:
+        """[images] bool: rows the build could not read (the probes leave them out)."""
+        return self._fs.read_skipped(self.key, view)
+
+    def split(self, split_seed: int = 0, val_frac: float = 0.1) -> np.ndarray:
+        """Per image 'train' | 'val' | 'test': the split `featstore probe` uses with these settings."""
+        from featstore.probing.split import make_split
+
+        return make_split(self.image_ids, split_seed, val_frac=val_frac)
+
+    def __repr__(self) -> str:
+        return f"ModelData({self.key!r}, anchors={len(self.anchors)}, views={self.views})"
+
+
+def open_store(location: str | Path) -> Store:
+    """A store, read-only: `.models`, `.model(name)` -> anchors, views, image ids, labels, features."""
+    return Store(location)
+
+
+# -- probes on arrays ---------------------------------------------------------------------------------
+
+
+def _tensor(x: np.ndarray) -> torch.Tensor:
+    import torch
+
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise FeatstoreError(f"features of shape {x.shape}: give a 2-d array [rows, width]")
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+
+
+def _predict(fitted: FittedProbe, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Class index and confidence per row, as the run's predictions table holds them."""
+    pred, conf = fitted.predict(_tensor(x))
+    return pred.cpu().numpy(), conf.cpu().numpy()
+
+
+def _proba(fitted: FittedProbe, x: np.ndarray) -> np.ndarray:
+    """[rows, classes] probabilities of a linear probe (softmax of W x + b) or of an estimator."""
+    import torch
+
+    from featstore.probing.base import LinearFit
+
+    if _is_estimator_fit(fitted):
+        return np.asarray(fitted.estimator.predict_proba(np.asarray(x, dtype=np.float32)))
+    if not isinstance(fitted, LinearFit):
+        raise FeatstoreError(f"a {type(fitted).__name__} gives no class probabilities; use predict()")
+    logits = _tensor(x) @ fitted.weight.T.cpu() + fitted.bias.cpu()
+    return torch.softmax(logits, dim=-1).numpy()
+
+
+def _source(x: torch.Tensor, projection: torch.Tensor | None, budget: int):
+    """In-memory rows in the shape of the trainer's `FeatureSource` (one anchor, one chunk, rows 0..n-1), so that
+    `fit_probes` runs exactly as it does on a store."""
+    from featstore.probing.source import FeatureSource
+
+    class ArraySource(FeatureSource):
+        def __init__(self) -> None:  # noqa: D401 - the attributes FeatureSource's readers use
+            self.arrays, self.chunk_rows, self.device = [x], len(x), x.device
+            self.projections = [projection]
+            self.rows = np.arange(len(x))
+            self.nbytes, self.memory_budget, self.in_memory = x.numel() * 4, budget, True
+            self._where, self._cache = np.arange(len(x)), [x]
+
+    return ArraySource()
+
+
+class Probe:
+    """One anchor's probe of a registered variant, fitted on arrays, scikit-learn style: `fit(X, y, is_val=None)`,
+    `predict`, `predict_proba`, `get_params`/`set_params`. It runs the trainer `featstore probe` runs, so on the
+    rows a run learns from (train + val, `is_val` marking the val rows) it predicts what the run predicted.
+
+    Without `is_val`, a seeded `val_frac` of the rows is held out as val rows (the linear probe chooses its L2
+    strength on them, then refits on all rows). `anchor` only seeds a projected variant's projection."""
+
+    _own = ("variant", "seed", "val_frac", "split_seed", "anchor", "device", "threads", "memory_budget")
+
+    def __init__(self, variant: str = "linear", *, seed: int = 0, val_frac: float = 0.1, split_seed: int = 0,
+                 anchor: int = 0, device: str = "cpu", threads: int | None = 1, memory_budget: str = "4GB",
+                 **params: Any):
+        self.variant, self.seed, self.val_frac, self.split_seed = variant, seed, val_frac, split_seed
+        self.anchor, self.device, self.threads, self.memory_budget = anchor, device, threads, memory_budget
+        self.params = params
+        self._variant()  # an unknown variant or parameter is an error now, not at fit
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in self._own}, **self.params}
+
+    def set_params(self, **params: Any) -> Probe:
+        for key, value in params.items():
+            if key in self._own:
+                setattr(self, key, value)
+            else:
+                self.params[key] = value
+        self._variant()
+        return self
+
+    def _variant(self):
+        from featstore.probing.base import get_variant
+
+        variant = get_variant(self.variant)
+        return type(variant)(**{**variant.params, **self.params}) if self.params else variant
+
+    def fit(self, X: np.ndarray, y: np.ndarray, is_val: np.ndarray | None = None) -> Probe:
+        """Learn from every row of X; `is_val` [rows] bool marks the rows used for model selection."""
+        from featstore.probing.run import parse_bytes
+        from featstore.probing.trainer import FitRows, fit_probes
+        from featstore.runtime import resolve_device
+
+        x, y = _tensor(X), np.asarray(y)
+        if len(y) != len(x):
+            raise FeatstoreError(f"{len(x)} rows of features but {len(y)} labels")
+        targets = None
+        if y.ndim == 2:  # a distribution per row, for variants that learn the model's output (`lens`)
+            targets, y = np.asarray(y, dtype=np.float32), np.asarray(y).argmax(axis=1)
+        if np.issubdtype(y.dtype, np.integer) and y.min() >= 0:
+            self.classes_, codes = np.arange(int(y.max()) + 1), y.astype(np.int64)
+        else:
+            self.classes_, codes = np.unique(y, return_inverse=True)
+        if is_val is None:
+            order = np.random.default_rng(self.split_seed).permutation(len(x))
+            is_val = np.zeros(len(x), dtype=bool)
+            is_val[order[: int(round(self.val_frac * len(x)))]] = True
+        is_val = np.asarray(is_val, dtype=bool)
+        if is_val.shape != (len(x),) or not is_val.any() or is_val.all():
+            raise FeatstoreError(f"is_val: give one flag per row ({len(x)}), some rows val and some not")
+        variant, device = self._variant(), resolve_device(self.device)
+        projection = variant.projection(x.shape[1], self.anchor, self.seed)
+        source = _source(x.to(device), projection, parse_bytes(self.memory_budget))
+        rows = FitRows(np.flatnonzero(~is_val), np.flatnonzero(is_val), codes, targets)
+        n_classes = len(self.classes_) if targets is None else targets.shape[1]
+        (fitted,) = fit_probes(source, variant, rows, n_classes, self.seed, False, f"Probe({self.variant})",
+                               self.threads)
+        self.fitted_ = fitted if projection is None else fitted.unprojected(projection)
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return self.classes_[_predict(self.fitted_, X)[0]]
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        return _proba(self.fitted_, X)
+
+    @property
+    def record_(self) -> dict:
+        """How the fit went (chosen C, val loss and accuracy, solver): what `probe_fits.info` holds for a run."""
+        return self.fitted_.record()
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"Probe({shown})"
+
+
+# -- probes from any estimator ------------------------------------------------------------------------
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+def _fitted_clone(estimator: Any, x: np.ndarray, y: np.ndarray) -> Any:
+    """A fresh copy of the user's estimator (scikit-learn's `clone` when it is installed), fitted on x, y."""
+    try:
+        from sklearn.base import clone
+    except ImportError:  # pragma: no cover - scikit-learn is a dev dependency
+        fresh = copy.deepcopy(estimator)
+    else:
+        fresh = clone(estimator)
+    return fresh.fit(x, y)
+
+
+def _estimator_classes():
+    """The variant, group and fit of an estimator probe (they subclass the probing layer's, imported late)."""
+    import torch
+
+    from featstore.probing.base import FittedProbe, Plan, ProbeGroup, ProbeVariant
+
+    @dataclass(kw_only=True)
+    class Fit(FittedProbe):
+        """A fitted estimator of one anchor: predicts by its predict_proba; the store keeps it pickled."""
+
+        estimator: Any
+
+        def predict(self, x):
+            proba = np.asarray(self.estimator.predict_proba(x.detach().cpu().numpy()))
+            best = proba.argmax(axis=1)
+            classes = np.asarray(getattr(self.estimator, "classes_", np.arange(proba.shape[1])))
+            return (torch.from_numpy(classes[best].astype(np.int64)),
+                    torch.from_numpy(proba[np.arange(len(best)), best].astype(np.float32)))
+
+        def arrays(self):
+            return {"estimator": np.frombuffer(pickle.dumps(self.estimator), dtype=np.uint8).copy()}
+
+    class Group(ProbeGroup):
+        """Fits a clone per anchor on the train rows, in store order, all at once (rows resident) or gathered from
+        one epoch of batches (rows streamed)."""
+
+        def __init__(self, ctxs, estimator):
+            self.anchors, self.estimator, self.fits = [c.anchor for c in ctxs], estimator, {}
+            self.seen: dict[int, list] = {a: [] for a in self.anchors}
+
+        def ready_to_finish(self):
+            return bool(self.anchors)
+
+        def finish(self, x, y, is_val, on_pass=None):
+            labels = y.cpu().numpy()
+            for i, a in enumerate(self.anchors):
+                self.fits[a] = _fitted_clone(self.estimator, x[i].cpu().numpy(), labels)
+            self.anchors = []
+
+        def step(self, x, y, is_val, report=False):
+            for i, a in enumerate(self.anchors):
+                self.seen[a].append((x[i].cpu().numpy(), y.cpu().numpy()))
+
+        def end_epoch(self, epoch, val_x, val_y):
+            for a in self.anchors:
+                xs, ys = zip(*self.seen.pop(a), strict=True)
+                self.fits[a] = _fitted_clone(self.estimator, np.concatenate(xs), np.concatenate(ys))
+            self.anchors = []
+
+        def fitted(self, val_x, val_y):
+            out = {}
+            for a, est in self.fits.items():
+                fit = Fit(estimator=est, info={"estimator": repr(est)}, epochs=1)
+                proba = np.asarray(est.predict_proba(val_x[a].cpu().numpy()))
+                truth = val_y.cpu().numpy()
+                classes = list(getattr(est, "classes_", range(proba.shape[1])))
+                column = np.array([classes.index(t) if t in classes else -1 for t in truth])
+                seen = column >= 0
+                picked = proba[np.flatnonzero(seen), column[seen]]
+                fit.val_loss = float(-np.log(np.clip(picked, 1e-12, 1)).mean()) if seen.all() else float("nan")
+                fit.val_accuracy = float((np.asarray(classes)[proba.argmax(axis=1)] == truth).mean())
+                out[a] = fit
+            return out
+
+    class Variant(ProbeVariant):
+        """A scikit-learn style estimator as a probe variant: `estimator` is set per run by `probe`."""
+
+        name = "estimator"
+        estimator: ClassVar[Any] = None
+        label_params = ("estimator",)
+
+        def __init__(self, **given):
+            super().__init__(**given)
+            self.params = {**self.params, "estimator": repr(self.estimator)}
+
+        def plan(self, n_fit):
+            return Plan(max_epochs=1, batch_size=max(1, n_fit), train_on_val=False)
+
+        def make_group(self, ctxs):
+            return Group(ctxs, self.estimator)
+
+        def batches_anchors(self):
+            return True
+
+    return Variant, Fit
+
+
+class _Lazy:
+    classes: tuple | None = None
+
+
+def _estimator_variant():
+    if _Lazy.classes is None:
+        _Lazy.classes = _estimator_classes()
+    return _Lazy.classes
+
+
+def _is_estimator_fit(fitted: Any) -> bool:
+    return _Lazy.classes is not None and isinstance(fitted, _Lazy.classes[1])
+
+
+def register_probe(cls: type) -> type:
+    """Register a native (streaming) probe variant from user code: a `ProbeVariant` subclass with a unique `name`
+    (usable as a decorator); `featstore probe --variant NAME` finds it once its module is imported, or through the
+    `featstore.probes` entry-point group when an installed package declares it."""
+    from featstore.probing import register_probe as register
+
+    return register(cls)
+
+
+def build(config: BuildConfig | None = None, /, **fields: Any) -> BuildResult:
+    """Build (or resume) one model's views in a store: `featstore build`. Give a `BuildConfig`, or its fields
+    (model=ModelSpec(...), images=ImageSource(...), store=..., run=RunOptions(...), ...)."""
+    from featstore.build import BuildConfig
+    from featstore.build import build as run_build
+
+    return run_build(config if config is not None else BuildConfig(**fields))
+
+
+def probe(config: ProbeConfig | None = None, /, *, variant: Any = "linear", name: str | None = None,
+          **fields: Any) -> list[str]:
+    """Fit one probe per anchor and land every prediction in DuckDB: `featstore probe`; returns the run ids.
+
+    `variant` is a registered variant ('linear', 'knn:k=10', ...) or any object with scikit-learn's `fit(X, y)`
+    and `predict_proba(X)`: a clone of it is fitted per anchor on the train rows' raw stored features (float32;
+    wrap it in a Pipeline with a StandardScaler to standardise), its runs are named `name` (default: its class
+    name, lower case), and its fits are kept in the store, pickled, for `load_probe`."""
+    from featstore.workflows.probe import ProbeConfig
+    from featstore.workflows.probe import probe as run_probe
+
+    if config is not None:
+        return run_probe(config)
+    if isinstance(variant, str):
+        return run_probe(ProbeConfig(variant=variant, **fields))
+    if not (callable(getattr(variant, "fit", None)) and callable(getattr(variant, "predict_proba", None))):
+        raise FeatstoreError(f"variant {variant!r}: give a registered variant name or an estimator with fit(X, y) "
+                             f"and predict_proba(X)")
+    from featstore.probing.base import VARIANTS, register
+
+    name = name or type(variant).__name__.lower()
+    if not _NAME.match(name) or "@" in name:
+        raise FeatstoreError(f"name {name!r}: use letters, digits, _ . - (it names the runs and the stored probes)")
+    if name in VARIANTS:
+        raise FeatstoreError(f"name {name!r} is a registered probe variant; give the estimator's runs another name")
+    cfg = ProbeConfig(variant=name, **fields)
+    if cfg.cross_fit:
+        raise FeatstoreError("an estimator probe fits once on the train rows; cross_fit is for registered variants")
+    base = _estimator_variant()[0]
+    cls = register(type(f"Estimator_{name}", (base,), {"name": name, "estimator": variant}))
+    try:
+        return run_probe(cfg)
+    finally:
+        VARIANTS.pop(cls.name, None)
+
+
+# -- saved probes ----------------------------------------------------------------------------------------
+
+
+class LoadedProbe:
+    """The probes of one run as the store keeps them: per anchor (name or index) `predict(anchor, X)`,
+    `predict_proba(anchor, X)`; `fits[a]` lists the anchor's fits, one per cross-fit fold."""
+
+    def __init__(self, model: ModelData, name: str, version: str | None, fits: list[list[FittedProbe]],
+                 attrs: list[dict]):
+        self.model, self.name, self.version, self.fits, self.attrs = model, name, version, fits, attrs
+
+    @property
+    def anchors(self) -> list[str]:
+        return [a.name for a in self.model.anchors]
+
+    def _fit(self, anchor: str | int, fold: int) -> FittedProbe:
+        return self.fits[self.model.anchor(anchor).index][fold]
+
+    def predict(self, anchor: str | int, X: np.ndarray, fold: int = 0) -> np.ndarray:
+        return _predict(self._fit(anchor, fold), X)[0]
+
+    def confidence(self, anchor: str | int, X: np.ndarray, fold: int = 0) -> np.ndarray:
+        """The max probability per row: the predictions table's `conf`."""
+        return _predict(self._fit(anchor, fold), X)[1]
+
+    def predict_proba(self, anchor: str | int, X: np.ndarray, fold: int = 0) -> np.ndarray:
+        return _proba(self._fit(anchor, fold), X)
+
+    def __repr__(self) -> str:
+        return f"LoadedProbe({self.model.key!r}, {self.name!r}, version={self.version!r})"
+
+
+def _probe_name(key: str, run: str) -> str:
+    """A run id's stored probe name, as `probe_name_for` spells it: 'm/clean/linear/seed1' -> 'linear-seed1@clean'."""
+    parts = run.split("/")
+    if len(parts) < 3 or parts[0] != key:
+        raise FeatstoreError(f"run {run!r} is no run id of {key!r} (<model>/<view>/<variant>[/...])")
+    view, label, extra = parts[1], parts[2], dict.fromkeys(("train", "cf", "seed", "streamed"), "")
+    for part in parts[3:]:
+        if part.startswith("train="):
+            extra["train"] = part.removeprefix("train=")
+        elif part == "streamed":
+            extra["streamed"] = "-streamed"
+        elif m := re.fullmatch(r"(cf|seed)(\d+)", part):
+            extra[m[1]] = f"-{m[1]}{m[2]}"
+    return label + extra["cf"] + extra["seed"] + extra["streamed"] + "@" + (extra["train"] or view)
+
+
+def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path | None = None) -> LoadedProbe:
+    """The fitted per-anchor probes of a run, read back from the store: the version the database `db` names for
+    it (issue 32: each database's runs name their own version), or without `db` the store's current one.
+    Estimator probes are unpickled: load only stores you trust."""
+    import torch
+
+    from featstore.probing.base import LinearFit
+
+    handle = store if isinstance(store, Store) else open_store(store)
+    data = handle.model(model)
+    name, version = _probe_name(data.key, run), None
+    if db is not None:
+        rows = Results(db).sql("SELECT params FROM runs WHERE run_id = ?", [run])
+        if not len(rows):
+            raise FeatstoreError(f"database {db} has no run {run!r}")
+        params = json.loads(rows["params"][0])
+        name, version = params.get("probe_name", name), params.get("probe_version")
+    root = handle._fs.root[data.key]
+    if "probes" not in root or name not in root["probes"]:
+        raise FeatstoreError(f"store {handle.location} holds no probes {name!r} of {data.key!r} (run {run!r}); "
+                             f"`featstore probe` saves them")
+    group = root["probes"][name]
+    version = version or group.attrs.get("current")
+    held = group if version is None else group.get(version)  # stores before issue 32 kept one unversioned set
+    if held is None:
+        raise FeatstoreError(f"store {handle.location}: the probes {name}/{version} of run {run!r} are gone "
+                             f"(`featstore verify --db` lists such runs)")
+    fits, attrs = [], []
+    for anchor in data.anchors:
+        g = held[anchor.name]
+        arrays = {k: v[:] for k, v in g.arrays()}
+        if "weight" in arrays:
+            fits.append([LinearFit(weight=torch.from_numpy(w), bias=torch.from_numpy(b))
+                         for w, b in zip(arrays["weight"], arrays["bias"], strict=True)])
+        elif "estimator" in arrays:
+            fit_cls = _estimator_variant()[1]
+            fits.append([fit_cls(estimator=pickle.loads(np.asarray(e, dtype=np.uint8).tobytes()))
+                         for e in arrays["estimator"]])
+        else:
+            raise FeatstoreError(f"probes {name!r} keep {', '.join(arrays)}: load_probe reads linear and estimator "
+                                 f"probes (knn keeps only which rows vote)")
+        attrs.append(dict(g.attrs))
+    return LoadedProbe(data, name, version, fits, attrs)
+
+
+# -- results, read-only ----------------------------------------------------------------------------------
+
+
+class Results:
+    """A featstore database, read-only through the sandbox `featstore sql` uses (each query opens and closes it, so
+    a probe job can write between two queries)."""
+
+    def __init__(self, db: str | Path | Sequence[str | Path]):
+        from featstore.analytics.queries import open_read_only
+
+        self.db = [Path(d).absolute() for d in db] if isinstance(db, list | tuple) else Path(db).absolute()
+        open_read_only(self.db).close()  # a missing or foreign file is an error now
+
+    def sql(self, query: str, params: Sequence | dict | None = None) -> pl.DataFrame:
+        """One statement -> a Polars DataFrame (the macros of `sql/` are there: decision_layers(2), ...)."""
+        from featstore.analytics.queries import query as run_query
+
+        return run_query(self.db, query, params)
+
+    @property
+    def runs(self) -> pl.DataFrame:
+        from featstore.analytics.queries import runs
+
+        return runs(self.db)
+
+    def timeline(self, run: str, image_id: int) -> pl.DataFrame:
+        """One image's predictions and confidences under one run, one row per anchor."""
+        frame = self.sql("SELECT anchor, pred, conf FROM predictions WHERE run_id = ? AND image_id = ? "
+                         "ORDER BY anchor", [run, int(image_id)])
+        if not len(frame):
+            raise FeatstoreError(f"no predictions of image {image_id} under run {run!r} (see .runs)")
+        return frame
+
+
+def connect(db: str | Path | Sequence[str | Path]) -> Results:
+    """A database (or several, as one) read-only: `.sql(query)`, `.runs`, `.timeline(run, image_id)`."""
+    return Results(db)
+
