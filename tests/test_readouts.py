@@ -11,6 +11,7 @@ from synthetic import register_toy_images, run_rows
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import readouts as r
+from featstore.analytics.report_readouts import readout_sections
 from featstore.errors import FeatstoreError
 
 N, T, RUN = 300, 6, "m/clean/linear"
@@ -39,6 +40,9 @@ def world(tmp_path_factory):
     head = np.where(rng.random(N) < 0.6, labels, (labels + 2) % 5)
     fsdb.replace_model_outputs(con, "m", "clean", head_ids, head[head_ids], np.full(len(head_ids), 0.9))
     fsdb.write_runs(con, [run_rows({"run_id": RUN, "model": "m", "view": "clean"}, np.arange(N), preds, confs)])
+    cka = np.eye(T + 1) + 0.5 * (1 - np.eye(T + 1))
+    cka[0, 1] = cka[1, 0] = np.nan  # an anchor pair without variance
+    fsdb.replace_anchor_cka(con, "m", "clean", "biased", cka, N)
     con.close()
     reader = fsdb.connect(db, read_only=True)
     yield SimpleNamespace(db=reader, labels=labels, split=split, preds=preds, confs=confs, head=head,
@@ -125,3 +129,24 @@ def test_calibration_error_and_bins_match_a_loop(world, bins):
 def test_bad_bins_are_one_line(world):
     with pytest.raises(FeatstoreError, match="bins 0"):
         r.calibration(world.db, RUN, bins=0)
+
+
+def test_cka_rows_have_both_anchors_names_and_nan_as_null(world):
+    rows = r.anchor_cka(world.db, "m")
+    assert len(rows) == (T + 1) ** 2 and rows["estimator"].unique().to_list() == ["biased"]
+    pair = rows.filter((rows["anchor_a"] == 1) & (rows["anchor_b"] == 0)).row(0, named=True)
+    assert pair["cka"] is None and pair["name_a"] == "a1" and pair["name_b"] == "a0"
+    assert rows.filter(rows["anchor_a"] == rows["anchor_b"])["cka"].to_list() == [1.0] * (T + 1)
+    assert r.anchor_cka(world.db, "m", view="noisy").is_empty()
+
+
+def test_readout_sections_draw_every_part_and_name_the_run(world, tmp_path):
+    page = readout_sections(world.db, [RUN], tmp_path)
+    assert page.count("<figure>") == 3  # reliability, overthinking, CKA
+    assert f"Reliability of the probes of {RUN}" in page and f"Overthinking (Kaya et al. 2019) of {RUN}" in page
+    assert "Linear CKA (biased) between every pair of anchors of m on view clean (300 images)" in page
+    rows = [i for i in np.flatnonzero(world.split == "test") if world.has_head[i]]
+    first = np.array([T + 1 if (f := first_right(world.preds[i], world.labels[i])) is None else f for i in rows])
+    wasteful = ((first < T) & (world.head[rows] == world.labels[rows])).mean()
+    assert f"<td>{wasteful:.3f}</td>" in page
+    assert len(list(tmp_path.glob("*.png"))) == 3
