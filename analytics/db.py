@@ -559,3 +559,21 @@ def write_gate(con: duckdb.DuckDBPyConnection, scores: GateScores) -> None:
             con.execute(f"DELETE FROM {name} WHERE run_id = ?", [run_id])
         _insert_records(con, "gates", [scores.gate])
         _insert(con, "gate_scores", table)
+
+
+def replace_anchor_cka(con: duckdb.DuckDBPyConnection, model: str, view: str, estimator: str, matrix: np.ndarray,
+                       n_images: int) -> None:
+    """Keep one CKA matrix of a model's anchors (`featstore cka`), every ordered pair (a, b) so that a query
+    filters by either side (NaN, an anchor without variance, as NULL), replacing the same model, view and
+    estimator's."""
+    size = len(matrix)
+    a, b = np.divmod(np.arange(size * size), size)
+    values = np.asarray(matrix, dtype=np.float64).ravel()
+    rows = len(values)
+    table = pa.table({"model": [model] * rows, "view": [view] * rows, "estimator": [estimator] * rows,
+                      "anchor_a": a.astype(np.int16), "anchor_b": b.astype(np.int16),
+                      "cka": pa.array(values, pa.float64(), mask=np.isnan(values)),
+                      "n_images": pa.array([n_images] * rows, pa.int32()), "created_at": [datetime.now()] * rows})
+    with transaction(con):
+        con.execute("DELETE FROM anchor_cka WHERE model = ? AND view = ? AND estimator = ?", [model, view, estimator])
+        _insert(con, "anchor_cka", table)

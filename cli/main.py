@@ -565,6 +565,22 @@ def study(study_file: Path, data: Path | None, out: Path | None, store: str | No
     click.echo(f"\nreport: {result.report}\ndatabase: {result.db}\nstore: {result.store}")
 
 
+@cli.command()
+@option("--store", "read")
+@option("--model", "group")
+@option("--db", "write")
+@options(option("--view", "cka"), option("--unbiased"))
+@run_options("threads", "progress")
+@user_errors
+def cka(store: str, model: str, db: Path, view: str, unbiased: bool, threads: int | None, progress: bool) -> None:
+    """Linear CKA between every pair of a model's anchors, from the stored features, into DuckDB's anchor_cka."""
+    from featstore.workflows.cka import compute_cka
+
+    result = compute_cka(store, model, db, view, unbiased, threads, progress)
+    click.echo(f"wrote the {result.estimator} CKA of {len(result.anchors)} anchors of {result.key}/{view} "
+               f"({result.n_images} images, {result.passes} pass(es) over the store) into {db}")
+
+
 def main() -> None:
     cli(prog_name="featstore")
 

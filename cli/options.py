@@ -237,6 +237,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
         "predict": ((), dict(default="clean", type=checked("view"),
                              help="View(s) to predict: a name, a comma list, or all.")),
         "circuit": ((), dict(default="clean", type=checked("view"), help="clean or a corruption view (the OOD set).")),
+        "cka": ((), dict(default="clean", help="The view whose stored features are compared.")),
     },
     "--variant": {
         "probe": ((), dict(default="linear", help="linear | paper | projected[:dim=N] | knn[:k=30,metric=cosine] | "
@@ -290,6 +291,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--ood": {"": (("ood_run",), dict(required=True, help="Circuit run of the same model on shifted images."))},
     "--distance": {"": ((), dict(type=click.Choice(["srcc", "cosine", "l2", "jaccard", "laplacian", "netlsd"]),
                                  default="srcc"))},
+    # cka
+    "--unbiased": {"": ((), dict(is_flag=True, help="The unbiased HSIC estimator (Song et al. 2012) instead of the "
+                                 "biased one of Kornblith et al.; both kept, side by side."))},
     # store inspection
     "--json": {"": (("as_json",), dict(is_flag=True, help="Machine-readable output."))},
     "--all": {"": (("show_all",), dict(is_flag=True, help="List every name --anchors (and --taps) accepts "

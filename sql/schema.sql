@@ -81,3 +81,10 @@ CREATE TABLE IF NOT EXISTS gates (
 -- the gate's score at every (image, anchor) of its run: its estimate that the anchor's prediction is already the
 -- model's own and correct; learnt = the image is one the gate was fitted on (exit-sim leaves those out)
 CREATE TABLE IF NOT EXISTS gate_scores (run_id VARCHAR, image_id BIGINT, anchor SMALLINT, score REAL, learnt BOOLEAN);
+
+-- featstore cka: linear CKA between every pair of a model's anchors on one view (docs/design.md §7), from the stored
+-- features of every usable image; estimator 'biased' (Kornblith et al.) or 'unbiased' (the unbiased HSIC);
+-- rerunning replaces the rows of the same model, view and estimator
+CREATE TABLE IF NOT EXISTS anchor_cka (
+    model VARCHAR, view VARCHAR, estimator VARCHAR, anchor_a SMALLINT, anchor_b SMALLINT, cka DOUBLE,
+    n_images INTEGER, created_at TIMESTAMP);

@@ -32,6 +32,7 @@ from featstore.probing.split import make_split
 from featstore.specs import ImageSource, ModelSpec, RunOptions
 from featstore.threads import ThreadPolicy
 from featstore.views import parse_views
+from featstore.workflows.cka import compute_cka
 from featstore.workflows.cost import measure_model
 from featstore.workflows.gate import train_gate
 from featstore.workflows.layouts import LAYOUTS, LayoutConfig, layout_image_folder
@@ -229,6 +230,7 @@ def run_demo(out: Path, dataset: str = "layouts", epochs: int | None = None, lim
     record_image_source(db, data, discover(data).class_names)
     timed("cost", lambda: measure_model("resnet18", db, store, device="cpu", batch_sizes=(1,), repeats=5,
                                         threads=run.threads))
+    timed("cka", lambda: compute_cka(store, "resnet18", db, threads=run.threads, progress=run.progress))
     report = home / "report"
     timed("report", lambda: write_report(db, report))
     sweep = q.k_sweep(db).filter((pl.col("view") == "clean") & (pl.col("probe") == "linear"))

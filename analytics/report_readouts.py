@@ -1,0 +1,144 @@
+"""The report's sections on the readouts beside the timeline (analytics/readouts.py): a reliability diagram and
+the ECE per anchor of each run, the overthinking shares against the model's head, and the CKA matrix of each
+model's anchors where `featstore cka` computed one. `readout_sections` returns the HTML; the report places it.
+
+Figures are drawn as the rest of the report draws them (`report._Figures`: PNG beside the page, embedded); every
+one names its runs or model in its legend and caption, and its tick labels are 9 pt at 110 dpi (14 px).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+
+from featstore.analytics import readouts as r
+from featstore.analytics.report import _Figures, _table
+
+TICKS = 9  # pt: 14 px at the report's 110 dpi
+
+
+def readout_sections(con, run_ids: Sequence[str], out: str | Path | None = None, scope: str = "auto",
+                     bins: int = 15, figs: _Figures | None = None) -> str:
+    """HTML of the calibration, overthinking and CKA sections for `run_ids` (figures written into `out`, or
+    through the report's own `figs`)."""
+    if figs is None:
+        figs = _Figures(Path(out if out is not None else "."))
+    parts = [_calibration(figs, con, run_id, bins, scope) for run_id in run_ids]
+    parts.append(_overthinking(figs, con, run_ids, scope))
+    parts.extend(_cka(figs, con, model) for model in _models(con, run_ids))
+    return "".join(p for p in parts if p)
+
+
+def _models(con, run_ids: Sequence[str]) -> list[str]:
+    from featstore.analytics.queries import query
+
+    if not run_ids:
+        return []
+    frame = query(con, "SELECT DISTINCT model FROM runs WHERE list_contains(?, run_id) ORDER BY model",
+                  [list(run_ids)])
+    return frame["model"].to_list()
+
+
+def _anchor_ticks(ax, names: Sequence[str], axis: str = "x") -> None:
+    labels = [f"{i} {n}" for i, n in enumerate(names)]
+    if axis == "x":
+        ax.set_xticks(range(len(names)), labels, rotation=90, fontsize=TICKS)
+        ax.set_xlabel("anchor", fontsize=TICKS + 1)
+    else:
+        ax.set_yticks(range(len(names)), labels, fontsize=TICKS)
+        ax.set_ylabel("anchor", fontsize=TICKS + 1)
+
+
+def _calibration(figs: _Figures, con, run_id: str, bins: int, scope: str) -> str:
+    """Reliability diagram of four anchors (first, a third, two thirds, last) and the ECE of every anchor."""
+    per_anchor = r.calibration(con, run_id, bins, scope)
+    if per_anchor.is_empty():
+        return ""
+    cells = r.calibration_bins(con, run_id, bins, scope)
+    t = int(per_anchor["anchor"].max())
+    shown = sorted({0, round(t / 3), round(2 * t / 3), t})
+    fig, (left, right) = figs.plt.subplots(1, 2, figsize=(11, 4.2))
+    left.plot([0, 1], [0, 1], color="#999999", lw=1, ls="--", label="perfect calibration")
+    for anchor in shown:
+        part = cells.filter(pl.col("anchor") == anchor)
+        name = per_anchor.filter(pl.col("anchor") == anchor)
+        ece = name["ece"][0]
+        left.plot(part["confidence"].to_list(), part["accuracy"].to_list(), marker="o", ms=3,
+                  label=f"anchor {anchor} {name['name'][0] or ''} (ECE {ece:.3f})")
+    left.set_xlabel("mean confidence in bin", fontsize=TICKS + 1)
+    left.set_ylabel("accuracy in bin", fontsize=TICKS + 1)
+    left.set_xlim(0, 1)
+    left.set_ylim(0, 1)
+    left.tick_params(labelsize=TICKS)
+    left.legend(fontsize=TICKS - 1, loc="upper left")
+    right.plot(per_anchor["anchor"].to_list(), per_anchor["ece"].to_list(), marker="o", ms=3, label="ECE")
+    right.plot(per_anchor["anchor"].to_list(), per_anchor["mce"].to_list(), marker="s", ms=3, lw=1, label="MCE")
+    _anchor_ticks(right, [n or "" for n in per_anchor["name"].to_list()])
+    right.tick_params(axis="y", labelsize=TICKS)
+    right.set_ylabel("calibration error", fontsize=TICKS + 1)
+    right.legend(fontsize=TICKS - 1)
+    caption = (f"Reliability of the probes of {run_id} ({bins} equal-width bins, {per_anchor['n'][0]} images, "
+               f"scope {scope}): accuracy against confidence at four anchors (left), ECE and MCE per anchor (right)")
+    return (f"<h2>Calibration of {html.escape(run_id)}</h2>" + figs.save(fig, f"{run_id}_reliability", caption)
+            + _table(per_anchor.select("anchor", "name", "ece", "mce", "accuracy", "confidence", "n")))
+
+
+def _overthinking(figs: _Figures, con, run_ids: Sequence[str], scope: str) -> str:
+    """Share right at some anchor <= l per run, beside the head's accuracy, and the run-wide shares."""
+    frames = {run_id: r.overthinking(con, run_id, scope) for run_id in run_ids}
+    frames = {k: v for k, v in frames.items() if not v.is_empty() and v["n"][0]}
+    if not frames:
+        return ""
+    fig, ax = figs.plt.subplots(figsize=(8, 4.2))
+    names: list[str] = []
+    for run_id, frame in frames.items():
+        line = ax.plot(frame["anchor"].to_list(), frame["correct_by"].to_list(), marker="o", ms=3,
+                       label=f"{run_id}: right at some anchor <= l")[0]
+        ax.axhline(frame["head_accuracy"][0], color=line.get_color(), ls=":", lw=1,
+                   label=f"{run_id}: the model's head")
+        if len(frame) > len(names):
+            names = [n or "" for n in frame["name"].to_list()]
+    _anchor_ticks(ax, names)
+    ax.tick_params(axis="y", labelsize=TICKS)
+    ax.set_ylabel("share of images", fontsize=TICKS + 1)
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=TICKS - 1, loc="lower right")
+    caption = (f"Overthinking (Kaya et al. 2019) of {', '.join(frames)}: share of images whose probe is right at "
+               f"some anchor <= l (solid) against the head's accuracy (dotted), scope {scope}")
+    shares = pl.DataFrame([{"run_id": k, "wasteful": v["wasteful"][0], "destructive": v["destructive"][0],
+                            "head_accuracy": v["head_accuracy"][0],
+                            "right_at_some_internal_anchor": v["wasteful"][0] + v["destructive"][0], "n": v["n"][0]}
+                           for k, v in frames.items()])
+    return ("<h2>Overthinking: right earlier than the end</h2>"
+            "<p>wasteful: right at some internal anchor (0..T-1) and the head right too; destructive: right at "
+            "some internal anchor but the head wrong.</p>" + figs.save(fig, "overthinking", caption) + _table(shares))
+
+
+def _cka(figs: _Figures, con, model: str) -> str:
+    """One heatmap per view and estimator of the model's stored CKA."""
+    rows = r.anchor_cka(con, model)
+    if rows.is_empty():
+        return ""
+    parts = [f"<h2>Similarity of the anchors of {html.escape(model)} (linear CKA)</h2>"]
+    for (view, estimator), part in rows.group_by(["view", "estimator"], maintain_order=True):
+        size = int(part["anchor_a"].max()) + 1
+        matrix = [[float("nan")] * size for _ in range(size)]
+        for a, b, value in part.select("anchor_a", "anchor_b", "cka").rows():
+            matrix[a][b] = float("nan") if value is None else value
+        names = {a: n for a, n in part.select("anchor_a", "name_a").unique().rows()}
+        labels = [names.get(i) or "" for i in range(size)]
+        side = 2.5 + 0.45 * size
+        fig, ax = figs.plt.subplots(figsize=(side + 1.5, side))
+        image = ax.imshow(matrix, cmap="viridis", vmin=min(0.0, float(part["cka"].min() or 0)), vmax=1)
+        _anchor_ticks(ax, labels)
+        _anchor_ticks(ax, labels, axis="y")
+        bar = fig.colorbar(image, ax=ax)
+        bar.set_label(f"CKA ({estimator})", fontsize=TICKS + 1)
+        bar.ax.tick_params(labelsize=TICKS)
+        caption = (f"Linear CKA ({estimator}) between every pair of anchors of {model} on view {view} "
+                   f"({part['n_images'][0]} images)")
+        parts.append(figs.save(fig, f"{model}_{view}_{estimator}_cka", caption))
+    return "".join(parts)

@@ -1,0 +1,17 @@
+-- calibration_bins(of_run, bins := 15, scope := 'auto') -> (run_id, anchor, name, bin, lo, hi, n, share, accuracy,
+-- confidence, gap): the reliability diagram of each anchor's probe (docs/design.md §7): the images the scope counts,
+-- in `bins` equal-width confidence bins (lo, hi] over [0, 1] (conf 0 in the first), with each bin's share of the
+-- anchor's images, its accuracy, its mean confidence and |accuracy - confidence|. Empty bins have no row.
+CREATE OR REPLACE MACRO calibration_bins(of_run, bins := 15, scope := 'auto') AS TABLE
+WITH p AS (SELECT p.run_id, p.anchor, greatest(1, least(bins, ceil(p.conf::DOUBLE * bins)))::INTEGER AS bin,
+                  (p.pred = i.label)::INT AS hit, p.conf::DOUBLE AS conf
+           FROM predictions p JOIN runs r USING (run_id) JOIN images i USING (image_id)
+           WHERE p.run_id = of_run AND in_scope(scope, i.split, r.cross_fit))
+SELECT p.run_id, p.anchor, any_value(a.name) AS name, p.bin, (p.bin - 1) / bins AS lo, p.bin / bins AS hi,
+       count(*) AS n, count(*) / any_value(t.n) AS share, avg(p.hit) AS accuracy, avg(p.conf) AS confidence,
+       abs(avg(p.hit) - avg(p.conf)) AS gap
+FROM p JOIN (SELECT anchor, count(*) AS n FROM p GROUP BY anchor) t USING (anchor)
+JOIN runs r USING (run_id)
+LEFT JOIN anchors a ON a.model = r.model AND a.anchor = p.anchor
+GROUP BY p.run_id, p.anchor, p.bin
+ORDER BY p.anchor, p.bin;

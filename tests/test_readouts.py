@@ -1,0 +1,152 @@
+"""Overthinking (Kaya et al.), first correct anchor and calibration (Guo et al.) of a hand-made run, each against a
+plain numpy loop over the same images, predictions and confidences."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from synthetic import register_toy_images, run_rows
+
+from featstore.analytics import db as fsdb
+from featstore.analytics import readouts as r
+from featstore.analytics.report_readouts import readout_sections
+from featstore.errors import FeatstoreError
+
+N, T, RUN = 300, 6, "m/clean/linear"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """One run of T + 1 = 7 anchors whose predictions turn right at a random anchor (and sometimes wrong again),
+    confidences on a grid with values on bin edges (0, 1/15, 1) and the model's head, absent for a few images."""
+    rng = np.random.default_rng(11)
+    db = tmp_path_factory.mktemp("readouts") / "f.duckdb"
+    con = fsdb.connect(db)
+    labels = rng.integers(0, 5, N)
+    split = rng.choice(["train", "val", "test"], N, p=[0.5, 0.2, 0.3])
+    register_toy_images(con, labels, split, ("m",), T + 1)
+    preds = (labels[:, None] + rng.integers(1, 5, (N, T + 1))) % 5  # wrong everywhere ...
+    turn = rng.integers(0, T + 3, N)  # ... right from `turn` on (never for turn > T)
+    for i in range(N):
+        preds[i, turn[i]:] = labels[i]
+        if turn[i] <= T and rng.random() < 0.3:  # right, then wrong again at some later anchors
+            preds[i, rng.integers(turn[i] + 1, T + 2):] = (labels[i] + 1) % 5
+    confs = np.concatenate([rng.random((N, T + 1 - 2)), np.full((N, 1), 1 / 15), np.zeros((N, 1))], axis=1)
+    confs[::7, : T - 1] = 1.0
+    confs = confs.astype(np.float32)
+    head_ids = np.flatnonzero(np.arange(N) % 13 != 0)
+    head = np.where(rng.random(N) < 0.6, labels, (labels + 2) % 5)
+    fsdb.replace_model_outputs(con, "m", "clean", head_ids, head[head_ids], np.full(len(head_ids), 0.9))
+    fsdb.write_runs(con, [run_rows({"run_id": RUN, "model": "m", "view": "clean"}, np.arange(N), preds, confs)])
+    cka = np.eye(T + 1) + 0.5 * (1 - np.eye(T + 1))
+    cka[0, 1] = cka[1, 0] = np.nan  # an anchor pair without variance
+    fsdb.replace_anchor_cka(con, "m", "clean", "biased", cka, N)
+    con.close()
+    reader = fsdb.connect(db, read_only=True)
+    yield SimpleNamespace(db=reader, labels=labels, split=split, preds=preds, confs=confs, head=head,
+                          has_head=np.isin(np.arange(N), head_ids))
+    reader.close()
+
+
+def first_right(preds: np.ndarray, label: int) -> int | None:
+    for layer, p in enumerate(preds):
+        if p == label:
+            return layer
+    return None
+
+
+def test_first_correct_is_the_first_right_anchor_of_each_test_image(world):
+    got = r.first_correct(world.db, RUN)
+    test = np.flatnonzero(world.split == "test")
+    assert got["image_id"].to_list() == test.tolist()
+    expected = [first_right(world.preds[i], world.labels[i]) for i in test]
+    assert got["first_correct"].to_list() == expected
+    assert None in expected and 0 in expected  # both ends are exercised
+    every = r.first_correct(world.db, RUN, scope="all")
+    assert len(every) == N
+
+
+def test_overthinking_shares_match_a_loop(world):
+    got = r.overthinking(world.db, RUN)
+    rows = [i for i in np.flatnonzero(world.split == "test") if world.has_head[i]]
+    assert len(rows) < (world.split == "test").sum()  # images without the head's answer are left out
+    first = np.array([T + 1 if (f := first_right(world.preds[i], world.labels[i])) is None else f for i in rows])
+    head_right = np.array([world.head[i] == world.labels[i] for i in rows])
+    assert got["anchor"].to_list() == list(range(T + 1))
+    for layer in range(T + 1):
+        by = first <= layer
+        row = got.row(layer, named=True)
+        assert row["correct_by"] == pytest.approx(by.mean())
+        assert row["wasteful_by"] == pytest.approx((by & head_right).mean())
+        assert row["destructive_by"] == pytest.approx((by & ~head_right).mean())
+    internal = first < T  # some anchor 0..T-1 is right
+    assert got["wasteful"][0] == pytest.approx((internal & head_right).mean())
+    assert got["destructive"][0] == pytest.approx((internal & ~head_right).mean())
+    assert got["head_accuracy"][0] == pytest.approx(head_right.mean())
+    assert got["n"][0] == len(rows)
+    assert 0 < got["destructive"][0] < got["wasteful"][0]
+
+
+def ece_loop(conf: np.ndarray, hit: np.ndarray, bins: int) -> tuple[float, float, dict[int, tuple]]:
+    """Guo et al.'s ECE literally: bin m holds conf in ((m-1)/M, m/M] (conf 0 in bin 1)."""
+    ece, mce, table = 0.0, 0.0, {}
+    for m in range(1, bins + 1):
+        lo, hi = (m - 1) / bins, m / bins
+        inside = [(c > lo or (m == 1 and c == 0)) and c <= hi for c in conf.astype(np.float64)]
+        inside = np.array(inside)
+        if not inside.any():
+            continue
+        acc, mean_conf = hit[inside].mean(), conf[inside].astype(np.float64).mean()
+        ece += inside.mean() * abs(acc - mean_conf)
+        mce = max(mce, abs(acc - mean_conf))
+        table[m] = (int(inside.sum()), acc, mean_conf)
+    return ece, mce, table
+
+
+@pytest.mark.parametrize("bins", [15, 4])
+def test_calibration_error_and_bins_match_a_loop(world, bins):
+    got = r.calibration(world.db, RUN, bins=bins)
+    got_bins = r.calibration_bins(world.db, RUN, bins=bins)
+    test = world.split == "test"
+    for layer in range(T + 1):
+        conf, hit = world.confs[test, layer], (world.preds[test, layer] == world.labels[test]).astype(float)
+        ece, mce, table = ece_loop(conf, hit, bins)
+        row = got.row(layer, named=True)
+        assert row["ece"] == pytest.approx(ece, abs=1e-9)
+        assert row["mce"] == pytest.approx(mce, abs=1e-9)
+        assert row["accuracy"] == pytest.approx(hit.mean())
+        assert row["n"] == test.sum()
+        mine = got_bins.filter(got_bins["anchor"] == layer)
+        assert mine["bin"].to_list() == sorted(table)
+        assert mine["n"].to_list() == [table[m][0] for m in sorted(table)]
+        assert mine["confidence"].to_list() == pytest.approx([table[m][2] for m in sorted(table)])
+        assert mine["share"].sum() == pytest.approx(1.0)
+    assert got["ece"][T] == pytest.approx(got["accuracy"][T])  # all confidences 0 there: ECE = accuracy
+
+
+def test_bad_bins_are_one_line(world):
+    with pytest.raises(FeatstoreError, match="bins 0"):
+        r.calibration(world.db, RUN, bins=0)
+
+
+def test_cka_rows_have_both_anchors_names_and_nan_as_null(world):
+    rows = r.anchor_cka(world.db, "m")
+    assert len(rows) == (T + 1) ** 2 and rows["estimator"].unique().to_list() == ["biased"]
+    pair = rows.filter((rows["anchor_a"] == 1) & (rows["anchor_b"] == 0)).row(0, named=True)
+    assert pair["cka"] is None and pair["name_a"] == "a1" and pair["name_b"] == "a0"
+    assert rows.filter(rows["anchor_a"] == rows["anchor_b"])["cka"].to_list() == [1.0] * (T + 1)
+    assert r.anchor_cka(world.db, "m", view="noisy").is_empty()
+
+
+def test_readout_sections_draw_every_part_and_name_the_run(world, tmp_path):
+    page = readout_sections(world.db, [RUN], tmp_path)
+    assert page.count("<figure>") == 3  # reliability, overthinking, CKA
+    assert f"Reliability of the probes of {RUN}" in page and f"Overthinking (Kaya et al. 2019) of {RUN}" in page
+    assert "Linear CKA (biased) between every pair of anchors of m on view clean (300 images)" in page
+    rows = [i for i in np.flatnonzero(world.split == "test") if world.has_head[i]]
+    first = np.array([T + 1 if (f := first_right(world.preds[i], world.labels[i])) is None else f for i in rows])
+    wasteful = ((first < T) & (world.head[rows] == world.labels[rows])).mean()
+    assert f"<td>{wasteful:.3f}</td>" in page
+    assert len(list(tmp_path.glob("*.png"))) == 3

@@ -1,0 +1,33 @@
+"""`featstore cka`: linear CKA between every pair of a model's anchors (`featstore.similarity.anchor_cka`), kept
+in DuckDB's `anchor_cka` table, replacing the rows of the same model, view and estimator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from featstore.analytics import db as fsdb
+from featstore.probing.run import check_complete
+from featstore.similarity import DEFAULT_BUDGET, CkaResult, anchor_cka, check_view
+from featstore.store import FeatureStore, model_key
+
+
+def compute_cka(store: str | Path, model: str, db: str | Path, view: str = "clean", unbiased: bool = False,
+                threads: int | None = None, progress: bool = False,
+                memory_budget: int = DEFAULT_BUDGET) -> CkaResult:
+    """Check the view is complete and sound, compute the CKA of every anchor pair and land it in one transaction
+    (with the model's anchors, where the database has none of it yet, so the rows have names)."""
+    fs = FeatureStore(str(store))
+    key = model_key(model)
+    fs.model_attrs(key)  # an unknown model is a one-line error
+    check_view(fs, key, view)
+    check_complete(fs, key, view)
+    result = anchor_cka(fs, key, view, unbiased, memory_budget, threads, progress)
+    con = fsdb.connect(db, wait_s=fsdb.WRITE_WAIT_S)
+    try:
+        known = con.execute("SELECT count(*) FROM anchors WHERE model = ?", [key]).fetchone()[0]
+        if not known:
+            fsdb.register_anchors(con, key, fs.anchors(key))
+        fsdb.replace_anchor_cka(con, key, view, result.estimator, result.matrix, result.n_images)
+    finally:
+        con.close()
+    return result
