@@ -33,7 +33,7 @@ import torch
 from featstore.errors import FeatstoreError
 from featstore.location import StoreLocation
 from featstore.probing.base import AnchorContext, FittedProbe, Plan, ProbeGroup, ProbeVariant, register
-from featstore.schema import Int, Text
+from featstore.schema import Int, StorePath, Text
 from featstore.store import FeatureStore
 
 METRICS = ("cosine", "euclidean")
@@ -47,7 +47,7 @@ class Knn(ProbeVariant):
         "k": Int(30, ge=1, help="neighbours that vote"),
         "metric": Text("cosine", choices=METRICS, help="cosine (distance 1 - cos) or euclidean"),
         "tile": Int(8192, ge=1, help="references scored at a time (memory: a query block x tile scores)"),
-        "refs": Text("", empty=True, help="a store of the same model whose rows vote (Baldock et al.: the "
+        "refs": StorePath("", help="a store of the same model whose rows vote (Baldock et al.: the "
                                            "network's training images); empty: the probe-train split"),
     }
 
