@@ -10,10 +10,11 @@ from featstore.probing.base import (
     register,
 )
 from featstore.probing.knn import Knn
-from featstore.probing.lens import Lens
+from featstore.probing.lens import LensDirect
 from featstore.probing.linear import Linear
 from featstore.probing.paper import Paper
 from featstore.probing.projected import Projected
+from featstore.probing.translator import Translator
 
-__all__ = ["VARIANTS", "AnchorProbe", "FittedProbe", "Knn", "Lens", "Linear", "LinearFit", "Paper", "ProbeVariant",
-           "Projected", "get_variant", "register"]
+__all__ = ["VARIANTS", "AnchorProbe", "FittedProbe", "Knn", "LensDirect", "Linear", "LinearFit", "Paper",
+           "ProbeVariant", "Projected", "Translator", "get_variant", "register"]
