@@ -24,7 +24,7 @@ from featstore.anchors import tap_anchor_names
 from featstore.datasets import ImageSet, labels_for_head
 from featstore.depth import anchor_names_for
 from featstore.errors import FeatstoreError
-from featstore.extraction import Tapper, default_token_pool, describe_anchors
+from featstore.extraction import Tapper, default_token_pool, describe_anchors, head_arrays
 from featstore.location import StoreLocation
 from featstore.models import LoadedModel, load_model
 from featstore.repair import check_image_files, repair_images, repair_view
@@ -228,6 +228,7 @@ def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[FeatureStore, Repair
                 store.write_images(images)
             found.images += check_image_files(store, images, cfg.rebuild_changed)
             store.prepare_model(key, config, _versions(config.library))
+            _keep_head(store, key, job.loaded.module, config.num_classes)
             lock = held.enter_context(location.writer_lock(key, wait=False, what=f"model {key!r} of store {location}"))
             store.guard = lock.check
             for v in job.views:
@@ -244,6 +245,19 @@ def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[FeatureStore, Repair
         store.check_images(images)
         store.prepare_model(key, config, _versions(config.library))
     return store, found
+
+
+def _keep_head(store: FeatureStore, key: str, model: torch.nn.Module, num_classes: int) -> None:
+    """Write the classifier's weights beside the model's metadata unless a sound copy is there (a store built
+    before heads were kept gains it on its next build), so a readout through the head never reruns the network."""
+    try:
+        if store.read_head(key) is not None:
+            return
+    except FeatstoreError:  # damaged: written again
+        pass
+    head = head_arrays(model, num_classes)
+    if head is not None:
+        store.write_head(key, *head)
 
 
 def _versions(library: str) -> dict:

@@ -10,11 +10,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from featstore.anchors import Anchor, resolve_anchor, resolve_anchors, valid_anchor_names
+from featstore.anchors import Anchor, head_name, resolve_anchor, resolve_anchors, valid_anchor_names
 from featstore.errors import FeatstoreError
 from featstore.schema import FIELDS
 from featstore.store_dtype import choose_dtype
@@ -160,6 +161,21 @@ def describe_anchors(model: nn.Module, names: Sequence[str], sample: torch.Tenso
     described = [replace(a, dim=int(f.shape[1]), dtype=choose_dtype(store_dtype, f))
                  for a, f in zip(anchors, feats, strict=True)]
     return AnchorSet(described, int(logits.shape[1]), choose_dtype(store_dtype, logits))
+
+
+def head_arrays(model: nn.Module, num_classes: int) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """The classifier's weight [C, D] and bias [C] (float32) and its module name, for the store: the model's last
+    Linear when its width is the logits' (else None: no head a readout could go through)."""
+    name = head_name(model)
+    if name is None:
+        return None
+    head = dict(model.named_modules())[name]
+    if head.out_features != num_classes:
+        return None
+    weight = head.weight.detach().float().cpu().numpy()
+    bias = (head.bias.detach().float().cpu().numpy() if head.bias is not None
+            else np.zeros(head.out_features, dtype=np.float32))
+    return weight, bias, name
 
 
 def runnable_anchor_names(model: nn.Module, sample: torch.Tensor) -> list[str]:

@@ -41,19 +41,19 @@ class ModelSource:
     weights_id: str
     anchors: str  # "name:width" of every anchor in order, space-separated
 
-    def differences(self, other: ModelSource) -> list[str]:
-        """What differs, one phrase each: `self` as a database holds it, `other` as a new source has it (a field
-        either side does not know, in a database written before sources were recorded, is not compared)."""
+    def differences(self, other: ModelSource, holder: str = "the database") -> list[str]:
+        """What differs, one phrase each: `self` as a database (`holder`) holds it, `other` as a new source has it
+        (a field either side does not know, in a database written before sources were recorded, is not compared)."""
         said = []
         if self.images and other.images and self.images != other.images:
-            said.append(f"image table {other.images[:12]} where the database holds {self.images[:12]}")
+            said.append(f"image table {other.images[:12]} where {holder} holds {self.images[:12]}")
         if self.weights_id and other.weights_id and self.weights_id != other.weights_id:
-            said.append(f"weights {other.weights_id} where the database holds {self.weights_id}")
+            said.append(f"weights {other.weights_id} where {holder} holds {self.weights_id}")
         if self.anchors and other.anchors and self.anchors != other.anchors:
             theirs, mine = _anchor_list(other.anchors), _anchor_list(self.anchors)
             if theirs == mine:  # the same names: their widths differ
                 theirs, mine = other.anchors, self.anchors
-            said.append(f"anchors {theirs} where the database holds {mine}")
+            said.append(f"anchors {theirs} where {holder} holds {mine}")
         return said
 
 

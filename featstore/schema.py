@@ -145,6 +145,30 @@ class Text(Value):
 
 
 @dataclass(frozen=True)
+class StorePath(Value):
+    """A store location as `--store` takes it (a folder, file:// or an object-store URL: `StoreLocation.parse`),
+    or "" for none."""
+
+    default: Any = ""
+    help: str = ""
+
+    def describe(self) -> str:
+        return "a store location (a folder, file:///path or an object-store URL), or empty"
+
+    def check(self, value: Any) -> Any:
+        from featstore.location import StoreLocation
+
+        if not isinstance(value, str):
+            raise self.refuse(value)
+        if value.strip():
+            try:
+                StoreLocation.parse(value)
+            except FeatstoreError:
+                raise self.refuse(value) from None
+        return value
+
+
+@dataclass(frozen=True)
 class ListOf(Value):
     """A non-empty list (TOML array) of one kind of value: `seeds = "01"` is no list of seeds."""
 

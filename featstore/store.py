@@ -33,6 +33,8 @@ from featstore.records import ModelSource
 from featstore.store_config import StoreConfig
 
 FORMAT = 1
+HEAD = "head"  # <model>/head: the classifier's weight [C, D] and bias [C], float32 (`write_head`)
+MODEL_PARTS = ("probes", HEAD)  # groups of a model that are no view
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
@@ -226,13 +228,13 @@ class FeatureStore:
         """The view groups of a model (a folder there that is not a Zarr group, say someone's `notes/`, is not
         one: `foreign` names those)."""
         with self.damage_is_one_line(f"the views of {key!r}"):
-            return [k for k in self.listed(key) if k != "probes" and self._is_node(f"{key}/{k}")]
+            return [k for k in self.listed(key) if k not in MODEL_PARTS and self._is_node(f"{key}/{k}")]
 
     def foreign(self, key: str) -> list[str]:
         """What a model group holds that featstore did not write: entries that are not Zarr nodes (no zarr.json),
         ignored by every command and named by `featstore info`."""
         with self.damage_is_one_line(f"the listing of {key!r}"):
-            return [k for k in self.listed(key) if k != "probes" and not self._is_node(f"{key}/{k}")]
+            return [k for k in self.listed(key) if k not in MODEL_PARTS and not self._is_node(f"{key}/{k}")]
 
     def _is_node(self, path: str) -> bool:
         return bool(sync(self.root.store.exists(f"{path}/zarr.json")))
@@ -531,6 +533,45 @@ class FeatureStore:
 
     def read_skipped(self, key: str, view: str) -> np.ndarray:
         return np.asarray(self.view_group(key, view)["skipped"][:], dtype=bool)
+
+    # -- the model's head ---------------------------------------------------------------------------
+
+    def write_head(self, key: str, weight: np.ndarray, bias: np.ndarray, module: str) -> None:
+        """Keep the classifier (the model's last Linear, `module`) beside the model's metadata: weight [C, D] and
+        bias [C] float32, with their checksums in the group's attrs (written last: they mark it complete), so a
+        readout through the head (the translator `lens`) never runs the network again."""
+        g = self.root[key].require_group(HEAD)
+        for name, values in (("weight", weight), ("bias", bias)):
+            g.create_array(name, shape=values.shape, chunks=values.shape, dtype="float32",
+                           overwrite=True)[:] = np.asarray(values, dtype=np.float32)
+        g.attrs.put({"module": module, "checksums": {
+            name: f"{checksum(np.asarray(v, dtype=np.float32)):016x}" for name, v in (("weight", weight),
+                                                                                     ("bias", bias))}})
+
+    def read_head(self, key: str) -> tuple[np.ndarray, np.ndarray, str] | None:
+        """(weight [C, D], bias [C], module) of the model's classifier, or None for a store built before heads
+        were kept (or a model without a Linear head); values that differ from those written are refused."""
+        self.model_attrs(key)
+        if HEAD not in self.listed(key):
+            return None
+        with self.damage_is_one_line(f"{key}/{HEAD}"):
+            g = self.root[key][HEAD]
+            attrs = dict(g.attrs)
+            if "checksums" not in attrs:  # interrupted while being written
+                return None
+            weight, bias = np.asarray(g["weight"][:]), np.asarray(g["bias"][:])
+        for name, values in (("weight", weight), ("bias", bias)):
+            if int(attrs["checksums"][name], 16) != checksum(values):
+                raise FeatstoreError(f"store {self.location} is damaged: {key}/{HEAD}/{name} {CHANGED}; rerun the "
+                                     f"same `featstore build` to write the head again")
+        return weight, bias, str(attrs.get("module", ""))
+
+    def has_head(self, key: str) -> bool:
+        """True when the model's classifier is kept (complete), whatever its values (`read_head` checks them)."""
+        try:
+            return HEAD in self.listed(key) and "checksums" in self.root[key][HEAD].attrs
+        except Exception:
+            return False
 
     # -- probes -------------------------------------------------------------------------------------
 

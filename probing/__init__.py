@@ -19,15 +19,16 @@ from featstore.probing.base import (
     register,
 )
 from featstore.probing.knn import Knn
-from featstore.probing.lens import Lens
+from featstore.probing.lens import LensDirect
 from featstore.probing.linear import Linear
 from featstore.probing.paper import Paper
 from featstore.probing.projected import Projected
+from featstore.probing.translator import Translator
 
 ENTRY_POINTS = "featstore.probes"
 
-__all__ = ["ENTRY_POINTS", "VARIANTS", "AnchorProbe", "FittedProbe", "Knn", "Lens", "Linear", "LinearFit", "Paper",
-           "ProbeVariant", "Projected", "get_variant", "register", "register_probe"]
+__all__ = ["ENTRY_POINTS", "VARIANTS", "AnchorProbe", "FittedProbe", "Knn", "LensDirect", "Linear", "LinearFit",
+           "Paper", "ProbeVariant", "Projected", "Translator", "get_variant", "register", "register_probe"]
 
 
 def register_probe(cls: type[ProbeVariant]) -> type[ProbeVariant]:

@@ -30,13 +30,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
 
 from featstore.errors import FeatstoreError, FeatstoreWarning
 from featstore.schema import Value, shown
+
+if TYPE_CHECKING:
+    from featstore.store import FeatureStore
 
 
 @dataclass
@@ -256,7 +259,18 @@ class ProbeVariant(ABC):
         changed = {k: v for k, v in self.params.items() if k not in self.label_params and defaults.get(k) != v}
         if not changed:
             return self.label
-        return self.label + ":" + ",".join(f"{k}={_number(v)}" for k, v in sorted(changed.items()))
+        return self.label + ":" + ",".join(f"{k}={self.shown_value(k, v)}" for k, v in sorted(changed.items()))
+
+    def shown_value(self, key: str, value: float | str) -> str:
+        """How a changed parameter is spelled in `canonical_id` (a variant may shorten one that is no name, such as
+        a store location, whose slashes would nest run ids and store groups)."""
+        return _number(value)
+
+    def bind(self, store: FeatureStore, key: str, train_view: str) -> None:
+        """Check this variant against the store and model it will probe, before any work (raise `FeatstoreError`,
+        one line), and keep what it reads from them besides the features (knn's reference store, the lens's head).
+        Nothing here by default."""
+        return None
 
     @abstractmethod
     def plan(self, n_fit: int) -> Plan: ...

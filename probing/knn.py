@@ -2,10 +2,19 @@
 Lens of Example Difficulty" (NeurIPS 2021), whose prediction depth reads k-NN classifiers (k = 30) on each
 layer's embeddings.
 
-- References: the train split's rows of the training view, on the raw pooled features (no standardisation).
-  "Training" is one pass that memorises them, as they come by in the trainer's mini-batches (float16, which is
-  what the store holds, so the copy is exact); the store keeps which rows they were (`reference`, a mask over
-  its rows per fold), never a second copy of the features.
+- References (default): the train split's rows of the training view, on the raw pooled features (no
+  standardisation). "Training" is one pass that memorises them, as they come by in the trainer's mini-batches
+  (float16, which is what the store holds, so the copy is exact); the store keeps which rows they were
+  (`reference`, a mask over its rows per fold), never a second copy of the features.
+- References from another store (`knn:refs=STORE`, Baldock et al.'s own protocol: the network's *training*
+  images vote, e.g. an ImageNet-train subset built with `featstore build`): every usable row of the training
+  view of the same model in STORE (a folder or object-store URL), with that store's labels. STORE must hold the
+  model with the same weights and anchors (widths included) and the same class names, else the job is refused
+  before any work. The probed set's own rows are then not memorised (its one epoch passes them by);
+  `reference` is the mask over STORE's rows, and `probe_fits.info` records `references_from` (STORE),
+  `reference_images` (its image table's checksums) and `references`. The run id spells refs by a digest of
+  STORE's location (`knn:refs=<12 hex>`: a location's slashes would nest run ids and store groups);
+  `runs.params` keep STORE itself.
 - Metric: `cosine` (default; distance 1 - cos) or `euclidean`. A row of zeros has cosine 0 to everything.
 - Vote: the k nearest references vote with equal weight; a tie between classes goes to the class whose voters
   are nearer (smaller mean distance). Confidence = the winning class's share of the k votes.
@@ -15,13 +24,17 @@ layer's embeddings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
+from featstore.errors import FeatstoreError
+from featstore.location import StoreLocation
 from featstore.probing.base import AnchorContext, FittedProbe, Plan, ProbeGroup, ProbeVariant, register
-from featstore.schema import Int, Text
+from featstore.schema import Int, StorePath, Text
+from featstore.store import FeatureStore
 
 METRICS = ("cosine", "euclidean")
 
@@ -34,7 +47,20 @@ class Knn(ProbeVariant):
         "k": Int(30, ge=1, help="neighbours that vote"),
         "metric": Text("cosine", choices=METRICS, help="cosine (distance 1 - cos) or euclidean"),
         "tile": Int(8192, ge=1, help="references scored at a time (memory: a query block x tile scores)"),
+        "refs": StorePath("", help="a store of the same model whose rows vote (Baldock et al.: the "
+                                           "network's training images); empty: the probe-train split"),
     }
+
+    def __init__(self, **given):
+        super().__init__(**given)
+        self.references: References | None = None  # set by `bind` when refs is given
+
+    def shown_value(self, key: str, value: float | str) -> str:
+        return location_digest(str(value)) if key == "refs" else super().shown_value(key, value)
+
+    def bind(self, store: FeatureStore, key: str, train_view: str) -> None:
+        if self.params["refs"]:
+            self.references = References.open(self.params["refs"], store, key, train_view)
 
     def plan(self, n_fit: int) -> Plan:
         return Plan(max_epochs=1, batch_size=8192, train_on_val=False)
@@ -43,7 +69,72 @@ class Knn(ProbeVariant):
         return True
 
     def make_group(self, ctxs) -> ProbeGroup:
+        if self.params["refs"] and self.references is None:
+            raise FeatstoreError(f"knn:refs={self.params['refs']}: the variant was not bound to the probed store "
+                                 f"(call `bind` first)")
+        if self.references is not None:
+            return self.references.group(ctxs, self.params["k"], self.params["metric"], self.params["tile"])
         return Memorise(ctxs, self.params["k"], self.params["metric"], self.params["tile"])
+
+
+def location_digest(text: str) -> str:
+    """12 hex digits naming a store location (a local path made absolute first, so a relative spelling of the
+    same folder gives the same digest)."""
+    location = StoreLocation.parse(text)
+    spelled = str(location.path.resolve()) if location.path is not None else str(location)
+    return hashlib.sha256(spelled.encode()).hexdigest()[:12]
+
+
+@dataclass
+class References:
+    """Another store's rows as knn's references: its usable rows of one view of the same model, and their labels."""
+
+    store: FeatureStore
+    key: str
+    view: str
+    rows: np.ndarray  # positions of its usable rows
+    labels: np.ndarray  # [len(rows)] int64
+    images: str  # its image table's identity (checksums)
+
+    @classmethod
+    def open(cls, refs: str, probed: FeatureStore, key: str, view: str) -> References:
+        """The reference store, checked against the probed one: the same model, weights and anchors (issue 32's
+        `ModelSource` comparison, images aside) and the same class names, the view complete and sound."""
+        from featstore.probing.run import check_complete
+
+        where = f"--variant knn:refs={refs}"
+        try:
+            store = FeatureStore(refs)
+            theirs = store.source(key)
+        except FeatstoreError as e:
+            raise FeatstoreError(f"{where}: {e}") from None
+        ours = probed.source(key)
+        differ = replace(ours, images="").differences(replace(theirs, images=""), holder="the probed store")
+        if store.image_attrs().get("class_names") != probed.image_attrs().get("class_names"):
+            differ.append("other class names than the probed store's (its labels would mean other classes)")
+        if differ:
+            raise FeatstoreError(f"{where}: its {key!r} is another model's features: {'; '.join(differ)}; build "
+                                 f"the reference images with the same --model, --weights and --anchors")
+        if view not in store.views(key):
+            raise FeatstoreError(f"{where}: it has no view {view!r} of {key!r} (the training view); build it there")
+        try:
+            check_complete(store, key, view)
+        except FeatstoreError as e:
+            raise FeatstoreError(f"{where}: {e}") from None
+        rows = np.flatnonzero(~store.read_skipped(key, view))
+        if not len(rows):
+            raise FeatstoreError(f"{where}: every row of its view {view!r} is skipped; there is nothing to vote")
+        labels = np.asarray(store.image_table()["label"], dtype=np.int64)[rows]
+        return cls(store, key, view, rows, labels, theirs.images)
+
+    def group(self, ctxs, k: int, metric: str, tile: int) -> ProbeGroup:
+        return Referenced(self, [ctx.anchor for ctx in ctxs], ctxs[0].device, k, metric, tile)
+
+    def features_t(self, anchor: int, device: torch.device) -> torch.Tensor:
+        """[D, rows] float16: one anchor's reference rows, transposed (the stored values, an exact copy)."""
+        name = self.store.anchors(self.key)[anchor].name
+        values = np.asarray(self.store.read(self.key, self.view, name), dtype=np.float16)[self.rows]
+        return torch.from_numpy(values).to(device).T.contiguous()
 
 
 class Memorise(ProbeGroup):
@@ -88,6 +179,32 @@ class Memorise(ProbeGroup):
         return out
 
 
+class Referenced(ProbeGroup):
+    """Anchors whose references are another store's rows (`References`): nothing to learn from the batches (the
+    trainer's one epoch passes them by untouched); `fitted` reads each anchor's references."""
+
+    def __init__(self, refs: References, anchors: list[int], device: torch.device, k: int, metric: str, tile: int):
+        self.refs, self.members, self.device = refs, anchors, device
+        self.anchors = list(anchors)
+        self.k, self.metric, self.tile = k, metric, tile
+
+    def step(self, x, y, is_val, report=False):
+        return None
+
+    def end_epoch(self, epoch, val_x, val_y) -> None:
+        self.anchors = []
+
+    def fitted(self, val_x, val_y) -> dict[int, NeighbourFit]:
+        mask = np.zeros(self.refs.store.num_images, dtype=bool)
+        mask[self.refs.rows] = True
+        labels = torch.from_numpy(self.refs.labels).to(self.device)
+        info = {"references": len(self.refs.rows), "metric": self.metric, "k": self.k,
+                "references_from": str(self.refs.store.location), "reference_view": self.refs.view,
+                "reference_images": self.refs.images}
+        return {a: NeighbourFit(self.refs.features_t(a, self.device), labels, self.k, self.metric, self.tile, mask,
+                                info=dict(info), epochs=1) for a in self.members}
+
+
 @dataclass
 class NeighbourFit(FittedProbe):
     """The references of one anchor (transposed, [D, n] float16) and their labels; predicts by majority vote."""
@@ -97,7 +214,7 @@ class NeighbourFit(FittedProbe):
     k: int
     metric: str
     tile: int
-    reference: np.ndarray  # [store rows] bool: which rows of the store the references are
+    reference: np.ndarray  # [store rows] bool: which rows of the store (the reference store, refs=) they are
 
     def __post_init__(self) -> None:
         squares = torch.cat([self.refs_t[:, i : i + self.tile].float().pow(2).sum(dim=0)  # tile by tile

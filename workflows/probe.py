@@ -92,6 +92,7 @@ class _Job:
         views = store.views(key) if cfg.view == "all" else [v.strip() for v in cfg.view.split(",") if v.strip()]
         train_view = cfg.train_on_view or ("clean" if "clean" in store.views(key) else views[0])
         variant = get_variant(cfg.variant)
+        variant.bind(store, key, train_view)  # its own checks (knn's reference store, the lens's head), before work
         data = ProbeData(store, key, store.anchors(key), list(dict.fromkeys([train_view, *views])), device,
                          parse_bytes(cfg.memory_budget), cfg.settings)
         return cls(store, key, views, train_view, variant, data, cfg)
