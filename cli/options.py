@@ -240,8 +240,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
         "cka": ((), dict(default="clean", help="The view whose stored features are compared.")),
     },
     "--variant": {
-        "probe": ((), dict(default="linear", help="linear | paper | projected[:dim=N] | knn[:k=30,metric=cosine] | "
-                           "lens (or a registered one).")),
+        "probe": ((), dict(default="linear", help="linear | paper | projected[:dim=N] | "
+                           "knn[:k=30,metric=cosine,refs=STORE] | lens | lens-direct (or a registered one).")),
         "ddb": ((), dict(type=click.Choice(["global", "deep", "out"]), default="global")),
     },
     "--train-on-view": {"": ((), dict(type=checked("train_on_view"),

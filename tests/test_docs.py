@@ -208,7 +208,9 @@ def _placeholder_path(parts: list[str]) -> str:
     if parts[0] == "images":
         return "/".join(parts)
     named = ["<model>"]
-    if len(parts) > 1 and parts[1] == "probes":
+    if len(parts) > 1 and parts[1] == "head":
+        named += parts[1:3]
+    elif len(parts) > 1 and parts[1] == "probes":
         named += ["probes", "<probe>", "<version>", "<anchor>", *parts[5:6]]
     else:
         named += ["<view>", *parts[2:3], "<anchor>"] if len(parts) > 2 and parts[2] == "anchors" else \
@@ -259,7 +261,7 @@ def test_the_store_layout_in_the_docs_is_what_build_and_probe_write(built_store)
                 wrong.append(f"{pattern}: documented attrs {sorted(attrs)}, written {sorted(node.attrs.keys())}")
             if not is_group:
                 symbols = {"N": n, "C": dims.get(parts[-1], dims.get(parts[-2])), "head": config.num_classes,
-                           "classes": 3, "folds": 2, "chunk_rows": config.chunk_rows, "min": min, "ceil": math.ceil,
+                           "classes": 3, "folds": 2, "D": config.anchors[-1].dim, "chunk_rows": config.chunk_rows, "min": min, "ceil": math.ceil,
                            "arrays": len(config.anchors) + 2}
                 for what in ("shape", "chunks"):
                     expected = eval(f"({doc[what]},)", {"__builtins__": {}}, symbols)  # noqa: S307 (our own doc)
