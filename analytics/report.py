@@ -98,11 +98,13 @@ def late_caveat(t: int, k: int) -> str:
 
 
 def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = None, scope: str = "auto",
-                 k: int | None = None, min_conf: float = 0.5) -> Path:
+                 k: int | None = None, min_conf: float = 0.5, progress: Callable[[str], None] | None = None) -> Path:
     """Write `out/report.html` (and one PNG per figure) for every run in `db`: the k-sweep over `ks`, and the
     single-k sections (cross-model table, headline, decision mass, gallery, the comparison of definitions) at `k`
-    (default 2, or the first k); `min_conf` is the joint criterion's threshold in that comparison."""
+    (default 2, or the first k); `min_conf` is the joint criterion's threshold in that comparison. `progress` is
+    told each step as it starts (the CLI prints them)."""
     out = Path(out)
+    say = progress or (lambda step: None)
     con = connect(db, read_only=True)
     try:
         q.check_scope(scope)
@@ -121,6 +123,7 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
             path = out / "report.html"
             path.write_text(page)
             return path
+        say("k-sweep and tables")
         sweep = q.k_sweep(con, ks, scope)
         accuracy = q.probe_accuracy(con, scope)
         k_mid = k if k is not None else 2 if 2 in ks else ks[0]
@@ -135,7 +138,8 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
             sections.append(_probe_accuracy(figs, accuracy.filter(pl.col("model") == model), model,
                                             q.anchor_names(con, model)))
         gallery_images: list[int] = []
-        for run in clean.iter_rows(named=True):
+        for i, run in enumerate(clean.iter_rows(named=True)):
+            say(f"run {i + 1}/{clean.height}: {run['run_id']}")
             names = q.anchor_names(con, run["model"])
             run_sweep = sweep.filter(pl.col("run_id") == run["run_id"])
             parts = [f"<h2>{html.escape(run['run_id'])}</h2>", _headline(run_sweep, k_mid, len(names) - 1),
@@ -146,6 +150,7 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
                      _tap_heatmap(figs, con, run["run_id"], scope)]
             sections.append(f"<section class='run' id='run-{_slug(run['run_id'])}' "
                             f"data-run='{html.escape(run['run_id'])}'>{''.join(parts)}</section>")
+        say(f"per-image timelines ({len(gallery_images)} images)")
         sections.append(_image_timelines(con, gallery_images, k_mid))
         shift = pl.concat([q.corruption_shift(con, k, scope).with_columns(pl.lit(k).alias("k")) for k in ks])
         if not shift.is_empty():
@@ -154,6 +159,7 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
             sections.append(_table(shift.select("model", "view", "probe", "k", "n", "mean_layer",
                                                 "clean_mean_layer", "delta")))
         for model in clean["model"].unique(maintain_order=True).to_list():
+            say(f"definitions and probe sensitivity of {model}")
             sections.append(_definitions(figs, con, model, clean.filter(pl.col("model") == model)["run_id"].to_list(),
                                          k_mid, min_conf, scope))
             sections.append(_probe_sensitivity(figs, con, model, clean.filter(pl.col("model") == model), k_mid,
@@ -462,6 +468,14 @@ def _gallery(figs: _Figures, con, run: dict, k: int, scope: str, names: Sequence
             + f"<p>Per-image timelines of these images: {links}</p>")
 
 
+def image_timeline(db, image_id: int, k: int = 2) -> pl.DataFrame:
+    """One image's timeline in every run (sql/image_timeline.sql); refuses an id no run predicted."""
+    frame = q.query(db, "SELECT * FROM image_timeline(?, k := ?)", [image_id, k])
+    if frame.is_empty():
+        raise FeatstoreError(f"--image {image_id}: no run of this database predicted an image of that id")
+    return frame
+
+
 def _image_timelines(con, image_ids: Sequence[int], k: int) -> str:
     """A small section per image (anchor #image-ID): the image, and for every run that predicted it the class and
     confidence at every anchor, its l*(k) marked; `featstore timeline --image ID` prints the same for any id."""
@@ -721,7 +735,9 @@ def _shift(figs: _Figures, shift: pl.DataFrame) -> str:
     ax.axhline(0, color="black", lw=0.8)
     ax.set_ylabel("Δd̄ (anchors)")
     ax.legend()
-    return figs.save(fig, "corruption_shift", "Corruption shift of the mean decision layer")
+    bars = "; ".join(f"{m} {v} ({p})" for m, v, p in shift.select("model", "view", "probe").unique(
+        maintain_order=True).rows())
+    return figs.save(fig, "corruption_shift", f"Corruption shift of the mean decision layer, one bar per k of: {bars}")
 
 
 def _cross_model(figs: _Figures, sweep: pl.DataFrame) -> str:
