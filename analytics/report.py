@@ -10,7 +10,8 @@ import base64
 import html
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -24,7 +25,8 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
 
 
-def _table(frame: pl.DataFrame, digits: int = 3) -> str:
+def _table(frame: pl.DataFrame, digits: int = 3, cls: str = "") -> str:
+    """An HTML table inside its own horizontally scrolling box, so a wide one never widens the page."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in frame.columns)
     rows = []
     for row in frame.iter_rows():
@@ -33,7 +35,9 @@ def _table(frame: pl.DataFrame, digits: int = 3) -> str:
             text = f"{v:.{digits}f}" if isinstance(v, float) else ("" if v is None else str(v))
             cells.append(f"<td>{html.escape(text)}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    attr = f" class='{cls}'" if cls else ""
+    body = "".join(rows)
+    return f"<div class='scroll'><table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
 class _Figures:
@@ -45,13 +49,16 @@ class _Figures:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
+        # text sizes in points; save() keeps every PNG within the page's width, so 9 pt is >= 10 px on screen
+        plt.rcParams.update({"font.size": 10, "xtick.labelsize": 9, "ytick.labelsize": 9, "legend.fontsize": 9,
+                             "axes.titlesize": 10})
         self.plt, self.out, self.saved = plt, out, []
 
     def save(self, fig, name: str, caption: str, tight: bool = True) -> str:
         path = self.out / f"{_slug(name)}.png"
         if tight:
             fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=min(110.0, PAGE_PX / fig.get_figwidth()))  # shown 1:1, never scaled down
         self.plt.close(fig)
         self.saved.append(path)
         data = base64.b64encode(path.read_bytes()).decode()
@@ -59,13 +66,55 @@ class _Figures:
                 f"<figcaption>{html.escape(caption)} ({path.name})</figcaption></figure>")
 
 
+PAGE_PX = 1100  # the body's width in CSS pixels
+
+
+@dataclass(frozen=True)
+class ReportContext:
+    """What a section renderer gets: the open database, the figure saver and the report's choices."""
+
+    figs: _Figures
+    con: object
+    runs: pl.DataFrame
+    ks: Sequence[int]
+    k: int
+    scope: str
+    min_conf: float
+
+
+# Extra sections, appended after the built-in ones in this order (e.g. analytics/report_readouts.py appends its
+# renderer here): each takes the ReportContext and returns HTML ("" for nothing).
+def _readouts(context: ReportContext) -> str:
+    """Calibration, overthinking and the CKA matrix (analytics/report_readouts.py) of the clean runs."""
+    from featstore.analytics.report_readouts import readout_sections  # it imports this module's figure saver
+
+    clean = context.runs.filter(pl.col("view") == "clean")["run_id"].to_list()
+    return readout_sections(context.con, clean, scope=context.scope, figs=context.figs)
+
+
+SECTION_RENDERERS: list[Callable[[ReportContext], str]] = [_readouts]
+
+
+def late_caveat(t: int, k: int) -> str:
+    """Why 'late' can mean 'never stable': a stable l*(k) is at most T - k, and late starts at 0.7T; '' when some
+    stable l* can be late."""
+    late_start = min(i for i in range(t + 1) if i >= 0.7 * t)
+    if t - k >= late_start:
+        return ""
+    return (f"at k = {k} with {t + 1} anchors no stable l* can be late (a stable l* is at most T - k = {t - k}, late "
+            f"starts at 0.7T = {0.7 * t:.1f}): late = never stable")
+
+
 def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = None, scope: str = "auto",
-                 k: int | None = None, min_conf: float = 0.5, runs: Sequence[str] | None = None) -> Path:
+                 k: int | None = None, min_conf: float = 0.5, progress: Callable[[str], None] | None = None,
+                 runs: Sequence[str] | None = None) -> Path:
     """Write `out/report.html` (and one PNG per figure) for every run in `db`: the k-sweep over `ks`, and the
     single-k sections (cross-model table, headline, decision mass, gallery, the comparison of definitions) at `k`
-    (default 2, or the first k); `min_conf` is the joint criterion's threshold in that comparison. `runs`: report
-    only these probe runs (a study's declared ones), though the database holds others."""
+    (default 2, or the first k); `min_conf` is the joint criterion's threshold in that comparison. `progress` is
+    told each step as it starts (the CLI prints them). `runs`: report only these probe runs (a study's declared
+    ones), though the database holds others."""
     out = Path(out)
+    say = progress or (lambda step: None)
     con = connect(db, read_only=True) if runs is None else connect_several([db], runs=runs)
     try:
         q.check_scope(scope)
@@ -84,6 +133,7 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
             path = out / "report.html"
             path.write_text(page)
             return path
+        say("k-sweep and tables")
         sweep = q.k_sweep(con, ks, scope)
         accuracy = q.probe_accuracy(con, scope)
         k_mid = k if k is not None else 2 if 2 in ks else ks[0]
@@ -94,18 +144,24 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
             _table(q.paper_table(con, k_mid, scope)),
         ] + _seeds_and_population(con, k_mid, scope)
         clean = runs.filter(pl.col("view") == "clean")
-        for run in clean.iter_rows(named=True):
+        for model in clean["model"].unique(maintain_order=True).to_list():
+            sections.append(_probe_accuracy(figs, accuracy.filter(pl.col("model") == model), model,
+                                            q.anchor_names(con, model)))
+        gallery_images: list[int] = []
+        for i, run in enumerate(clean.iter_rows(named=True)):
+            say(f"run {i + 1}/{clean.height}: {run['run_id']}")
             names = q.anchor_names(con, run["model"])
             run_sweep = sweep.filter(pl.col("run_id") == run["run_id"])
-            sections.append(f"<h2>{html.escape(run['run_id'])}</h2>")
-            sections.append(_headline(run_sweep, k_mid, len(names) - 1))
-            sections.append(_histograms(figs, con, run["run_id"], ks, scope, names, run_sweep))
-            sections.append(_gallery(figs, con, run, k_mid, scope, names))
-            sections.append(_cumulative(figs, con, run["run_id"], ks, scope, names))
-            sections.append(_accuracy_and_mass(figs, con, run, accuracy, k_mid, scope, names))
-            sections.append(_k_sensitivity(figs, run_sweep, run["run_id"]))
-            sections.append(_early_exit(figs, con, run, scope))
-            sections.append(_tap_heatmap(figs, con, run["run_id"], scope))
+            parts = [f"<h2>{html.escape(run['run_id'])}</h2>", _headline(run_sweep, k_mid, len(names) - 1),
+                     _histograms(figs, con, run["run_id"], ks, scope, names, run_sweep),
+                     _gallery(figs, con, run, k_mid, scope, names, gallery_images),
+                     _cumulative(figs, con, run["run_id"], ks, scope, names),
+                     _k_sensitivity(figs, run_sweep, run["run_id"]), _early_exit(figs, con, run, scope),
+                     _tap_heatmap(figs, con, run["run_id"], scope)]
+            sections.append(f"<section class='run' id='run-{_slug(run['run_id'])}' "
+                            f"data-run='{html.escape(run['run_id'])}'>{''.join(parts)}</section>")
+        say(f"per-image timelines ({len(gallery_images)} images)")
+        sections.append(_image_timelines(con, gallery_images, k_mid))
         shift = pl.concat([q.corruption_shift(con, k, scope).with_columns(pl.lit(k).alias("k")) for k in ks])
         if not shift.is_empty():
             sections.append("<h2>Corruption shift Δd̄ (view minus clean, same images and probes)</h2>")
@@ -113,6 +169,7 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
             sections.append(_table(shift.select("model", "view", "probe", "k", "n", "mean_layer",
                                                 "clean_mean_layer", "delta")))
         for model in clean["model"].unique(maintain_order=True).to_list():
+            say(f"definitions and probe sensitivity of {model}")
             sections.append(_definitions(figs, con, model, clean.filter(pl.col("model") == model)["run_id"].to_list(),
                                          k_mid, min_conf, scope))
             sections.append(_probe_sensitivity(figs, con, model, clean.filter(pl.col("model") == model), k_mid,
@@ -121,6 +178,8 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
             sections.append("<h2>Cross-model comparison</h2>")
             sections.append(_cross_model(figs, sweep.filter(pl.col("view") == "clean")))
         sections += _circuits(figs, con, circuit_runs)
+        context = ReportContext(figs, con, runs, ks, k_mid, scope, min_conf)
+        sections += [render(context) for render in SECTION_RENDERERS]
         page = _page(db, scope, sections)
     finally:
         con.close()
@@ -155,7 +214,7 @@ def _unconverged(fits: pl.DataFrame) -> list[str]:
 
 def _anchor_axis(ax, names: Sequence[str], label: str = "anchor") -> None:
     """Integer anchor ticks, each with the anchor's name, so a bar reads as a place in the network."""
-    ax.set_xticks(range(len(names)), [f"{i} {n}" for i, n in enumerate(names)], rotation=90, fontsize=6)
+    ax.set_xticks(range(len(names)), [f"{i} {n}" for i, n in enumerate(names)], rotation=90)
     ax.set_xlim(-0.6, len(names) - 0.4)
     ax.set_xlabel(label)
 
@@ -174,16 +233,18 @@ def _headline(sweep: pl.DataFrame, k: int, t: int) -> str:
     if row.is_empty():
         return ""
     r = row.row(0, named=True)
+    caveat = late_caveat(t, k)
+    caveat = f" Note: {caveat}." if caveat else ""
     return (f"<p class='headline'>At k = {k}, {r['f_early']:.0%} of the {r['n']} images settle in the first "
             f"30% of the {t + 1} anchors (l* &lt; {0.3 * t:.1f}) and {r['f_late']:.0%} only in the last 30% "
             f"(l* &ge; {0.7 * t:.1f}, never-stable ones included: {r['never_stable']:.0%}); mean l* = "
-            f"{r['mean']:.2f}.</p>")
+            f"{r['mean']:.2f}.{caveat}</p>")
 
 
 def _histograms(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str, names: Sequence[str],
                 sweep: pl.DataFrame) -> str:
     fig, axes = figs.plt.subplots(1, len(ks), figsize=(3.1 * len(ks), 3.4), squeeze=False, sharey=True)
-    t = len(names) - 1
+    t, top = len(names) - 1, 0.0
     for ax, k in zip(axes[0], ks, strict=True):
         mass = q.decision_mass(con, k, scope).filter(pl.col("run_id") == run_id)
         layers, share = mass["layer"].to_list(), mass["share"].to_list()
@@ -193,13 +254,15 @@ def _histograms(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str,
         _shade_thirds(ax, t)
         ax.bar(layers, stable, color="#3b6ea8", label="decided")
         ax.bar(layers, never, bottom=stable, color="#d98c3a", label="never stable (at T)")
+        top = max(top, max(share, default=0.0))
         row = sweep.filter(pl.col("k") == k)
         if not row.is_empty():
             r = row.row(0, named=True)
-            ax.set_title(f"k = {k}: early {r['f_early']:.0%}, late {r['f_late']:.0%}", fontsize=9)
+            ax.set_title(f"k = {k}: early {r['f_early']:.0%}, late {r['f_late']:.0%}")
         _anchor_axis(ax, names, "decision layer l*")
+    axes[0][0].set_ylim(0, top * 1.12 or 1)  # shared y: the tallest bar stays clear of the frame
     axes[0][0].set_ylabel("share of images")
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend()
     return figs.save(fig, f"{run_id}_histograms", f"Decision-layer histograms of {run_id} (green band: early, "
                                                   f"l* < 0.3T; red band: late, l* >= 0.7T)")
 
@@ -213,49 +276,53 @@ def _cumulative(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str,
     _anchor_axis(ax, names)
     ax.set_ylabel("F_k(l) = share with l* <= l")
     ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(loc="lower right")
     return figs.save(fig, f"{run_id}_cumulative", f"Cumulative decision curves F_k(l) of {run_id}")
 
 
-def _accuracy_and_mass(figs: _Figures, con, run: dict, accuracy: pl.DataFrame, k: int, scope: str,
-                       names: Sequence[str]) -> str:
-    fig, ax = figs.plt.subplots(figsize=(6.5, 4))
-    mass = q.decision_mass(con, k, scope).filter(pl.col("run_id") == run["run_id"])
-    twin = ax.twinx()
-    twin.bar(mass["layer"].to_list(), mass["share"].to_list(), color="#cccccc", label=f"decision mass (k={k})")
-    twin.set_ylabel("decision mass")
-    ax.set_zorder(twin.get_zorder() + 1)
-    ax.patch.set_visible(False)
-    same_model = accuracy.filter(pl.col("model") == run["model"])
-    for run_id in same_model["run_id"].unique(maintain_order=True).to_list():
-        part = same_model.filter(pl.col("run_id") == run_id)
-        view = part["view"][0]
-        ax.plot(part["anchor"].to_list(), part["accuracy"].to_list(), marker="o", ms=3, label=view,
-                lw=2.2 if view == "clean" else 1.0)
+def _probe_accuracy(figs: _Figures, accuracy: pl.DataFrame, model: str, names: Sequence[str]) -> str:
+    """One figure per model: α(l) of every run (probe and view in the legend), so the probes are compared on one
+    set of axes rather than repeated in each run's section."""
+    if accuracy.is_empty():
+        return ""
+    fig, ax = figs.plt.subplots(figsize=(8, 4.2))
+    labels = []
+    for run_id in accuracy["run_id"].unique(maintain_order=True).to_list():
+        part = accuracy.filter(pl.col("run_id") == run_id)
+        probe, view = part["probe"][0], part["view"][0]
+        ax.plot(part["anchor"].to_list(), part["accuracy"].to_list(), marker="o", ms=3, label=f"{probe} on {view}",
+                lw=2.2 if view == "clean" else 1.0, ls="-" if view == "clean" else "--")
+        labels.append(f"{probe} on {view}: {run_id}")
     _anchor_axis(ax, names)
     ax.set_ylabel("probe accuracy")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=7, loc="center right")
-    return figs.save(fig, f"{run['run_id']}_accuracy", f"Probe accuracy per anchor of {run['model']} (lines, "
-                                                       f"one per view) with the decision mass (bars)")
+    ax.set_ylim(0, 1.02)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
+    caption = f"Probe accuracy per anchor of {model}, one line per run ({'; '.join(labels)})"
+    return f"<h2>Probe accuracy of {html.escape(model)}</h2>" + figs.save(fig, f"{model}_accuracy", caption)
 
 
 def _k_sensitivity(figs: _Figures, sweep: pl.DataFrame, run_id: str) -> str:
-    fig, (left, right) = figs.plt.subplots(1, 2, figsize=(8, 3))
-    left.plot(sweep["k"].to_list(), sweep["mean"].to_list(), marker="o", label="mean l*")
-    left.plot(sweep["k"].to_list(), sweep["median"].to_list(), marker="s", label="median l*")
-    left.set_xlabel("k")
+    """How the statistics move with k; a series flat across every k is named in the caption, not drawn."""
+    fig, (left, right) = figs.plt.subplots(1, 2, figsize=(9, 3.4))
+    flat = []
+    for ax, columns in ((left, {"mean": "mean l*", "median": "median l*"}),
+                        (right, {"f_early": "f_early", "f_mid": "f_mid", "f_late": "f_late",
+                                 "never_stable": "never stable"})):
+        for col, label in columns.items():
+            values = sweep[col].to_list()
+            if len(values) > 1 and max(values) - min(values) < 1e-12:
+                flat.append(f"{label} = {values[0]:.3g} at every k")
+                continue
+            ax.plot(sweep["k"].to_list(), values, marker="o", label=label)
+        ax.set_xlabel("k")
+        ax.set_xticks(sweep["k"].to_list())  # k is a whole number of anchors
+        if ax.get_lines():
+            ax.legend()
     left.set_ylabel("decision layer")
-    left.legend(fontsize=8)
-    for col in ("f_early", "f_mid", "f_late", "never_stable"):
-        right.plot(sweep["k"].to_list(), sweep[col].to_list(), marker="o", label=col)
-    right.set_xlabel("k")
     right.set_ylabel("share of images")
-    right.set_ylim(0, 1)
-    right.legend(fontsize=8)
-    for ax in (left, right):  # k is a whole number of anchors
-        ax.set_xticks(sweep["k"].to_list())
-    return figs.save(fig, f"{run_id}_k_sensitivity", f"Sensitivity to the stability window k of {run_id}")
+    right.set_ylim(0, 1.02)
+    flat_note = f" (not drawn: {', '.join(flat)})" if flat else ""
+    return figs.save(fig, f"{run_id}_k_sensitivity", f"Sensitivity to the stability window k of {run_id}{flat_note}")
 
 
 def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
@@ -283,8 +350,8 @@ def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
             ax.scatter(part["mean_ms"].to_list(), part["accuracy"].to_list(), label=policy, color=colour,
                        marker="*" if policy == "full depth" else "o", s=90 if policy == "full depth" else 18,
                        zorder=3)
-    ax.step(front["mean_ms"].to_list(), front["accuracy"].to_list(), where="post", color="black", lw=0.9,
-            label="Pareto front (realisable policies)", zorder=2)
+    ax.step(front["mean_ms"].to_list(), front["accuracy"].to_list(), where="post", color="black", lw=1.6,
+            label="Pareto front (realisable policies)", zorder=4)  # above its points
     if not oracle.is_empty():
         o = oracle.row(0, named=True)
         ax.axhline(o["accuracy"], color="#b5533c", ls=":", lw=1)
@@ -292,12 +359,50 @@ def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
                    label="oracle (needs the label: an upper bound)")
     ax.set_xlabel(f"mean latency per image (ms, batch {batch})")
     ax.set_ylabel("accuracy")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(loc="lower right")
     caption = f"Early exit for {run['run_id']}: costs measured on {device}, batch {batch}"
     bound = "" if oracle.is_empty() else ("<p>Oracle (exits at the first correct anchor; not a policy): "
-                                          + _table(oracle) + "</p>")
+                                          + _table(_readable_costs(oracle.drop("k", "theta"))) + "</p>")
     return (figs.save(fig, f"{run['run_id']}_early_exit", caption) + counted
-            + "<h3>Pareto front of the realisable policies</h3>" + _table(front) + bound)
+            + "<h3>Pareto front of the realisable policies</h3>" + _table(pareto_rows(front), cls="pareto") + bound)
+
+
+def _policy_name(policy: str, k, theta) -> str:
+    return policy + (f" k={k}" if k is not None else "") + (f" θ={theta:.2f}" if theta is not None else "")
+
+
+def pareto_rows(front: pl.DataFrame) -> pl.DataFrame:
+    """The front as a reader wants it: policies with identical points merged into one row (in threshold order),
+    rows by cost, latency in ms and compute in GFLOPs."""
+    point = ["accuracy", "mean_ms", "mean_flops", "full_depth_share"]
+    ordered = front.sort(["mean_ms", "policy", "k", "theta"], nulls_last=True)
+    named = ordered.with_columns(pl.struct("policy", "k", "theta").map_elements(
+        lambda r: _policy_name(r["policy"], r["k"], r["theta"]), return_dtype=pl.Utf8).alias("name"))
+    merged = named.group_by(point, maintain_order=True).agg(pl.col("name"), pl.col("n").first())
+    return _readable_costs(merged.select(
+        pl.col("name").map_elements(_merge_names, return_dtype=pl.Utf8).alias("policies"), "n", "accuracy",
+        "mean_ms", "mean_flops", "full_depth_share"))
+
+
+def _readable_costs(frame: pl.DataFrame) -> pl.DataFrame:
+    """Cost columns in the units a reader compares: ms and GFLOPs."""
+    return frame.with_columns((pl.col("mean_flops") / 1e9).alias("mean_flops")).rename(
+        {"mean_ms": "mean ms", "mean_flops": "mean GFLOPs"})
+
+
+def _merge_names(names: pl.Series) -> str:
+    """'confidence θ=0.51', 'confidence θ=0.52', 'confidence θ=0.53' -> 'confidence θ=0.51-0.53'."""
+    names = list(names)
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        head, _, theta = name.partition(" θ=")
+        groups.setdefault(head, []).append(theta)
+    out = []
+    for head, thetas in groups.items():
+        thetas = [t for t in thetas if t]
+        out.append(head if not thetas else f"{head} θ={thetas[0]}" if len(thetas) == 1
+                   else f"{head} θ={thetas[0]}-{thetas[-1]} ({len(thetas)})")
+    return "; ".join(out)
 
 
 def _image_root(meta: dict[str, str]) -> Path | None:
@@ -319,10 +424,11 @@ def _thumbnail(root: Path | None, path: str):
         return None
 
 
-def _gallery(figs: _Figures, con, run: dict, k: int, scope: str, names: Sequence[str], per_side: int = 4) -> str:
+def _gallery(figs: _Figures, con, run: dict, k: int, scope: str, names: Sequence[str], shown: list[int],
+             per_side: int = 4) -> str:
     """Thumbnails of correctly decided images that settle early and late, each with its prediction timeline
     (one cell per anchor: the probe's class, green where right); the image files are read from the paths
-    recorded in the database."""
+    recorded in the database. Adds the ids it shows to `shown` (their per-image timelines follow the runs)."""
     try:
         examples = q.decision_examples(con, k, per_side, scope).filter(pl.col("run_id") == run["run_id"])
     except FeatstoreError:  # a database written before the macro existed
@@ -334,7 +440,7 @@ def _gallery(figs: _Figures, con, run: dict, k: int, scope: str, names: Sequence
     classes = json.loads(meta.get("class_names", "[]"))
     sides = [side for side in ("early", "late") if side in examples["side"].to_list()]
     rows = max(examples.filter(pl.col("side") == side).height for side in sides)
-    height = 0.8 * rows + 1.3
+    height = 0.95 * rows + 1.6
     fig = figs.plt.figure(figsize=(6.0 * len(sides), height))
     grid = fig.add_gridspec(rows, 2 * len(sides), width_ratios=[1, 7] * len(sides), hspace=0.8, wspace=0.06,
                             left=0.02, right=0.98, top=1 - 0.3 / height, bottom=1.0 / height)
@@ -353,18 +459,96 @@ def _gallery(figs: _Figures, con, run: dict, k: int, scope: str, names: Sequence
             strip.imshow([[p == ex["label"] for p in ex["preds"]]], cmap=cells, vmin=0, vmax=1, aspect="auto")
             for a, pred in enumerate(ex["preds"]):
                 name = classes[pred] if pred < len(classes) else str(pred)
-                strip.text(a, 0, name[:7], ha="center", va="center", fontsize=5.5)
+                strip.text(a, 0, name[:7], ha="center", va="center", fontsize=8.5, rotation=30)
             strip.add_patch(figs.plt.Rectangle((ex["layer"] - 0.5, -0.5), 1, 1, fill=False, lw=2, color="black"))
             label = classes[ex["label"]] if ex["label"] < len(classes) else str(ex["label"])
             never = ", never stable" if ex["never_stable"] else ""
-            strip.set_title(f"{side}: {label}, l*({k}) = {ex['layer']}{never}", fontsize=7, loc="left", pad=2)
+            strip.set_title(f"{side}: image {ex['image_id']}, {label}, l*({k}) = {ex['layer']}{never}",
+                            fontsize=9, loc="left", pad=2)
             strip.set_yticks([])
             last = r == part.height - 1
             strip.set_xticks(range(len(names)), [f"{i} {n}" for i, n in enumerate(names)] if last else [],
-                             rotation=90, fontsize=5.5)
+                             rotation=90)
     caption = (f"Images of {run['run_id']} that decide early (left) and late (right), with the probe's class at "
                f"every anchor (green: right, red: wrong; box: l*({k}))")
-    return figs.save(fig, f"{run['run_id']}_gallery", caption, tight=False)
+    ids = examples["image_id"].to_list()
+    shown.extend(i for i in ids if i not in shown)
+    links = " ".join(f"<a href='#image-{i}'>{i}</a>" for i in ids)
+    return (figs.save(fig, f"{run['run_id']}_gallery", caption, tight=False)
+            + f"<p>Per-image timelines of these images: {links}</p>")
+
+
+def image_timeline(db, image_id: int, k: int = 2) -> pl.DataFrame:
+    """One image's timeline in every run (sql/image_timeline.sql); refuses an id no run predicted."""
+    frame = q.query(db, "SELECT * FROM image_timeline(?, k := ?)", [image_id, k])
+    if frame.is_empty():
+        raise FeatstoreError(f"--image {image_id}: no run of this database predicted an image of that id")
+    return frame
+
+
+def _image_timelines(con, image_ids: Sequence[int], k: int) -> str:
+    """A small section per image (anchor #image-ID): the image, and for every run that predicted it the class and
+    confidence at every anchor, its l*(k) marked; `featstore timeline --image ID` prints the same for any id."""
+    if not image_ids:
+        return ""
+    root = _image_root(q.meta(con))
+    parts = [f"<h2>Per-image timelines (k = {k})</h2><p>Each cell: the probe's class and confidence at that anchor; "
+             f"<b>◆</b> marks the decision layer l*({k}), red a wrong class. Any other image: "
+             "<code>featstore timeline --db … --image ID</code>.</p>"]
+    for image_id in image_ids:
+        frame = q.query(con, "SELECT * FROM image_timeline(?, k := ?)", [image_id, k])
+        if frame.is_empty():
+            continue
+        first = frame.row(0, named=True)
+        parts.append(f"<section class='image-timeline' id='image-{image_id}'><h3>Image {image_id}: "
+                     f"{html.escape(str(first['label_name'] or first['label']))} "
+                     f"<small>({html.escape(first['path'])}, {first['split']})</small></h3>"
+                     f"<div class='timeline'>{_thumbnail_tag(root, first['path'])}"
+                     f"{image_timeline_table(frame, html_cells=True)}</div></section>")
+    return "".join(parts)
+
+
+def image_timeline_table(frame: pl.DataFrame, html_cells: bool = False) -> str | pl.DataFrame:
+    """One row per anchor, one column per run ('probe on view'): 'class conf', ◆ at the run's l*. HTML (a table)
+    for the report, or a DataFrame for the terminal."""
+    runs = frame["run_id"].unique(maintain_order=True).to_list()
+    anchors = frame.select("anchor", "name").unique(maintain_order=True).sort("anchor")
+    columns: dict[str, list] = {"anchor": anchors["anchor"].to_list(), "name": anchors["name"].to_list()}
+    for run_id in runs:
+        part = frame.filter(pl.col("run_id") == run_id).sort("anchor")
+        head = part.row(0, named=True)
+        cells = {r["anchor"]: (("◆ " if r["decided"] else "") + f"{r['pred_name'] or r['pred']} {r['conf']:.2f}",
+                               r["correct"]) for r in part.iter_rows(named=True)}
+        label = f"{head['probe']} on {head['view']}"
+        label = label if label not in columns else f"{label} ({run_id})"
+        columns[label] = [cells.get(a, ("", True)) for a in columns["anchor"]]
+    if not html_cells:
+        return pl.DataFrame({c: [v[0] if isinstance(v, tuple) else v for v in vs] for c, vs in columns.items()})
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for i in range(len(columns["anchor"])):
+        cells = []
+        for values in columns.values():
+            value = values[i]
+            text, right = value if isinstance(value, tuple) else (str(value), True)
+            cells.append(f"<td{'' if right else ' class=wrong'}>{html.escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (f"<div class='scroll'><table class='timeline-table'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table></div>")
+
+
+def _thumbnail_tag(root: Path | None, path: str, size: int = 128) -> str:
+    """The image itself, scaled to `size` px and embedded as a PNG ('' when its file is gone)."""
+    import io
+
+    image = _thumbnail(root, path)
+    if image is None:
+        return ""
+    image.thumbnail((size, size))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    data = base64.b64encode(buffer.getvalue()).decode()
+    return f"<img class='thumb' alt='{html.escape(path)}' src='data:image/png;base64,{data}'>"
 
 
 def _definitions(figs: _Figures, con, model: str, runs: list[str], k: int, min_conf: float, scope: str) -> str:
@@ -388,9 +572,9 @@ def _definitions(figs: _Figures, con, model: str, runs: list[str], k: int, min_c
         matrix = result.matrix(value).drop("definition").to_numpy().astype(float)
         image = ax.imshow(matrix, cmap=cmap, vmin=-1 if value == "spearman" else 0,
                           vmax=1 if value == "spearman" else None)
-        ax.set_xticks(range(len(names)), [f"#{i + 1}" for i in range(len(names))], fontsize=7)
-        ax.set_yticks(range(len(names)), [f"#{i + 1} {n}" for i, n in enumerate(names)], fontsize=7)
-        ax.set_title(title, fontsize=9)
+        ax.set_xticks(range(len(names)), [f"#{i + 1}" for i in range(len(names))])
+        ax.set_yticks(range(len(names)), [f"#{i + 1} {n}" for i, n in enumerate(names)])
+        ax.set_title(title)
         fig.colorbar(image, ax=ax, shrink=0.8)
     parts.append(figs.save(fig, f"{model}_definitions", f"Agreement between the definitions for {model}"))
     worst = result.agreement.with_columns((pl.col("early_a_late_b") + pl.col("late_a_early_b")).alias("split"))
@@ -471,7 +655,7 @@ def _probe_sensitivity(figs: _Figures, con, model: str, runs: pl.DataFrame, k: i
     _anchor_axis(ax, names)
     ax.set_ylabel("share of identical predictions")
     ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(loc="lower right")
     parts.append(figs.save(fig, f"{model}_probe_sensitivity", f"Identical predictions per anchor of each clean run "
                                                               f"of {model} and {reference['run_id']}"))
     return "".join(parts)
@@ -496,7 +680,7 @@ def _disagreement_gallery(figs: _Figures, con, model: str, result: q.Comparison,
         if image is not None:
             ax.imshow(image, interpolation="nearest")
         label = classes[ex["label"]] if ex["label"] < len(classes) else str(ex["label"])
-        ax.set_title(f"{label}\n{ex['a'][:24]}: {ex['layer_a']}\n{ex['b'][:24]}: {ex['layer_b']}", fontsize=6)
+        ax.set_title(f"{label}\n{ex['a'][:24]}: {ex['layer_a']}\n{ex['b'][:24]}: {ex['layer_b']}", fontsize=8.5)
     caption = (f"Images of {model} early (l < 0.3T) by one definition and late (l >= 0.7T) by the other, for the "
                "pairs above (layer per definition above each image)")
     return figs.save(fig, f"{model}_disagreements", caption, tight=False)
@@ -540,8 +724,8 @@ def _circuits(figs: _Figures, con, circuit_runs: pl.DataFrame) -> list[str]:
             grid[src + 1][dst] = value
         fig, ax = figs.plt.subplots(figsize=(1.5 + 0.35 * layers, 1.2 + 0.35 * layers))
         image = ax.imshow(grid, cmap="magma", origin="lower")
-        ax.set_xticks(range(layers + 1), [str(j) for j in range(layers)] + ["logits"], fontsize=7)
-        ax.set_yticks(range(layers + 1), ["input"] + [str(i) for i in range(layers)], fontsize=7)
+        ax.set_xticks(range(layers + 1), [str(j) for j in range(layers)] + ["logits"])
+        ax.set_yticks(range(layers + 1), ["input"] + [str(i) for i in range(layers)])
         ax.set_xlabel("target block")
         ax.set_ylabel("source block")
         fig.colorbar(image, ax=ax, label="Λ = Σ|c(e)|")
@@ -557,11 +741,13 @@ def _shift(figs: _Figures, shift: pl.DataFrame) -> str:
     for i, k in enumerate(ks):
         part = shift.filter(pl.col("k") == k)
         ax.bar([j + i * width for j in range(len(part))], part["delta"].to_list(), width, label=f"k = {k}")
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, fontsize=7)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_ylabel("Δd̄ (anchors)")
-    ax.legend(fontsize=8)
-    return figs.save(fig, "corruption_shift", "Corruption shift of the mean decision layer")
+    ax.legend()
+    bars = "; ".join(f"{m} {v} ({p})" for m, v, p in shift.select("model", "view", "probe").unique(
+        maintain_order=True).rows())
+    return figs.save(fig, "corruption_shift", f"Corruption shift of the mean decision layer, one bar per k of: {bars}")
 
 
 def _cross_model(figs: _Figures, sweep: pl.DataFrame) -> str:
@@ -571,15 +757,19 @@ def _cross_model(figs: _Figures, sweep: pl.DataFrame) -> str:
         ax.plot(part["k"].to_list(), part["mean"].to_list(), marker="o", label=run_id)
     ax.set_xlabel("k")
     ax.set_ylabel("mean decision layer")
-    ax.legend(fontsize=7)
+    ax.legend()
     return figs.save(fig, "cross_model", "Mean decision layer per model and k")
 
 
 def _page(db, scope: str, sections: list[str]) -> str:
-    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+    style = (f"body{{font-family:system-ui,sans-serif;max-width:{PAGE_PX}px;margin:2em auto;color:#222}}"
+             "p,figcaption,h2,h3{overflow-wrap:anywhere}.scroll{overflow-x:auto;max-width:100%}"
              "table{border-collapse:collapse;font-size:12px;margin:1em 0}td,th{border:1px solid #ccc;"
              "padding:2px 6px;text-align:right}th{background:#f0f0f0}figure{margin:1em 0}img{max-width:100%}"
-             "figcaption{font-size:12px;color:#555}.headline{font-size:16px;background:#f6f6ee;padding:.5em}")
+             "figcaption{font-size:13px;color:#555}.headline{font-size:16px;background:#f6f6ee;padding:.5em}"
+             ".timeline-table td{white-space:nowrap}section.run{border-top:3px solid #3b6ea8;margin-top:2em}"
+             "td.wrong{color:#b5533c}"
+             ".timeline{display:flex;gap:1em;align-items:flex-start}img.thumb{width:128px;image-rendering:pixelated}")
     intro = (f"<p>Database <code>{html.escape(str(db))}</code>; images counted: <code>{html.escape(scope)}</code> "
              "(auto = the test split, or every image of a cross-fit run). l*(k) is the first anchor from which "
              "the probe prediction stays the same for k more anchors; images that never settle are put at the "

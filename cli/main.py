@@ -132,34 +132,81 @@ def probe(**given) -> None:
         if rest["variant"] != "linear":
             raise FeatstoreError("--project-dim and --variant exclude each other (it means projected:dim=D)")
         rest["variant"] = f"projected:dim={project_dim}"
+    before = _runs_created(rest["db"])
     for run_id in run_probe(ProbeConfig(run=run, **rest)):
-        click.echo(f"wrote run {run_id}")
+        replaced = f" (replaced the run of that name written {before[run_id]})" if run_id in before else ""
+        click.echo(f"wrote run {run_id}{replaced}")
+        print_frame(_probe_summary(rest["db"], run_id))
 
 
-def print_frame(frame, fmt: str = "table") -> None:
+def _runs_created(db: Path) -> dict[str, str]:
+    """Run id -> when it was written, of the runs already in `db` (none when it does not exist yet)."""
+    from featstore.analytics.queries import runs
+
+    if not Path(db).is_file():
+        return {}
+    return {r["run_id"]: f"{r['created_at']:%Y-%m-%d %H:%M}" if r["created_at"] else "earlier"
+            for r in runs(db).iter_rows(named=True)}
+
+
+def _probe_summary(db: Path, run_id: str):
+    """Per anchor: accuracy on the run's scored images (test split) and whether the fit converged."""
+    from featstore.analytics.queries import query
+
+    return query(db, "SELECT * FROM probe_summary(?)", [run_id])
+
+
+def print_frame(frame, fmt: str = "table", full: bool = False) -> None:
+    """csv (nested columns as JSON text), json, or a table; `full` shows whole lists and strings."""
     import polars as pl
 
     if fmt == "csv":
-        click.echo(frame.write_csv(), nl=False)
+        click.echo(csv_ready(frame).write_csv(), nl=False)
     elif fmt == "json":
         click.echo(frame.write_json())
     else:
-        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=240, fmt_str_lengths=80,
-                       tbl_hide_dataframe_shape=True, float_precision=4):
+        wide = {"fmt_table_cell_list_len": -1, "fmt_str_lengths": 10_000} if full else {"fmt_str_lengths": 80}
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=240 if not full else 10_000,
+                       tbl_hide_dataframe_shape=True, float_precision=4, **wide):
             click.echo(frame)
+
+
+def csv_ready(frame):
+    """CSV holds no nested data: list and struct columns become JSON text (one cell: '[7, 2, 4]')."""
+    import polars as pl
+
+    nested = {c: t for c, t in frame.schema.items() if isinstance(t, pl.List | pl.Array | pl.Struct)}
+    return frame.with_columns(
+        pl.Series(c, [None if v is None else json.dumps(_plain(v, "Float32" in str(t))) for v in frame[c].to_list()],
+                  dtype=pl.Utf8) for c, t in nested.items())
+
+
+def _plain(value, single: bool):
+    """A nested cell as JSON-ready Python; float32 values (`single`) written as their shortest float32 text (0.9, not
+    0.8999999761581421), as DuckDB shows them."""
+    if isinstance(value, list | tuple):
+        return [_plain(v, single) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v, single) for k, v in value.items()}
+    if single and isinstance(value, float):
+        import numpy as np
+
+        return float(str(np.float32(value)))
+    return value
 
 
 @cli.command()
 @option("--db", "several")
 @click.argument("statement")
 @option("--format")
+@option("--full")
 @user_errors
-def sql(dbs: tuple[Path, ...], statement: str, fmt: str) -> None:
+def sql(dbs: tuple[Path, ...], statement: str, fmt: str, full: bool) -> None:
     """Run STATEMENT on the database(s), read-only (macros: decision_summary(k), decision_layers(k), …)."""
     from featstore.analytics.queries import stream
 
     try:
-        print_stream(stream(list(dbs), statement), fmt)
+        print_stream(stream(list(dbs), statement), fmt, full)
     except KeyboardInterrupt:
         click.echo("featstore: interrupted: the query was cancelled; the database is unchanged", err=True)
         sys.exit(130)
@@ -168,14 +215,14 @@ def sql(dbs: tuple[Path, ...], statement: str, fmt: str) -> None:
 TABLE_ROWS = 10_000  # rows the table format shows of a streamed result (csv and json print every row)
 
 
-def print_stream(frames, fmt: str = "table") -> None:
+def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
     """Print a result as it streams in, holding one batch at a time: csv and json row by row as `print_frame`
     would print the whole frame; the table format shows the first TABLE_ROWS rows and counts the others."""
     first = next(frames)
     if fmt == "csv":
-        click.echo(first.write_csv(), nl=False)
+        click.echo(csv_ready(first).write_csv(), nl=False)
         for frame in frames:
-            click.echo(frame.write_csv(include_header=False), nl=False)
+            click.echo(csv_ready(frame).write_csv(include_header=False), nl=False)
     elif fmt == "json":
         pieces = (f.write_json()[1:-1] for f in (first, *frames) if f.height)
         click.echo("[", nl=False)
@@ -195,7 +242,7 @@ def print_stream(frames, fmt: str = "table") -> None:
         if head.height > TABLE_ROWS:
             more += head.height - TABLE_ROWS
             head = head.head(TABLE_ROWS)
-        print_frame(head)
+        print_frame(head, full=full)
         if more:
             click.echo(f"… {more} more row(s) not shown; --format csv or json prints every row", err=True)
 
@@ -231,14 +278,32 @@ def export(db: Path, to: Path) -> None:
 
 @cli.command()
 @option("--db", "read")
-@options(option("--k"), option("--min-conf"), option("--scope"), option("--format"))
+@options(option("--k"), option("--min-conf"), option("--scope"), option("--format"), option("--image"))
 @user_errors
-def timeline(db: Path, ks: list[int], min_conf: float, scope: str, fmt: str) -> None:
-    """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong."""
-    from featstore.analytics.queries import k_sweep
+def timeline(db: Path, ks: list[int], min_conf: float, scope: str, fmt: str, image_id: int | None) -> None:
+    """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong
+    (--image ID: that image's class and confidence at every anchor of every run instead)."""
+    from featstore.analytics.queries import k_sweep, runs
+    from featstore.analytics.report import image_timeline, image_timeline_table, late_caveat
 
+    if image_id is not None:
+        k = ks[0] if len(ks) == 1 else 2 if 2 in ks else ks[0]
+        frame = image_timeline(db, image_id, k)
+        first = frame.row(0, named=True)
+        if fmt == "table":
+            click.echo(f"image {image_id}: {first['label_name'] or first['label']} ({first['path']}, {first['split']});"
+                       f" each cell: class and confidence, ◆ at l*({k})")
+            print_frame(image_timeline_table(frame), full=True)
+        else:
+            print_frame(frame, fmt)
+        return
     frame = k_sweep(db, ks, scope, min_conf)
     print_frame(frame.drop("model", "view", "probe"), fmt)
+    shown = runs(db)
+    lengths = sorted(set(shown.filter(shown["run_id"].is_in(frame["run_id"].to_list()))["n_anchors"]))
+    for note in dict.fromkeys(late_caveat(n - 1, k) for n in lengths for k in ks):
+        if note:
+            click.echo(f"note: {note}", err=fmt != "table")
 
 
 @cli.command()
@@ -277,7 +342,8 @@ def report(db: Path, out: Path, ks: list[int], min_conf: float, scope: str) -> N
     """One self-contained HTML page of plots and tables of every run in the database."""
     from featstore.analytics.report import write_report
 
-    path = write_report(db, out, ks, scope, min_conf=min_conf)
+    path = write_report(db, out, ks, scope, min_conf=min_conf,
+                        progress=lambda step: click.echo(f"report: {step} …", err=True))
     click.echo(f"wrote {path}")
 
 
@@ -295,6 +361,8 @@ def cost(model: str, db: Path, store: str | None, device: str, threads: int | No
     """Measure the cost of exiting at each anchor: network prefix + probes, ms and FLOPs, into DuckDB."""
     from featstore.workflows.cost import measure_model
 
+    click.echo(f"cost: timing every prefix and probe of {model} on {device}, batch size(s) "
+               f"{', '.join(map(str, batch_sizes))}, {repeats} repeats each …", err=True)
     for c in measure_model(model, db, store, device, batch_sizes, repeats, image_size, threads):
         click.echo(f"{model} on {c.device}, batch {c.batch_size}: full model {c.ms:.2f} ms, {c.flops / 1e9:.3f} GFLOP")
         for a in c.anchors:
@@ -308,15 +376,16 @@ def cost(model: str, db: Path, store: str | None, device: str, threads: int | No
 @options(option("--k"), option("--thresholds"), option("--combined-thresholds"))
 @option("--device", "measured")
 @option("--batch-size", "price")
-@options(option("--scope"), option("--no-gate"), option("--format"))
+@options(option("--scope"), option("--no-gate"), option("--format"), option("--full"))
 @user_errors
 def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], combined_thresholds: list[float],
-             device: str | None, batch_size: int, scope: str, no_gate: bool, fmt: str) -> None:
+             device: str | None, batch_size: int, scope: str, no_gate: bool, fmt: str, full: bool) -> None:
     """Simulate early exit from stored predictions: stability, confidence, combined and learned gates (the learned
     one where `featstore gate` fitted one; its thresholds are --thresholds), oracle, Pareto front, every policy
     counted on the same images (printed first: with a gate, those it did not learn from)."""
     from featstore.analytics.exit_policies import ExitPolicies
     from featstore.analytics.queries import describe_population, early_exit
+    from featstore.analytics.report import pareto_rows
 
     policies = ExitPolicies(tuple(ks), tuple(thresholds), tuple(combined_thresholds), () if no_gate else None)
     result = early_exit(db, run_id, device, batch_size, policies, scope)
@@ -327,9 +396,17 @@ def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], comb
         return
     click.echo(f"early exit for {run_id}, costs measured on {result.device}, batch {batch_size} (ms per image):")
     click.echo(population)
-    print_frame(result.simulation)
-    click.echo("\nPareto front (accuracy vs mean latency):")
-    print_frame(result.pareto)
+    click.echo("Pareto front (accuracy vs mean latency; identical points merged):")
+    print_frame(pareto_rows(result.pareto))
+    for base in result.simulation.filter(result.simulation["policy"].is_in(["full depth", "oracle"])).iter_rows(
+            named=True):
+        click.echo(f"{base['policy']}: accuracy {base['accuracy']:.3f}, {base['mean_ms']:.3f} ms per image"
+                   + (" (needs the label: an upper bound)" if base["policy"] == "oracle" else ""))
+    if full:
+        click.echo("\nevery policy:")
+        print_frame(result.simulation)
+    else:
+        click.echo(f"({result.simulation.height} policies simulated; --full lists them all)")
 
 
 @cli.command()
@@ -341,6 +418,7 @@ def gate(db: Path, run_id: str, split: str) -> None:
     """Fit a learned early-exit gate from a run's stored prediction timelines (exit-sim then evaluates it)."""
     from featstore.workflows.gate import train_gate
 
+    click.echo(f"gate: reading the timelines of {run_id} and fitting on its {split} images …", err=True)
     result = train_gate(db, run_id, split)
     top = sorted(result.weights.items(), key=lambda kv: -abs(kv[1]))[:4]
     click.echo(f"gate for {run_id}: fitted on {result.n_images} {split} images ({result.n_rows} anchors, "
@@ -495,8 +573,9 @@ def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, threads
     click.echo(f"corruption shift of mean l* (k = 2): {shifts}")
     timing = ", ".join(f"{k} {v:.0f}s" for k, v in result.seconds.items())
     click.echo(f"time: {timing} (total {sum(result.seconds.values()):.0f}s)")
+    run_id = result.sweep["run_id"][0]  # one run: the images of one probe, not every probe's summed
     click.echo(f"\nreport: {result.report}\ntry:    featstore sql --db {result.db} \"SELECT layer, count(*) AS images "
-               f"FROM decision_layers(2) WHERE view = 'clean' GROUP BY layer ORDER BY layer\"")
+               f"FROM decision_layers(2) WHERE run_id = '{run_id}' GROUP BY layer ORDER BY layer\"")
 
 
 @cli.command()

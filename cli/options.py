@@ -192,6 +192,10 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                              "(stable from l* and conf >= this at l*) among the definitions compared; 0 leaves "
                              "it out.")),
     },
+    "--image": {"": (("image_id",), dict(type=click.IntRange(min=0), help="Print this image's timeline instead: "
+                                         "class and confidence at every anchor of every run, l*(k) marked "
+                                         "(k: the one --k given, else 2)."))},
+    "--full": {"": ((), dict(is_flag=True, help="Show every row and whole lists (timelines) in the table format."))},
     # compare
     "--runs": {"": ((), dict(help="Comma list of run ids [default: every clean run]."))},
     "--per-pair": {"": ((), dict(default=4, type=click.IntRange(min=0), help="Disagreeing images listed per pair."))},

@@ -40,6 +40,14 @@ def digits_store(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo(tmp_path_factory) -> tuple[Path, str]:
+    """README command 1, run once per session (test_demo checks its numbers, test_report_browser its report):
+    the output folder and what it printed."""
+    out = tmp_path_factory.mktemp("demo")
+    return out, run_cli("demo", "--out", out, "--no-progress").output
+
+
+@pytest.fixture(scope="session")
 def big_image_dir(tmp_path_factory) -> Path:
     """Enough images for several chunks (resume and multi-rank tests)."""
     return make_image_folder(tmp_path_factory.mktemp("big"), n_classes=4, per_class=24, size=(48, 40), seed=1)

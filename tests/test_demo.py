@@ -46,12 +46,6 @@ def _decision_layer(preds: list[int], k: int) -> int:
     return next((a for a in range(t - k + 1) if len(set(preds[a : a + k + 1])) == 1), t)
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
-    return out, run_cli("demo", "--out", out, "--no-progress").output  # exactly README command 1
-
-
 def test_the_demos_decision_layers_equal_a_plain_loop(demo):
     """l*(2) of every clean test image, and the early/late fractions the demo prints, recomputed from the stored
     timelines by a plain loop. (How far the demo is from a late mode is a measured limit, not a test: docs/demo.md,

@@ -1,0 +1,126 @@
+"""What the commands print, checked against the database read here with DuckDB and plain loops: probe's per-anchor
+table and its note when it replaces a run, sql's CSV of list columns and its --full table, timeline --image, the
+k-vs-late caveat, and the commands that must not import torch."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import duckdb
+import numpy as np
+import pytest
+
+from conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def probed(digits_store, tmp_path_factory):
+    db = tmp_path_factory.mktemp("out") / "f.duckdb"
+    first = run_cli("probe", "--store", digits_store, "--model", "resnet18", "--db", db, "--no-progress",
+                    "--threads", "1").output
+    return digits_store, db, first
+
+
+def _rows(db, sql, params=()):
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql, list(params)).fetchall()
+    finally:
+        con.close()
+
+
+def _table_cells(output: str) -> list[list[str]]:
+    """The data rows of a Polars table as printed ('│ a ┆ b │'), cells stripped."""
+    return [[c.strip() for c in line.strip().strip("│").split("┆")] for line in output.splitlines()
+            if "┆" in line and not line.strip().startswith(("│ ---", "│ str", "│ i", "│ f", "│ bool"))]
+
+
+def test_probe_prints_test_accuracy_per_anchor_and_says_when_it_replaces(probed):
+    store, db, first = probed
+    (run_id,) = [line.split()[2] for line in first.splitlines() if line.startswith("wrote run")]
+    assert "replaced" not in first
+    preds = _rows(db, "SELECT p.anchor, p.pred, i.label FROM predictions p JOIN images i USING (image_id) "
+                      "WHERE p.run_id = ? AND i.split = 'test' ORDER BY p.anchor", [run_id])
+    anchors = sorted({a for a, _, _ in preds})
+    expected = {a: np.mean([p == y for b, p, y in preds if b == a]) for a in anchors}  # a plain loop
+    converged = dict(_rows(db, "SELECT anchor, bool_and(converged) FROM probe_fits WHERE run_id = ? GROUP BY 1",
+                           [run_id]))
+    cells = [c for c in _table_cells(first) if c[0].isdigit()]
+    assert [int(c[0]) for c in cells] == anchors
+    for anchor, _name, accuracy, _n, conv in cells:
+        assert float(accuracy) == pytest.approx(expected[int(anchor)], abs=5e-5)
+        assert conv == str(converged[int(anchor)]).lower()
+    again = run_cli("probe", "--store", store, "--model", "resnet18", "--db", db, "--no-progress",
+                    "--threads", "1").output
+    assert f"wrote run {run_id} (replaced the run of that name written" in again
+
+
+def test_sql_csv_writes_list_columns_as_json_and_full_shows_whole_timelines(probed):
+    _, db, _ = probed
+    statement = "SELECT run_id, image_id, preds, confs FROM timelines ORDER BY image_id LIMIT 5"
+    out = run_cli("sql", "--db", db, "--format", "csv", statement).output
+    parsed = list(csv.DictReader(io.StringIO(out)))
+    reference = _rows(db, statement)
+    assert len(parsed) == len(reference) == 5
+    for row, (run_id, image_id, preds, confs) in zip(parsed, reference, strict=True):
+        assert row["run_id"] == run_id and int(row["image_id"]) == image_id
+        assert json.loads(row["preds"]) == preds
+        assert json.loads(row["confs"]) == pytest.approx(confs, abs=1e-7)
+    short = run_cli("sql", "--db", db, statement).output
+    whole = run_cli("sql", "--db", db, "--full", statement).output
+    text = "[" + ", ".join(map(str, reference[0][2])) + "]"
+    assert text not in short and "…" in short  # 12 anchors: Polars cuts the list by default
+    assert text in whole
+
+
+def test_timeline_image_prints_every_anchor_of_every_run(probed):
+    _, db, _ = probed
+    (image_id, label), *_ = _rows(db, "SELECT image_id, label FROM images WHERE split = 'test' ORDER BY 1 LIMIT 1")
+    out = run_cli("timeline", "--db", db, "--image", image_id, "--k", "2").output
+    expected = _rows(db, "SELECT anchor, pred, conf FROM predictions WHERE image_id = ? ORDER BY anchor", [image_id])
+    (layer,) = _rows(db, "SELECT layer FROM decisions WHERE image_id = ? AND k = 2", [image_id])[0]
+    classes = dict(_rows(db, "SELECT label, any_value(class_name) FROM images GROUP BY 1"))
+    cells = [c for c in _table_cells(out) if c[0].isdigit()]
+    assert len(cells) == len(expected)
+    for (anchor, pred, conf), cell in zip(expected, cells, strict=True):
+        marker = "◆ " if anchor == layer else ""
+        assert cell[0] == str(anchor) and cell[2] == f"{marker}{classes[pred]} {conf:.2f}", (cell, pred, conf)
+    assert f"image {image_id}: {classes[label]}" in out
+    assert "no run" in run_cli("timeline", "--db", db, "--image", 10**9, ok=False).output
+
+
+def test_timeline_says_when_late_means_never_stable(probed):
+    _, db, _ = probed
+    (n_anchors,) = _rows(db, "SELECT DISTINCT n_anchors FROM runs")[0]
+    t = n_anchors - 1
+    late_start = next(i for i in range(t + 1) if i >= 0.7 * t)
+    for k in range(1, 6):
+        out = run_cli("timeline", "--db", db, "--k", k).output
+        assert (f"at k = {k} with {n_anchors} anchors no stable l* can be late" in out) == (t - k < late_start), k
+
+
+@pytest.mark.parametrize("args", [["--help"], ["sql", "--db", "{db}", "SELECT 1"]])
+def test_help_and_sql_do_not_import_torch(probed, args):
+    """(`info` still does: featstore.store imports featstore.datasets, anchors and models, which import torch.)"""
+    store, db, _ = probed
+    argv = [a.format(db=db, store=store) for a in args]
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom featstore.cli.main import cli\n"
+            f"result = CliRunner().invoke(cli, {argv!r})\n"
+            "assert result.exit_code == 0, result.output\n"
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_the_demos_suggested_query_counts_each_test_image_once(demo):
+    out, printed = demo
+    line = next(x for x in printed.splitlines() if x.startswith("try:"))
+    db, statement = line.split("--db ")[1].split(" ", 1)
+    counted = run_cli("sql", "--db", db, "--format", "csv", statement.strip().strip('"')).output
+    total = sum(int(row["images"]) for row in csv.DictReader(io.StringIO(counted)))
+    assert total == _rows(db, "SELECT count(*) FROM images WHERE split = 'test'")[0][0]

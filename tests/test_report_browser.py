@@ -1,0 +1,176 @@
+"""The demo's report in a real browser (headless Chromium through Selenium, 1400 px wide): what a reader sees.
+
+Checked in the page as Chromium lays it out, not in the HTML text: no horizontal overflow, every image decoded,
+no console error, and every figure's caption naming the runs it draws (the run ids read from the database).
+Skips with one line where Chromium, its driver or Selenium is missing; `.ci/run` installs them.
+
+Also a script: `python tests/test_report_browser.py REPORT.html OUT_DIR PREFIX` saves the four views (top, one
+run section, a Pareto table, a per-image timeline) as PNGs, e.g. to compare two versions of the report.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+WIDTH, HEIGHT = 1400, 1000
+
+
+def _chromium() -> tuple[str, str] | None:
+    browser = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+def open_browser():
+    """A headless Chromium window of WIDTH x HEIGHT CSS pixels that keeps the page's console log."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    browser, driver = _chromium()
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                f"--window-size={WIDTH},{HEIGHT}", "--force-device-scale-factor=1", "--hide-scrollbars"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def load(driver, report: Path) -> None:
+    driver.get(report.resolve().as_uri())
+    driver.execute_script("document.body.style.zoom = '1'")
+    # every image decoded (data: URIs load synchronously, but wait for `complete` to be sure)
+    driver.execute_async_script(
+        "const done = arguments[0]; Promise.all([...document.images].map(i => i.complete ? 0 :"
+        " new Promise(r => { i.onload = i.onerror = r; }))).then(() => done(0));")
+
+
+VIEWS = {  # name -> JS that returns the element to scroll to the top (null: the page's top)
+    "top": "return null;",
+    "run_section": "return document.querySelector('section.run') ||"
+                   " [...document.querySelectorAll('h2')].find(h => h.nextElementSibling &&"
+                   " h.nextElementSibling.className === 'headline');",
+    "pareto": "return document.querySelector('table.pareto') ||"
+              " [...document.querySelectorAll('h3')].find(h => h.textContent.startsWith('Pareto front'));",
+    "timeline": "return document.querySelector('section.image-timeline') ||"
+                " [...document.querySelectorAll('h2,h3')].find(h => /timeline/i.test(h.textContent));",
+}
+
+
+def shoot(driver, out: Path, prefix: str) -> list[Path]:
+    """One viewport screenshot per view in VIEWS (a view the page lacks is skipped)."""
+    out.mkdir(parents=True, exist_ok=True)
+    saved = []
+    for name, find in VIEWS.items():
+        element = driver.execute_script(find)
+        if element is None and name != "top":
+            continue
+        driver.execute_script("arguments[0] ? arguments[0].scrollIntoView(true) : window.scrollTo(0, 0);"
+                              "window.scrollBy(0, arguments[0] ? -8 : 0);", element)
+        path = out / f"{prefix}_{name}.png"
+        driver.save_screenshot(str(path))
+        saved.append(path)
+    return saved
+
+
+@pytest.fixture(scope="module")
+def page(demo):
+    if _chromium() is None:
+        pytest.skip("no Chromium with chromedriver here (apt-get install chromium chromium-driver)")
+    pytest.importorskip("selenium", reason="selenium is not installed (pip install -e '.[dev]')")
+    out, _ = demo
+    report = out / "layouts" / "report" / "report.html"
+    driver = open_browser()
+    try:
+        load(driver, report)
+        yield driver, out / "layouts"
+    finally:
+        driver.quit()
+
+
+def test_the_report_fits_1400_px_and_every_image_loads(page, tmp_path_factory):
+    driver, home = page
+    sizes = driver.execute_script("return [document.documentElement.scrollWidth, window.innerWidth,"
+                                  " document.documentElement.scrollHeight]")
+    wide = driver.execute_script(
+        "return [...document.body.querySelectorAll('*')].filter(e => e.getBoundingClientRect().right >"
+        " window.innerWidth + 0.5 && !e.closest('.scroll')).map(e => e.tagName + '.' + e.className).slice(0, 5)")
+    print(f"page {sizes[0]} x {sizes[2]} px in a {sizes[1]} px window; sticking out: {wide}")
+    assert sizes[0] <= sizes[1], f"horizontal overflow: page {sizes[0]} px wide in {sizes[1]} px ({wide})"
+    assert not wide, wide
+    images = driver.execute_script("return [...document.images].map(i => [i.alt, i.complete, i.naturalWidth])")
+    assert images, "the report has no image"
+    broken = [alt for alt, complete, width in images if not complete or width == 0]
+    assert not broken, f"{len(broken)} image(s) not decoded: {broken[:3]}"
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+    shots = Path(str(tmp_path_factory.mktemp("shots")))
+    driver.set_window_size(WIDTH, min(int(sizes[2]) + 200, 16384))
+    driver.save_screenshot(str(shots / "report_full.png"))
+    driver.set_window_size(WIDTH, HEIGHT)
+    saved = shoot(driver, shots, "after")
+    print(f"screenshots: {shots / 'report_full.png'} and {', '.join(p.name for p in saved)}")
+
+
+def test_every_figure_names_its_runs(page):
+    """Each figure of a run's section names that run; every other figure names a run or model of the database
+    (read here with DuckDB, not from the report)."""
+    import duckdb
+
+    driver, home = page
+    con = duckdb.connect(str(home / "featstore.duckdb"), read_only=True)
+    try:
+        runs = con.execute("SELECT run_id, model, view, probe FROM runs ORDER BY run_id").fetchall()
+    finally:
+        con.close()
+    figures = driver.execute_script(
+        "return [...document.querySelectorAll('figure')].map(f => [f.closest('section.run') ?"
+        " f.closest('section.run').dataset.run : null, f.querySelector('figcaption').textContent])")
+    assert figures
+    sections = driver.execute_script("return [...document.querySelectorAll('section.run')].map(s => s.dataset.run)")
+    assert sorted(sections) == sorted(r for r, _, view, _ in runs if view == "clean")
+    for run_id, caption in figures:
+        if run_id is not None:
+            assert run_id in caption, (run_id, caption)
+        else:
+            assert any(r in caption or m in caption for r, m, _, _ in runs), caption
+    accuracy = [c for _, c in figures if c.startswith("Probe accuracy per anchor")]
+    assert len(accuracy) == 1, accuracy  # one figure comparing the model's probes, not one per run
+    for run_id, *_ in runs:
+        assert run_id in accuracy[0], (run_id, accuracy[0])
+
+
+def test_every_gallery_image_has_a_timeline(page):
+    """Each image in a gallery links to its per-image timeline, whose table has one row per anchor of the model
+    (the anchor count read from the database)."""
+    import duckdb
+
+    driver, home = page
+    con = duckdb.connect(str(home / "featstore.duckdb"), read_only=True)
+    try:
+        (anchors,) = con.execute("SELECT count(*) FROM anchors WHERE model = 'resnet18'").fetchone()
+    finally:
+        con.close()
+    timelines = driver.execute_script(
+        "return [...document.querySelectorAll('section.image-timeline')].map(s => [s.id,"
+        " s.querySelectorAll('tbody tr').length, s.querySelector('img').naturalWidth])")
+    assert timelines
+    for sid, rows, width in timelines:
+        assert rows == anchors and width > 0, (sid, rows, width)
+    links = driver.execute_script("return [...document.querySelectorAll('a[href^=\"#image-\"]')].map(a =>"
+                                  " a.getAttribute('href').slice(1))")
+    assert links and set(links) <= {sid for sid, _, _ in timelines}
+
+
+if __name__ == "__main__":
+    report, out, prefix = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    browser = open_browser()
+    try:
+        load(browser, report)
+        print("\n".join(map(str, shoot(browser, out, prefix))))
+    finally:
+        browser.quit()
