@@ -261,7 +261,8 @@ def test_the_store_layout_in_the_docs_is_what_build_and_probe_write(built_store)
                 wrong.append(f"{pattern}: documented attrs {sorted(attrs)}, written {sorted(node.attrs.keys())}")
             if not is_group:
                 symbols = {"N": n, "C": dims.get(parts[-1], dims.get(parts[-2])), "head": config.num_classes,
-                           "classes": 3, "folds": 2, "D": config.anchors[-1].dim, "chunk_rows": config.chunk_rows, "min": min, "ceil": math.ceil,
+                           "classes": 3, "folds": 2,
+                           "D": config.anchors[-1].dim, "chunk_rows": config.chunk_rows, "min": min, "ceil": math.ceil,
                            "arrays": len(config.anchors) + 2}
                 for what in ("shape", "chunks"):
                     expected = eval(f"({doc[what]},)", {"__builtins__": {}}, symbols)  # noqa: S307 (our own doc)
