@@ -219,7 +219,7 @@ def test_sql_is_read_only_and_macros_live_in_the_file(world, tmp_path):
 
 def test_timeline_and_report_commands(world, tmp_path):
     db, _ = world
-    out = run_cli("timeline", "--db", db, "--k", "1,2", "--format", "csv").output.splitlines()
+    out = run_cli("timeline", "--db", db, "--k", "1,2", "--format", "csv").stdout.splitlines()  # notes: stderr
     assert out[0].startswith("run_id,k,n,mean,median,std,f_early")
     assert len(out) == 1 + 5 * 2
     run_cli("report", "--db", db, "--out", tmp_path / "rep")
