@@ -67,7 +67,7 @@ def test_default_anchors_build_probe_and_end_where_the_head_reads(name, size, im
     for a in anchors:
         assert np.isfinite(fs.read(key, "clean", a.name)).all(), a.name
     run_cli("probe", "--store", store, "--model", key, "--db", db, "--variant", "paper:epochs=3", "--no-progress")
-    rows = run_cli("timeline", "--db", db, "--format", "csv").output.splitlines()
+    rows = run_cli("timeline", "--db", db, "--format", "csv").stdout.splitlines()
     assert rows[0].startswith("run_id,k,n,mean") and len(rows) == 5  # header + k = 1..4
     run = f"{key}/clean/paper:epochs=3,"
     assert all(r.startswith(run) and r.split(",")[2] == "4" for r in rows[1:])  # the 4 test images

@@ -43,7 +43,7 @@ def test_a_format1_database_queries_and_takes_new_runs(legacy):
     db, store = legacy / "format1" / "featstore.duckdb", legacy / "format1" / "store.zarr"
     runs = query(db, "SELECT run_id FROM runs ORDER BY run_id")["run_id"].to_list()
     assert runs == ["resnet18/clean/linear:max_epochs=3", "resnet18/gaussian_noise-1/linear:max_epochs=3/train=clean"]
-    sweep = run_cli("timeline", "--db", db, "--format", "csv").output.splitlines()
+    sweep = run_cli("timeline", "--db", db, "--format", "csv").stdout.splitlines()
     assert sweep[0].startswith("run_id,k,") and len(sweep) == 1 + 2 * 4
     assert "Pareto front" in run_cli("exit-sim", "--db", db, "--run", runs[0]).output
     css = run_cli("css", "--db", db, "--id", "test_vit/clean/eap-ig1", "--ood", "test_vit/gaussian_noise-2/eap-ig1",

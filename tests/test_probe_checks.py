@@ -88,14 +88,14 @@ def test_timeline_and_report_refuse_what_selects_nothing(small, tmp_path, args, 
     assert message in fails("timeline", "--db", db, *args)
     assert message in fails("report", "--db", db, "--out", tmp_path / "rep", *args)
     assert not (tmp_path / "rep").exists()
-    out = run_cli("timeline", "--db", db, "--k", "2", "--scope", "all", "--format", "csv").output.splitlines()
+    out = run_cli("timeline", "--db", db, "--k", "2", "--scope", "all", "--format", "csv").stdout.splitlines()
     with duckdb.connect(str(db), read_only=True) as con:
         labels = con.execute("SELECT label FROM images ORDER BY image_id").fetchnumpy()["label"]
     agree = float(np.mean(np.roll(labels, 1) == labels))  # stable from anchor 0, else never
     row = dict(zip(out[0].split(","), out[1].split(","), strict=True))
     assert len(out) == 2 and (row["k"], row["n"]) == ("2", "60")
     assert np.isclose(float(row["mean"]), 2 * (1 - agree)) and np.isclose(float(row["never_stable"]), 1 - agree)
-    out = run_cli("timeline", "--db", db, "--format", "csv").output.splitlines()  # default k: 1,2 of 1..4
+    out = run_cli("timeline", "--db", db, "--format", "csv").stdout.splitlines()  # default k: 1,2 of 1..4
     assert [row.split(",")[:3] for row in out[1:]] == [["r", "1", "60"], ["r", "2", "60"]]
 
 
