@@ -418,8 +418,8 @@ def gate(db: Path, run_id: str, split: str) -> None:
     """Fit a learned early-exit gate from a run's stored prediction timelines (exit-sim then evaluates it)."""
     from featstore.workflows.gate import train_gate
 
-    click.echo(f"gate: reading the timelines of {run_id} and fitting on its {split} images …", err=True)
-    result = train_gate(db, run_id, split)
+    result = train_gate(db, run_id, split, on_start=lambda: click.echo(
+        f"gate: reading the timelines of {run_id} and fitting on its {split} images …", err=True))
     top = sorted(result.weights.items(), key=lambda kv: -abs(kv[1]))[:4]
     click.echo(f"gate for {run_id}: fitted on {result.n_images} {split} images ({result.n_rows} anchors, "
                f"{result.positive_share:.0%} already final and right), {result.iterations} Newton steps; largest "

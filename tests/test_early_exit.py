@@ -156,7 +156,10 @@ def test_cost_and_exit_sim_commands(image_dir, tmp_path):
                   "--repeats", "3").output
     assert "batch 4" in out and "anchor 11" in out
     out = run_cli("exit-sim", "--db", db, "--run", "resnet18/clean/linear", "--thresholds", "0.1:0.3:0.1").output
-    assert "Pareto front" in out and "stability" in out and "full depth" in out
+    assert "Pareto front" in out and "full depth" in out and "--full lists them all" in out
+    out = run_cli("exit-sim", "--db", db, "--run", "resnet18/clean/linear", "--thresholds", "0.1:0.3:0.1",
+                  "--full").output  # the front first, then every policy
+    assert out.index("Pareto front") < out.index("every policy:") and "stability" in out.split("every policy:")[1]
     assert "no run" in fails("exit-sim", "--db", db, "--run", "nope")
     assert "confidences lie in" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear", "--thresholds",
                                          "0.5:1.5:0.5")

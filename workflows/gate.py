@@ -18,6 +18,7 @@ from what it will face.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,13 +120,17 @@ class GateResult:
     iterations: int
 
 
-def train_gate(db: str | Path, run_id: str, split: str = "train", c: float = 1.0) -> GateResult:
-    """Fit the learned exit gate of one run on the images of `split` and store it with its scores."""
+def train_gate(db: str | Path, run_id: str, split: str = "train", c: float = 1.0,
+               on_start: Callable[[], None] | None = None) -> GateResult:
+    """Fit the learned exit gate of one run on the images of `split` and store it with its scores; `on_start` is
+    called once the input is checked, before the work (the CLI says what it does then, not before a refusal)."""
     if split not in ("train", "val", "test"):
         raise FeatstoreError(f"--split {split!r}: the gate learns from one split: train, val or test")
     if query(db, "SELECT count(*) AS n FROM runs WHERE run_id = ?", [run_id])["n"][0] == 0:
         raise FeatstoreError(f"no run {run_id!r} in {db}; list them with featstore sql --db {db} "
                              f"\"SELECT run_id FROM runs\"")
+    if on_start is not None:
+        on_start()
     frame = query(db, "SELECT * FROM head_timelines(?)", [run_id])
     if frame["head_pred"].null_count() == len(frame):
         raise FeatstoreError(f"run {run_id!r} in {db} has no stored model outputs (the head's predictions the gate "
