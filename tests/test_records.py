@@ -118,6 +118,7 @@ def test_the_study_passes_its_k_to_the_report(tmp_path, monkeypatch):
     path.write_text('k = 3\n[data]\npath = "images"\n[[models]]\nname = "resnet18"\n')
     seen = []
     monkeypatch.setattr(study, "write_report", lambda db, out, **kw: seen.append(kw))
+    monkeypatch.setattr(study, "declared_run_ids", lambda s: ["declared"])  # (they need the built store)
     report = [s for s in study.plan(study.load_study(path)) if s.id == "report"][0]
     report.run()
-    assert seen == [{"k": 3}]
+    assert seen == [{"k": 3, "runs": ["declared"]}]
