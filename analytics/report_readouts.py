@@ -94,13 +94,18 @@ def _overthinking(figs: _Figures, con, run_ids: Sequence[str], scope: str) -> st
         return ""
     fig, ax = figs.plt.subplots(figsize=(8, 4.2))
     names: list[str] = []
+    one_head = len({v["head_accuracy"][0] for v in frames.values()}) == 1  # the same head on the same images
     for run_id, frame in frames.items():
         line = ax.plot(frame["anchor"].to_list(), frame["correct_by"].to_list(), marker="o", ms=3,
                        label=f"{run_id}: right at some anchor <= l")[0]
-        ax.axhline(frame["head_accuracy"][0], color=line.get_color(), ls=":", lw=1,
-                   label=f"{run_id}: the model's head")
+        if not one_head:
+            ax.axhline(frame["head_accuracy"][0], color=line.get_color(), ls=":", lw=1,
+                       label=f"{run_id}: the model's head")
         if len(frame) > len(names):
             names = [n or "" for n in frame["name"].to_list()]
+    if one_head:
+        ax.axhline(next(iter(frames.values()))["head_accuracy"][0], color="0.4", ls=":", lw=1,
+                   label="the model's head (every run's images)")
     _anchor_ticks(ax, names)
     ax.tick_params(axis="y", labelsize=TICKS)
     ax.set_ylabel("share of images", fontsize=TICKS + 1)
