@@ -119,11 +119,20 @@ class TranslatorObjective:
 
     def __call__(self, w: torch.Tensor, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         g, n, d = len(which), self.z.shape[1], self.z.shape[2]
-        classes = self.head_t.shape[1]
+        dh, classes = self.head_t.shape
         head_t, head_b = self.head_t.to(self.dtype), self.head_b.to(self.dtype)
         rows = max(256, LOGIT_BYTES // max(1, 4 * g * classes))
         loss = torch.zeros(g, dtype=torch.float64, device=self.z.device)
-        grad = torch.zeros_like(w)
+        # the same products in the cheaper order: through the head's input (r x (D + C) x D_head per row), or with
+        # the head composed into the map once per call (r x D x C per row, plus D x D_head x C): 3-8x fewer
+        # flops for a 1000-class head on anchors narrower than its input
+        composed = d * classes <= dh * (d + classes)
+        if composed:
+            m = w[:, :d] @ head_t  # [g, D, C]
+            c = w[:, d:] @ head_t + head_b  # [g, 1, C]
+            grad_m, grad_c = torch.zeros_like(m), torch.zeros_like(c)
+        else:
+            grad = torch.zeros_like(w)
         everyone = g == self.z.shape[0] and bool((which == torch.arange(g, device=which.device)).all())
         picks = None if everyone else [int(i) for i in which]
         for start in range(0, n, rows):
@@ -132,12 +141,22 @@ class TranslatorObjective:
                 zc = self.z[:, start : start + rows].to(self.dtype)
             else:
                 zc = torch.stack([self.z[i, start : start + rows] for i in picks]).to(self.dtype)
-            u = torch.baddbmm(w[:, d:], zc, w[:, :d])  # [g, r, D_head]
-            logp = torch.log_softmax(u @ head_t + head_b, dim=-1)
+            if composed:
+                logits = torch.baddbmm(c, zc, m)
+            else:
+                logits = torch.baddbmm(w[:, d:], zc, w[:, :d]) @ head_t + head_b  # via u [g, r, D_head]
+            logp = torch.log_softmax(logits, dim=-1)
             loss += targets.nll(logp, yc).sum(dim=1).double()
-            gu = targets.subtract_(logp.exp_(), yc) @ head_t.T  # d loss / d u, [g, r, D_head]
-            grad[:, :d].baddbmm_(zc.transpose(1, 2), gu)
-            grad[:, d:] += gu.sum(dim=1, keepdim=True)
+            gl = targets.subtract_(logp.exp_(), yc)  # d loss / d logits, [g, r, C]
+            if composed:
+                grad_m.baddbmm_(zc.transpose(1, 2), gl)
+                grad_c += gl.sum(dim=1, keepdim=True)
+            else:
+                gu = gl @ head_t.T  # d loss / d u, [g, r, D_head]
+                grad[:, :d].baddbmm_(zc.transpose(1, 2), gu)
+                grad[:, d:] += gu.sum(dim=1, keepdim=True)
+        if composed:
+            grad = torch.cat([grad_m, grad_c], dim=1) @ head_t.T  # back through the head: [g, D+1, D_head]
         grad /= n
         moved = w[:, :d] - self.w0.index_select(0, which)[:, :d].to(w.dtype)
         grad[:, :d].add_(moved, alpha=self.l2)

@@ -11,6 +11,7 @@ import json
 
 import duckdb
 import numpy as np
+import pytest
 import torch
 from synthetic import class_clusters, write_feature_store
 
@@ -61,9 +62,11 @@ def test_lens_at_the_head_input_agrees_with_the_head(digits_store, tmp_path):
     assert early < agreement  # the first anchor's lens is no copy of the head
 
 
-def test_the_kl_objective_gradient_equals_autograd():
+# both orders of the products: the head composed into the map (D x C <= D_head x (D + C)), and through the head's input
+@pytest.mark.parametrize("d, dh, c", [(5, 4, 6), (9, 4, 12)])
+def test_the_kl_objective_gradient_equals_autograd(d, dh, c):
     gen = torch.Generator().manual_seed(0)
-    g, n, d, dh, c = 2, 37, 5, 4, 6
+    g, n = 2, 37
     z = torch.randn(g, n, d, generator=gen, dtype=torch.float64)
     y = torch.softmax(torch.randn(n, c, generator=gen, dtype=torch.float64) * 2, dim=-1)
     wh, bh = torch.randn(c, dh, generator=gen, dtype=torch.float64), torch.randn(c, generator=gen, dtype=torch.float64)
