@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from featstore.extraction import Tapper, describe_anchors, runnable_anchor_names
-from featstore.models import load_model
-from featstore.store import FeatureStore
+from featstore.nets.extraction import Tapper, describe_anchors, runnable_anchor_names
+from featstore.nets.models import load_model
+from featstore.store.reader import FeatureStore
 
 from conftest import fails, run_cli
 
@@ -72,7 +72,7 @@ def test_the_layering_test_sees_function_level_imports(tmp_path):
     bad.write_text("def f():\n    from featstore.workflows import probe\n    import duckdb\n    return probe\n")
     assert _imports(bad) == [(2, "featstore.workflows"), (2, "featstore.workflows.probe")]
     assert _imports(bad, "duckdb") == [(3, "duckdb")]
-    assert _layer_of("featstore.workflows.probe") == 3 and _layer_of("featstore.store") == 0
+    assert _layer_of("featstore.workflows.probe") == 3 and _layer_of("featstore.store.reader") == 0
     assert _layer_of("featstore.api") == 4 and _layer_of("featstore") == 0 and _layer_of("featstore.cli.main") == 5
     assert ROOT / "featstore" / "api.py" not in _files("featstore") and ROOT / "featstore" / "api.py" in _files("api")
 
@@ -272,7 +272,7 @@ def test_every_option_is_declared_once():
     """One `click.option` call in the whole CLI (cli/options.py's `option`), every option name one entry of its
     table, and options that fill a record take the record's default."""
     from featstore.cli.options import OPTIONS, RUN_FLAGS
-    from featstore.specs import ImageSource, ModelSpec, RunOptions
+    from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 
     calls = [(path.name, node.lineno) for path in sorted((ROOT / "cli").glob("*.py"))
              for node in ast.walk(ast.parse(path.read_text()))
@@ -294,5 +294,5 @@ def test_the_cli_build_and_probe_call_the_public_api():
         body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == command)
         imported = {(n.module, a.name) for n in ast.walk(body) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert ("featstore.api", command) in imported, command
-        assert not any(module in ("featstore.build", "featstore.workflows.probe") and name == command
+        assert not any(module in ("featstore.workflows.build", "featstore.workflows.probe") and name == command
                        for module, name in imported), command
