@@ -435,7 +435,7 @@ def record_image_source(db: str | Path, root: str | Path, class_names: list[str]
 
 
 def register_anchors(con: duckdb.DuckDBPyConnection, model: str, anchors: Sequence) -> None:
-    """The anchors of a model (featstore.anchors.Anchor records), replacing an earlier list."""
+    """The anchors of a model (featstore.nets.anchors.Anchor records), replacing an earlier list."""
     table = pa.table({"model": [model] * len(anchors), "anchor": [a.index for a in anchors],
                       "name": [a.name for a in anchors], "module": [a.module for a in anchors],
                       "dim": [a.dim for a in anchors], "depth_frac": [a.depth_frac for a in anchors],

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,55 +17,9 @@ import polars as pl
 
 from featstore.analytics import queries as q
 from featstore.analytics.db import connect, connect_several
+from featstore.analytics.report_figures import PAGE_PX, _Figures, _slug, _table
+from featstore.analytics.report_readouts import readout_sections
 from featstore.errors import FeatstoreError
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
-
-
-def _table(frame: pl.DataFrame, digits: int = 3, cls: str = "") -> str:
-    """An HTML table inside its own horizontally scrolling box, so a wide one never widens the page."""
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in frame.columns)
-    rows = []
-    for row in frame.iter_rows():
-        cells = []
-        for v in row:
-            text = f"{v:.{digits}f}" if isinstance(v, float) else ("" if v is None else str(v))
-            cells.append(f"<td>{html.escape(text)}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    attr = f" class='{cls}'" if cls else ""
-    body = "".join(rows)
-    return f"<div class='scroll'><table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
-
-
-class _Figures:
-    """Saves each figure as a PNG in `out` and keeps its bytes to embed in the page."""
-
-    def __init__(self, out: Path):
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        # text sizes in points; save() keeps every PNG within the page's width, so 9 pt is >= 10 px on screen
-        plt.rcParams.update({"font.size": 10, "xtick.labelsize": 9, "ytick.labelsize": 9, "legend.fontsize": 9,
-                             "axes.titlesize": 10})
-        self.plt, self.out, self.saved = plt, out, []
-
-    def save(self, fig, name: str, caption: str, tight: bool = True) -> str:
-        path = self.out / f"{_slug(name)}.png"
-        if tight:
-            fig.tight_layout()
-        fig.savefig(path, dpi=min(110.0, PAGE_PX / fig.get_figwidth()))  # shown 1:1, never scaled down
-        self.plt.close(fig)
-        self.saved.append(path)
-        data = base64.b64encode(path.read_bytes()).decode()
-        return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
-                f"<figcaption>{html.escape(caption)} ({path.name})</figcaption></figure>")
-
-
-PAGE_PX = 1100  # the body's width in CSS pixels
 
 
 @dataclass(frozen=True)
@@ -86,8 +39,6 @@ class ReportContext:
 # renderer here): each takes the ReportContext and returns HTML ("" for nothing).
 def _readouts(context: ReportContext) -> str:
     """Calibration, overthinking and the CKA matrix (analytics/report_readouts.py) of the clean runs."""
-    from featstore.analytics.report_readouts import readout_sections  # it imports this module's figure saver
-
     clean = context.runs.filter(pl.col("view") == "clean")["run_id"].to_list()
     return readout_sections(context.con, clean, scope=context.scope, figs=context.figs)
 

@@ -2,7 +2,7 @@
 the ECE per anchor of each run, the overthinking shares against the model's head, and the CKA matrix of each
 model's anchors where `featstore cka` computed one. `readout_sections` returns the HTML; the report places it.
 
-Figures are drawn as the rest of the report draws them (`report._Figures`: PNG beside the page, embedded); every
+Figures are drawn as the rest of the report draws them (`report_figures._Figures`: PNG beside the page, embedded); every
 one names its runs or model in its legend and caption, and its tick labels are 9 pt at 110 dpi (14 px).
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from featstore.analytics import readouts as r
-from featstore.analytics.report import _Figures, _table
+from featstore.analytics.report_figures import _Figures, _table
 
 TICKS = 9  # pt: 14 px at the report's 110 dpi
 

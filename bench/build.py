@@ -26,14 +26,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from featstore.anchors import PRESETS
-from featstore.build import BuildConfig, build
-from featstore.datasets import ViewDataset, collate, discover
-from featstore.loading import default_workers
-from featstore.models import load_model
+from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
+from featstore.images.datasets import ViewDataset, collate, discover
+from featstore.images.loading import default_workers
+from featstore.images.views import View
+from featstore.nets.anchors import PRESETS
+from featstore.nets.models import load_model
 from featstore.runtime import resolve_device, tune_allocator
-from featstore.specs import ImageSource, ModelSpec, RunOptions
-from featstore.views import View
+from featstore.workflows.build import BuildConfig, build
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the generated test data
 from synthetic import make_image_folder  # noqa: E402

@@ -1,4 +1,4 @@
-"""Benchmark EAP-IG: the batched implementation (featstore.circuits) against the first one, slot by slot.
+"""Benchmark EAP-IG: the batched implementation (featstore.compute.attribution) against the first one, slot by slot.
 
 On the CPU: a small timm ViT at a small image size, random init (no download), one batch of random images
 through `--ig-steps` IG steps with each implementation in its own subprocess, so that each one's peak memory
@@ -30,7 +30,7 @@ import numpy as np
 import timm
 import torch
 
-from featstore.circuits import ViTGraph, eap_ig_scores, node_means
+from featstore.compute.attribution import ViTGraph, eap_ig_scores, node_means
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from eap_ig_reference import reference_eap_ig_scores  # noqa: E402  (the first implementation, as reference)

@@ -1,4 +1,4 @@
-"""Benchmark `featstore cka`'s streamed linear CKA (featstore/similarity.py) against the plain in-memory
+"""Benchmark `featstore cka`'s streamed linear CKA (featstore/compute/similarity.py) against the plain in-memory
 computation in numpy (every anchor loaded, columns centred, ||Xaᵀ Xb||² of every pair), each in its own process
 so that its peak resident memory is its own; both in float64 on the same store, with the largest difference of
 their matrices printed beside the timings.
@@ -51,7 +51,7 @@ def make_store(path: Path, rows: int, dim: int, anchors: int, seed: int = 0) -> 
 def numpy_cka(store: str, unbiased: bool) -> np.ndarray:
     """The in-memory baseline: all features as float64, centred, every pair's ||Xaᵀ Xb||_F² (biased CKA), or the
     unbiased HSIC through the same sums."""
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
 
     fs = FeatureStore(store)
     xs = [fs.read("synthetic", "clean", a.name).astype(np.float64) for a in fs.anchors("synthetic")]
@@ -69,7 +69,7 @@ def child(method: str, store: str, threads: int, budget: int, unbiased: bool, ou
     torch.set_num_threads(threads)
     start, cpu = time.perf_counter(), time.process_time()
     if method == "streamed":
-        from featstore.similarity import anchor_cka
+        from featstore.compute.similarity import anchor_cka
 
         result = anchor_cka(store, "synthetic", unbiased=unbiased, memory_budget=budget, threads=threads)
         matrix, passes = result.matrix, result.passes

@@ -33,9 +33,9 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
-from featstore.anchors import PRESETS, resolve_anchors
-from featstore.extraction import Tapper
-from featstore.models import load_model
+from featstore.nets.anchors import PRESETS, resolve_anchors
+from featstore.nets.extraction import Tapper
+from featstore.nets.models import load_model
 from featstore.workflows.demo import fit_resnet18
 from featstore.workflows.layouts import CUE_COLOURS, LAYOUTS, LayoutConfig, draw_layouts
 

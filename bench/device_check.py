@@ -52,11 +52,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from featstore.build import BuildConfig, build
-from featstore.datasets import discover
+from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
+from featstore.images.datasets import discover
+from featstore.images.views import parse_views
 from featstore.runtime import resolve_device, tune_allocator
-from featstore.specs import ImageSource, ModelSpec, RunOptions
-from featstore.views import parse_views
+from featstore.workflows.build import BuildConfig, build
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the generated test data
 from synthetic import class_image  # noqa: E402
@@ -142,9 +142,9 @@ def run_build(data: Path, store: Path, model: str, s: Sizes, device: str, limit:
 def bare_forward(data: Path, model_name: str, s: Sizes, device: torch.device, precision: str) -> dict:
     """The model alone (no taps, no writes) on normalised channels_last tensors decoded beforehand, on the
     device: the ceiling the build's rate is compared with."""
-    from featstore.build import preferred_memory_format
-    from featstore.models import load_model
-    from featstore.tensor_input import TensorBatches
+    from featstore.images.tensor_input import TensorBatches
+    from featstore.nets.models import load_model
+    from featstore.workflows.build import preferred_memory_format
 
     loaded = load_model(model_name, "none", 0, s.crop)
     fmt = preferred_memory_format(loaded.module)
@@ -177,7 +177,7 @@ def _sync(device: torch.device) -> None:
 
 def anchor_agreement(a: Path, b: Path, key: str) -> list[dict]:
     """Per anchor: relative error ||x_a - x_b|| / ||x_b|| over the whole anchor, and the worst row's."""
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
 
     fa, fb = FeatureStore(a), FeatureStore(b)
     out = []
@@ -192,7 +192,7 @@ def anchor_agreement(a: Path, b: Path, key: str) -> list[dict]:
 
 def probe_accuracies(store: Path, key: str, db: Path, device: str) -> tuple[list[float], float]:
     from featstore.analytics import db as fsdb
-    from featstore.specs import RunOptions
+    from featstore.compute.specs import RunOptions
     from featstore.workflows.probe import ProbeConfig, probe
 
     start = time.perf_counter()
@@ -244,7 +244,7 @@ def kill_and_resume(data: Path, reference: Path, work: Path, args: list[str],
 
 
 def reference_key(store: Path) -> str:
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
 
     return FeatureStore(store).models()[0]
 
@@ -252,7 +252,7 @@ def reference_key(store: Path) -> str:
 def synthetic_probe(work: Path, s: Sizes, device: str) -> dict:
     from synthetic import class_clusters, write_feature_store
 
-    from featstore.specs import RunOptions
+    from featstore.compute.specs import RunOptions
     from featstore.workflows.probe import ProbeConfig, probe
 
     start = time.perf_counter()
@@ -268,7 +268,7 @@ def synthetic_probe(work: Path, s: Sizes, device: str) -> dict:
 
 
 def circuits(data: Path, s: Sizes, device: torch.device) -> dict:
-    from featstore.circuits import CircuitConfig, compute_circuit
+    from featstore.compute.attribution import CircuitConfig, compute_circuit
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -22,7 +22,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
 from featstore.workflows.demo import digits_image_folder
 
 

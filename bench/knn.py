@@ -53,8 +53,8 @@ def peak_bytes() -> int:
 def child(store: str, db: str, variant: str, budget: str) -> None:
     """One `featstore probe` in this process; prints seconds, CPU seconds (user + system, all threads: less
     sensitive than wall time to what else shares the cores) and peak resident memory as JSON."""
+    from featstore.compute.specs import RunOptions
     from featstore.runtime import tune_allocator
-    from featstore.specs import RunOptions
     from featstore.workflows.probe import ProbeConfig, probe
 
     tune_allocator()
@@ -76,7 +76,7 @@ def memory_child(store: str, variant: str, budget: str, blocks: str) -> None:
     from featstore.probing.source import IN_MEMORY_BLOCK
     from featstore.probing.trainer import predict
     from featstore.runtime import tune_allocator
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
 
     tune_allocator()
     baseline = peak_bytes()  # the interpreter with torch loaded

@@ -22,10 +22,10 @@ import time
 import warnings
 from pathlib import Path
 
-from featstore.build import BuildConfig, build
+from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 from featstore.probing.base import UnconvergedProbe
 from featstore.runtime import tune_allocator
-from featstore.specs import ImageSource, ModelSpec, RunOptions
+from featstore.workflows.build import BuildConfig, build
 from featstore.workflows.probe import ProbeConfig, probe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the generated test data, the server

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 import torchvision
 
-from featstore.anchors import PRESETS, resolve_anchors
-from featstore.cost import measure_costs
+from featstore.compute.prefix_costs import measure_costs
+from featstore.nets.anchors import PRESETS, resolve_anchors
 from featstore.threads import runnable_elsewhere
 
 

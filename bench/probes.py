@@ -38,10 +38,10 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
+from featstore.compute.specs import RunOptions
 from featstore.probing.split import make_split
 from featstore.probing.strength import StrengthGrid
 from featstore.runtime import tune_allocator
-from featstore.specs import RunOptions
 from featstore.threads import cores, idle_cores, runnable_elsewhere
 from featstore.workflows.probe import ProbeConfig, probe
 
@@ -56,7 +56,7 @@ COMPETITOR = ("import torch, time; torch.set_num_threads(2); a = torch.randn(102
 
 def digits_features(tmp: Path) -> tuple[Path, str, list[np.ndarray], np.ndarray]:
     """The digits through a random-init resnet18, stored by `featstore build`."""
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
     from featstore.workflows.demo import digits_image_folder
 
     data = digits_image_folder(tmp / "images", size=32)

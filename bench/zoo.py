@@ -22,9 +22,9 @@ import timm
 import torch
 
 from featstore.analytics.queries import query
-from featstore.datasets import discover
-from featstore.models import load_model
-from featstore.specs import RunOptions
+from featstore.compute.specs import RunOptions
+from featstore.images.datasets import discover
+from featstore.nets.models import load_model
 from featstore.workflows.demo import clean_batch, digits_image_folder
 from featstore.workflows.zoo import ZooConfig, run_zoo
 

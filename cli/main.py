@@ -17,8 +17,8 @@ from featstore.cli.options import (
     options,
     run_options,
 )
+from featstore.compute.specs import ImageSource, ModelSpec, RunOptions, split_options
 from featstore.errors import FeatstoreError, FeatstoreWarning, storage_failure
-from featstore.specs import ImageSource, ModelSpec, RunOptions, split_options
 
 
 def user_errors(fn):
@@ -90,7 +90,7 @@ def cli() -> None:
 def build(**given) -> None:
     """Extract pooled anchor activations (and logits) of MODEL over DATA into STORE; resumable."""
     from featstore.api import build as run_build
-    from featstore.build import BuildConfig
+    from featstore.workflows.build import BuildConfig
 
     (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
     result = run_build(BuildConfig(model=model, images=images, run=run, **rest))
@@ -460,7 +460,7 @@ def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
 @user_errors
 def circuits(**given) -> None:
     """EAP-IG edge scores of a ViT on one view (label-free) into DuckDB's edges table."""
-    from featstore.circuits import CircuitConfig
+    from featstore.compute.attribution import CircuitConfig
     from featstore.workflows.circuits import run_circuits
 
     (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
@@ -497,7 +497,7 @@ def css(db: Path, id_run: str, ood_run: str, distance: str, top_n: int, fmt: str
 @user_errors
 def info(store: str, as_json: bool) -> None:
     """What STORE holds: images, models, views, anchors, dims and completeness."""
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
 
     summary = FeatureStore(store).info()
     if as_json:
@@ -549,7 +549,7 @@ def format_info(summary: dict) -> str:
 @user_errors
 def anchors(model: str, show_all: bool) -> None:
     """The anchors MODEL gets by default, or (with --all) every name --anchors accepts, one per line."""
-    from featstore.extraction import anchor_listing
+    from featstore.nets.listing import anchor_listing
 
     for line in anchor_listing(model, show_all):
         click.echo(line)
@@ -589,7 +589,7 @@ def verify(store: str, model: str | None, quick: bool, dbs: tuple[Path, ...]) ->
     marked done (its files present and decodable, its values those its commit wrote, no NaN or infinity in rows
     not marked skipped); with --db, that every probe run of those databases finds its weights in the store.
     Lists each problem; exit status 1 if any (the same build repairs what it can)."""
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
 
     problems = [str(p) for p in FeatureStore(store).verify(model, deep=not quick)]
     if dbs:

@@ -2,7 +2,7 @@
 
 `OPTIONS` maps an option name to its declaration; a name that means different things in different commands
 (`--model` is a network for `build` and a store group for `probe`) has one declaration per role, side by side
-here. Options that fill a record take their default from the record (`featstore.specs`, `ExitPolicies`), so the
+here. Options that fill a record take their default from the record (`featstore.compute.specs`, `ExitPolicies`), so the
 library and the CLI cannot disagree. Commands get options only through `option` and the record decorators
 below; tests/test_architecture.py checks that no other `click.option` call exists.
 """
@@ -17,8 +17,20 @@ import click
 
 from featstore.analytics.exit_policies import DEFAULT_POLICIES
 from featstore.analytics.scopes import SCOPES
-from featstore.schema import FIELDS, Int, Number, Real, Size, Value, shown
-from featstore.specs import ImageSource, ModelSpec, RunOptions
+from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
+from featstore.schema import (
+    CHUNK_ROWS,
+    FIELDS,
+    IG_STEPS,
+    MEMORY_BUDGET,
+    VAL_FRAC,
+    Int,
+    Number,
+    Real,
+    Size,
+    Value,
+    shown,
+)
 
 PATH = click.Path(path_type=Path)
 
@@ -151,7 +163,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                      "each chunk, epoch or batch]; recorded with the results."))},
     "--progress/--no-progress": {"": ((), dict(default=D.progress, help="Progress bars on stderr."))},
     # stores and databases
-    # a store is a folder or an object-store URL (s3://BUCKET/PREFIX, gs://, az://; featstore.location): a plain
+    # a store is a folder or an object-store URL (s3://BUCKET/PREFIX, gs://, az://; featstore.store.location): a plain
     # string, since a click.Path would fold s3:// into s3:/
     "--store": {
         "create": ((), dict(required=True, help="Zarr store to create or extend: a folder or an object-store URL "
@@ -222,7 +234,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--pool": {"": ((), dict(type=click.Choice(FIELDS["pool"].choices),
                              help="Token pooling for ViTs [default: cls where the model has a class token, else mean; "
                                   "mean with --taps]."))},
-    "--chunk-rows": {"": ((), dict(type=checked("chunk_rows"), default=1024,
+    "--chunk-rows": {"": ((), dict(type=checked("chunk_rows"), default=CHUNK_ROWS,
                                    help="Store chunk size along images; the unit of resume."))},
     "--precision": {"": ((), dict(type=click.Choice(FIELDS["precision"].choices), default="auto",
                                   help="auto = fp16 autocast on CUDA, fp32 on CPU."))},
@@ -257,9 +269,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                          "projection of wider anchors); results coexist with the raw variant's."))},
     "--split-seed": {"": ((), dict(type=checked("split_seed"), default=0,
                                    help="Seed of the train/val/test split and cross-fit folds (fixed per database)."))},
-    "--val-frac": {"": ((), dict(type=checked("val_frac"), default=0.1,
+    "--val-frac": {"": ((), dict(type=checked("val_frac"), default=VAL_FRAC,
                                  help="Share of the train split carved out as val (fixed per database)."))},
-    "--memory-budget": {"": ((), dict(type=checked("memory_budget"), default="4GB",
+    "--memory-budget": {"": ((), dict(type=checked("memory_budget"), default=MEMORY_BUDGET,
                                       help="Keep features in memory up to this size, else stream chunks."))},
     # cost and early exit
     "--repeats": {"": ((), dict(type=checked("repeats"), default=20,
@@ -281,7 +293,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                 "policy counts every image of --scope [default: with a gate, every policy counts "
                                 "only the images it did not learn from]."))},
     # circuits
-    "--ig-steps": {"": ((), dict(type=checked("ig_steps"), default=5,
+    "--ig-steps": {"": ((), dict(type=checked("ig_steps"), default=IG_STEPS,
                                  help="m: integrated-gradient steps (left Riemann sum)."))},
     "--tau": {
         "ddb": ((), dict(type=checked("tau"), default=0.3,

@@ -4,9 +4,6 @@ The public API (docs/python.md) is the names in `__all__`, defined in `featstore
 so that `import featstore` loads neither torch nor DuckDB.
 """
 
-import sys
-import types
-
 __version__ = "0.1.0"
 
 _API = ("BuildConfig", "FeatstoreError", "ImageSource", "LoadedProbe", "ModelData", "ModelSpec", "Probe",
@@ -26,21 +23,3 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted({*globals(), *_API})
 
-
-class _Package(types.ModuleType):
-    """`featstore.build` is the public function, though `featstore/build.py` (the build job) is a submodule of the
-    same name: importing a submodule sets the package's attribute, so here the function is a property that keeps
-    the module aside (`from featstore.build import ...` reads sys.modules and is unaffected)."""
-
-    @property
-    def build(self):
-        from featstore.api import build
-
-        return build
-
-    @build.setter
-    def build(self, module: types.ModuleType) -> None:
-        self.__dict__["_build_module"] = module
-
-
-sys.modules[__name__].__class__ = _Package

@@ -20,17 +20,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 from featstore.errors import FeatstoreError
-from featstore.specs import ImageSource, ModelSpec, RunOptions
+from featstore.schema import MEMORY_BUDGET, VAL_FRAC
 
 if TYPE_CHECKING:
     import polars as pl
     import torch
 
-    from featstore.anchors import Anchor
-    from featstore.build import BuildConfig, BuildResult
+    from featstore.nets.anchors import Anchor
     from featstore.probing.base import FittedProbe
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
+    from featstore.workflows.build import BuildConfig, BuildResult
     from featstore.workflows.probe import ProbeConfig
 
 __all__ = ["BuildConfig", "FeatstoreError", "ImageSource", "LoadedProbe", "ModelData", "ModelSpec", "Probe",
@@ -41,7 +42,7 @@ __all__ = ["BuildConfig", "FeatstoreError", "ImageSource", "LoadedProbe", "Model
 def __getattr__(name: str) -> Any:
     """The job records, imported only when asked for (they pull in torch)."""
     if name == "BuildConfig":
-        from featstore.build import BuildConfig
+        from featstore.workflows.build import BuildConfig
 
         return BuildConfig
     if name == "ProbeConfig":
@@ -58,7 +59,7 @@ class Store:
     """A featstore store opened read-only (a folder or an object-store URL): its models, and per model its data."""
 
     def __init__(self, location: str | Path):
-        from featstore.store import FeatureStore
+        from featstore.store.reader import FeatureStore
 
         if isinstance(location, Path) or "://" not in str(location):  # a folder: where it is now, whatever cwd later
             location = Path(location).absolute()
@@ -74,7 +75,7 @@ class Store:
 
     def model(self, name: str) -> ModelData:
         """One model group ('resnet18' or its store key); an unknown one is an error naming those there are."""
-        from featstore.store import model_key
+        from featstore.store.reader import model_key
 
         key = model_key(name)
         self._fs.model_attrs(key)
@@ -126,7 +127,7 @@ class ModelData:
         """[images] bool: rows the build could not read (the probes leave them out)."""
         return self._fs.read_skipped(self.key, view)
 
-    def split(self, split_seed: int = 0, val_frac: float = 0.1) -> np.ndarray:
+    def split(self, split_seed: int = 0, val_frac: float = VAL_FRAC) -> np.ndarray:
         """Per image 'train' | 'val' | 'test': the split `featstore probe` uses with these settings."""
         from featstore.probing.split import make_split
 
@@ -199,8 +200,8 @@ class Probe:
 
     _own = ("variant", "seed", "val_frac", "split_seed", "anchor", "device", "threads", "memory_budget")
 
-    def __init__(self, variant: str = "linear", *, seed: int = 0, val_frac: float = 0.1, split_seed: int = 0,
-                 anchor: int = 0, device: str = "cpu", threads: int | None = 1, memory_budget: str = "4GB",
+    def __init__(self, variant: str = "linear", *, seed: int = 0, val_frac: float = VAL_FRAC, split_seed: int = 0,
+                 anchor: int = 0, device: str = "cpu", threads: int | None = 1, memory_budget: str = MEMORY_BUDGET,
                  **params: Any):
         self.variant, self.seed, self.val_frac, self.split_seed = variant, seed, val_frac, split_seed
         self.anchor, self.device, self.threads, self.memory_budget = anchor, device, threads, memory_budget
@@ -403,8 +404,8 @@ def register_probe(cls: type) -> type:
 def build(config: BuildConfig | None = None, /, **fields: Any) -> BuildResult:
     """Build (or resume) one model's views in a store: `featstore build`. Give a `BuildConfig`, or its fields
     (model=ModelSpec(...), images=ImageSource(...), store=..., run=RunOptions(...), ...)."""
-    from featstore.build import BuildConfig
-    from featstore.build import build as run_build
+    from featstore.workflows.build import BuildConfig
+    from featstore.workflows.build import build as run_build
 
     return run_build(config if config is not None else BuildConfig(**fields))
 

@@ -2,7 +2,8 @@
 
 Each record's fields are the columns of its table (sql/schema.sql), so the writer inserts them by name and a new
 column is one new field. This module imports neither torch nor DuckDB: the jobs that make these records and the
-database layer that writes them both depend on it, and it on nothing.
+database layer that writes them both depend on it, and it on nothing but the shared defaults
+(`featstore.schema`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
+
+from featstore.schema import VAL_FRAC
 
 
 def _now() -> datetime:
@@ -25,7 +28,7 @@ class DatasetInfo:
     source: str
     store: str
     split_seed: int
-    val_frac: float = 0.1
+    val_frac: float = VAL_FRAC
 
 
 @dataclass(frozen=True)

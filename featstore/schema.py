@@ -4,7 +4,7 @@ the study and zoo files, and every parameter of a probe variant.
 A `Value` checks a Python value (`check`, as a record, a TOML file or a caller hands it) or parses command-line
 text (`parse`, for `--variant linear:tol=0.01`), and refuses anything else with a message that says what it
 must be. `FIELDS` holds the values shared by the CLI (`featstore.cli.options` turns each into a click type), the
-records' `__post_init__` checks (`featstore.specs`) and the TOML schemas (`featstore.workflows.toml_files`), so
+records' `__post_init__` checks (`featstore.compute.specs`) and the TOML schemas (`featstore.workflows.toml_files`), so
 that `--val-frac 1.5`, `val_frac = 1.5` and `ProbeConfig(val_frac=1.5)` are refused alike. Numbers are always
 finite: NaN and infinity are no setting of anything. This module imports nothing of featstore but its errors.
 """
@@ -145,30 +145,6 @@ class Text(Value):
 
 
 @dataclass(frozen=True)
-class StorePath(Value):
-    """A store location as `--store` takes it (a folder, file:// or an object-store URL: `StoreLocation.parse`),
-    or "" for none."""
-
-    default: Any = ""
-    help: str = ""
-
-    def describe(self) -> str:
-        return "a store location (a folder, file:///path or an object-store URL), or empty"
-
-    def check(self, value: Any) -> Any:
-        from featstore.location import StoreLocation
-
-        if not isinstance(value, str):
-            raise self.refuse(value)
-        if value.strip():
-            try:
-                StoreLocation.parse(value)
-            except FeatstoreError:
-                raise self.refuse(value) from None
-        return value
-
-
-@dataclass(frozen=True)
 class ListOf(Value):
     """A non-empty list (TOML array) of one kind of value: `seeds = "01"` is no list of seeds."""
 
@@ -252,6 +228,14 @@ class Size(Value):
         return value
 
 
+# Defaults and choices that several records, options and files share: declared here once, imported everywhere
+CHUNK_ROWS = 1024  # images per store chunk (a build's unit of work and of resumption)
+VAL_FRAC = 0.1  # the share of the non-test images a probe keeps for validation
+MEMORY_BUDGET = "4GB"  # what a probe run may hold of stored rows in memory
+IG_STEPS = 5  # integrated-gradients steps of a circuit attribution
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")  # a build's forward precision
+DECODES = ("auto", "cpu", "gpu")  # where a build decodes its images
+
 # The values every option, record field and file key of that name takes (the CLI flag is --name-with-dashes).
 FIELDS: dict[str, Value] = {
     "batch_size": Int(ge=1),
@@ -261,23 +245,23 @@ FIELDS: dict[str, Value] = {
     "split_seed": Int(ge=0),
     "limit": Int(ge=1),
     "image_size": Int(ge=1),
-    "chunk_rows": Int(ge=1),
+    "chunk_rows": Int(ge=1, default=CHUNK_ROWS),
     "cross_fit": Int(ge=2, also=(0,)),
-    "val_frac": Real(gt=0, lt=1),
-    "memory_budget": Size(),
+    "val_frac": Real(gt=0, lt=1, default=VAL_FRAC),
+    "memory_budget": Size(default=MEMORY_BUDGET),
     "view": Names(),  # a view, a comma list of views, or all
     "views": Names(),
     "train_on_view": Names(),
     "k": Int(ge=1),
     "tau": Real(gt=0, lt=0.5),
-    "ig_steps": Int(ge=1),
+    "ig_steps": Int(ge=1, default=IG_STEPS),
     "top_n": Int(ge=1),
     "repeats": Int(ge=1),
     "epochs": Int(ge=1),
     "project_dim": Int(ge=1),
-    "precision": Text(choices=("auto", "fp32", "fp16", "bf16")),
+    "precision": Text(choices=PRECISIONS),
     "pool": Text(choices=("cls", "mean")),  # how token anchors are pooled
-    "store_dtype": Text(choices=("auto", "float16", "float32")),  # featstore.store_dtype
+    "store_dtype": Text(choices=("auto", "float16", "float32")),  # featstore.nets.stored_types
 }
 
 

@@ -39,7 +39,7 @@ from featstore.errors import FeatstoreError, FeatstoreWarning
 from featstore.schema import Value, shown
 
 if TYPE_CHECKING:
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
 
 
 @dataclass

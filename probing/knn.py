@@ -31,10 +31,10 @@ import numpy as np
 import torch
 
 from featstore.errors import FeatstoreError
-from featstore.location import StoreLocation
 from featstore.probing.base import AnchorContext, FittedProbe, Plan, ProbeGroup, ProbeVariant, register
-from featstore.schema import Int, StorePath, Text
-from featstore.store import FeatureStore
+from featstore.schema import Int, Text
+from featstore.store.location import StoreLocation, StorePath
+from featstore.store.reader import FeatureStore
 
 METRICS = ("cosine", "euclidean")
 

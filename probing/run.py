@@ -14,14 +14,14 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from featstore.anchors import Anchor
 from featstore.errors import FeatstoreError
+from featstore.nets.anchors import Anchor
 from featstore.probing.base import FittedProbe, ProbeVariant
 from featstore.probing.source import FeatureSource, holds_prepared
 from featstore.probing.split import make_folds, make_split
 from featstore.probing.trainer import FitRows, fit_probes, predict
-from featstore.schema import parse_size, shown
-from featstore.store import FeatureStore
+from featstore.schema import VAL_FRAC, parse_size, shown
+from featstore.store.reader import FeatureStore
 
 
 def parse_bytes(text: str | int) -> int:
@@ -61,7 +61,7 @@ class ProbeSettings:
     cross_fit: int = 0
     seed: int = 0  # probe seed: initialisation, shuffling, projections
     split_seed: int = 0  # train/val/test split and cross-fit folds, fixed per database
-    val_frac: float = 0.1
+    val_frac: float = VAL_FRAC
 
 
 @dataclass

@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from featstore.anchors import Anchor
+from featstore.nets.anchors import Anchor
 from featstore.probing.base import FeatureStats
-from featstore.store import FeatureStore, read_rows
+from featstore.store.reader import FeatureStore, read_rows
 
 Block = tuple[np.ndarray, list[torch.Tensor]]
 IN_MEMORY_BLOCK = 2048

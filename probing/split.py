@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from featstore.schema import VAL_FRAC
+
 SPLITS = ("train", "val", "test")
 
 
-def make_split(image_ids: np.ndarray, seed: int = 0, train_frac: float = 0.7, val_frac: float = 0.1) -> np.ndarray:
+def make_split(image_ids: np.ndarray, seed: int = 0, train_frac: float = 0.7, val_frac: float = VAL_FRAC) -> np.ndarray:
     """Per image 'train' | 'val' | 'test': a seeded 70/30 train/test split, val = 10% carved from the 70%."""
     n = len(image_ids)
     order = np.random.default_rng(seed).permutation(n)

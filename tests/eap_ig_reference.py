@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import torch
 
-from featstore.circuits import KINDS, ViTGraph, kl_clean_patched
+from featstore.compute.attribution import KINDS, ViTGraph, kl_clean_patched
 
 
 def _slots(graph: ViTGraph) -> list[tuple[int, str]]:

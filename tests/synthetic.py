@@ -88,10 +88,10 @@ def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np
                         chunk_rows: int = 1024, weights_id: str = "synthetic") -> Path | str:
     """A store holding the given anchor features (no network involved), for probe tests and benchmarks;
     `weights_id` is what its model config says the features were computed with."""
-    from featstore.anchors import Anchor
-    from featstore.datasets import ImageSet
-    from featstore.store import ChunkData, FeatureStore
-    from featstore.store_config import StoreConfig
+    from featstore.images.datasets import ImageSet
+    from featstore.nets.anchors import Anchor
+    from featstore.store.config import StoreConfig
+    from featstore.store.writer import ChunkData, StoreWriter
 
     n = len(labels)
     remote = "://" in str(path)  # an object-store URL: the (unused) image root is then this folder
@@ -99,7 +99,7 @@ def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np
                       [f"img_{i:07d}.png" for i in range(n)],
                       np.asarray(labels, dtype=np.int64), [f"class_{c}" for c in range(n_classes)],
                       f"synthetic features ({n} rows)")
-    store = FeatureStore(path, mode="a")
+    store = StoreWriter(path)
     store.write_images(images)
     last = max(1, len(features) - 1)
     anchors = [Anchor(i, f"anchor{i:02d}", f"anchor{i:02d}", int(f.shape[1]), i / last)
@@ -133,7 +133,7 @@ def run_rows(run: dict, image_id, pred, conf, fold=None):
 def _probe_group(store, key: str, name: str, anchor: str):
     import zarr
 
-    from featstore.location import StoreLocation
+    from featstore.store.location import StoreLocation
 
     where = StoreLocation.parse(getattr(store, "location", store))  # a FeatureStore, a folder or an s3:// URL
     group = zarr.open_group(where.zarr_store(read_only=True), mode="r")[key]["probes"][name]

@@ -8,8 +8,8 @@ import torch
 import torchvision
 from torchvision.models.feature_extraction import create_feature_extractor
 
-from featstore.anchors import PRESETS, TIMM_PRESETS
-from featstore.store import FeatureStore
+from featstore.nets.anchors import PRESETS, TIMM_PRESETS
+from featstore.store.reader import FeatureStore
 
 from conftest import assert_fp16_close, reference_batch, run_cli
 

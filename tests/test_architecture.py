@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from featstore.extraction import Tapper, describe_anchors, runnable_anchor_names
-from featstore.models import load_model
-from featstore.store import FeatureStore
+from featstore.nets.extraction import Tapper, describe_anchors, runnable_anchor_names
+from featstore.nets.models import load_model
+from featstore.store.reader import FeatureStore
 
 from conftest import fails, run_cli
 
@@ -27,11 +27,93 @@ FORBIDDEN = {"featstore": ("duckdb",), "probing": ("duckdb",), "analytics": ("to
              "api": ("duckdb",)}
 
 
+# the core's own house, lowest first: a part may import only the parts before it. The top-level modules are the
+# foundation every part shares (errors, records, the value schema and its defaults, runtime, threads); images know
+# no network and no store; the networks use the images' preprocessing; the store records the networks' anchors and
+# the image table; compute (the build's forward, prefix costs, attributions, similarity, the job specs) uses all
+CORE = [("foundation", "featstore"), ("images", "featstore.images"), ("nets", "featstore.nets"),
+        ("store", "featstore.store"), ("compute", "featstore.compute")]
+# every module of the installed package, by the folder it lives in (pyproject's package-dir)
+PACKAGES = {"featstore": "featstore", "probing": "featstore.probing", "analytics": "featstore.analytics",
+            "workflows": "featstore.workflows", "cli": "featstore.cli"}
+
+
 def _files(folder: str) -> list[Path]:
-    """The files of a layer: a folder's, the API's two files of featstore/ standing apart from the core's."""
+    """The files of a layer: a folder's (the core's sub-packages included), the API's two files of featstore/
+    standing apart from the core's."""
     if folder == "api":
         return [ROOT / f for f in API_FILES]
-    return sorted(p for p in (ROOT / folder).glob("*.py") if p.relative_to(ROOT).as_posix() not in API_FILES)
+    return sorted(p for p in (ROOT / folder).rglob("*.py") if p.relative_to(ROOT).as_posix() not in API_FILES)
+
+
+def _core_part(path_or_module: Path | str) -> int | None:
+    """The rank in CORE of a core file or module name (None outside the core and for the API's files)."""
+    if isinstance(path_or_module, Path):
+        rel = path_or_module.relative_to(ROOT)
+        if rel.parts[0] != "featstore" or rel.as_posix() in API_FILES:
+            return None
+        return next((i for i, (name, _) in enumerate(CORE) if len(rel.parts) > 2 and rel.parts[1] == name), 0)
+    for rank, (_, package) in reversed(list(enumerate(CORE))):
+        if rank and (path_or_module == package or path_or_module.startswith(package + ".")):
+            return rank
+    return 0 if _layer_of(path_or_module) == 0 else None
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package, by its import name."""
+    found = {}
+    for folder, package in PACKAGES.items():
+        for p in sorted((ROOT / folder).rglob("*.py")):
+            parts = p.relative_to(ROOT / folder).with_suffix("").parts
+            found[".".join((package, *parts)).removesuffix(".__init__")] = p
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (at any depth of the file), each import resolved to the longest
+    module name it starts with. A module's import of its own parent package (`from featstore import __version__`)
+    is no edge: a package is always initialised before its modules."""
+    modules = _modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for module, path in modules.items():
+        targets = {resolve(name) for _, name in _imports(path)}
+        graph[module] = {t for t in targets if t and t != module and not module.startswith(t + ".")}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                found.append(sorted([v, *component]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
 
 
 def _layer_of(module: str) -> int | None:
@@ -72,9 +154,57 @@ def test_the_layering_test_sees_function_level_imports(tmp_path):
     bad.write_text("def f():\n    from featstore.workflows import probe\n    import duckdb\n    return probe\n")
     assert _imports(bad) == [(2, "featstore.workflows"), (2, "featstore.workflows.probe")]
     assert _imports(bad, "duckdb") == [(3, "duckdb")]
-    assert _layer_of("featstore.workflows.probe") == 3 and _layer_of("featstore.store") == 0
+    assert _layer_of("featstore.workflows.probe") == 3 and _layer_of("featstore.store.reader") == 0
     assert _layer_of("featstore.api") == 4 and _layer_of("featstore") == 0 and _layer_of("featstore.cli.main") == 5
     assert ROOT / "featstore" / "api.py" not in _files("featstore") and ROOT / "featstore" / "api.py" in _files("api")
+
+
+def test_the_core_parts_import_one_way():
+    """Inside featstore/: foundation <- images <- nets <- store <- compute, function-level imports included."""
+    wrong = []
+    for path in _files("featstore"):
+        rank = _core_part(path)
+        for line, name in _imports(path):
+            target = _core_part(name)
+            if rank is not None and target is not None and target > rank:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} ({CORE[rank][0]}) imports {name} ({CORE[target][0]})")
+    assert not wrong, "imports against the core's order " + " <- ".join(n for n, _ in CORE) + ":\n" + \
+        "\n".join(wrong)
+    parts = {p.relative_to(ROOT / "featstore").parts[0] for p in _files("featstore") if p.parent != ROOT / "featstore"}
+    assert parts == {name for name, _ in CORE[1:]}, parts  # every sub-package has its place in the order
+
+
+def test_the_core_order_sees_each_part(tmp_path):
+    assert _core_part("featstore.store.reader") == 3 and _core_part("featstore.nets.anchors") == 2
+    assert _core_part("featstore.errors") == 0 and _core_part("featstore.compute.forward") == 4
+    assert _core_part("featstore.workflows.build") is None and _core_part(ROOT / "featstore" / "api.py") is None
+    assert _core_part(ROOT / "featstore" / "images" / "views.py") == 1
+    assert _core_part(ROOT / "featstore" / "schema.py") == 0
+
+
+def test_no_import_cycle_between_modules():
+    """The real import graph of every module (function-level imports included) has no circle."""
+    graph = _import_graph()
+    assert "featstore.nets.depth" in graph["featstore.nets.listing"]
+    assert "featstore.nets.extraction" in graph["featstore.nets.depth"]
+    cycles = _cycles(graph)
+    assert not cycles, "import circles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_name_is_shared_by_two_layers():
+    """One name, one place: a module's file name (`cost.py`, `circuits.py`) appears in one layer only."""
+    seen: dict[str, set[str]] = {}
+    for folder, _ in LAYERS:
+        for path in _files(folder):
+            if path.name != "__init__.py":
+                seen.setdefault(path.stem, set()).add(folder)
+    shared = {name: sorted(folders) for name, folders in seen.items() if len(folders) > 1}
+    assert not shared, shared
 
 
 def test_each_layer_keeps_to_its_libraries():
@@ -272,7 +402,7 @@ def test_every_option_is_declared_once():
     """One `click.option` call in the whole CLI (cli/options.py's `option`), every option name one entry of its
     table, and options that fill a record take the record's default."""
     from featstore.cli.options import OPTIONS, RUN_FLAGS
-    from featstore.specs import ImageSource, ModelSpec, RunOptions
+    from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 
     calls = [(path.name, node.lineno) for path in sorted((ROOT / "cli").glob("*.py"))
              for node in ast.walk(ast.parse(path.read_text()))
@@ -294,5 +424,5 @@ def test_the_cli_build_and_probe_call_the_public_api():
         body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == command)
         imported = {(n.module, a.name) for n in ast.walk(body) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert ("featstore.api", command) in imported, command
-        assert not any(module in ("featstore.build", "featstore.workflows.probe") and name == command
+        assert not any(module in ("featstore.workflows.build", "featstore.workflows.probe") and name == command
                        for module, name in imported), command

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
 
 from conftest import fails, run_cli
 

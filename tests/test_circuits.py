@@ -14,7 +14,7 @@ from timm.models.vision_transformer import ResPostBlock, VisionTransformer
 
 from featstore.analytics import db as fsdb
 from featstore.analytics.queries import query
-from featstore.circuits import ViTGraph, eap_ig_scores, node_means
+from featstore.compute.attribution import ViTGraph, eap_ig_scores, node_means
 from featstore.errors import FeatstoreError
 from featstore.records import CircuitRun
 

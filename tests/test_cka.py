@@ -9,8 +9,9 @@ from synthetic import pooled_activations, write_feature_store
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import readouts
-from featstore.similarity import anchor_cka, plan_passes
-from featstore.store import FeatureStore
+from featstore.compute.similarity import anchor_cka, plan_passes
+from featstore.store.reader import FeatureStore
+from featstore.store.writer import StoreWriter
 
 from conftest import fails, run_cli
 
@@ -87,7 +88,7 @@ def test_skipped_rows_are_left_out(store, tmp_path):
     path, feats, _ = store
     copy = tmp_path / "s.zarr"
     shutil.copytree(path, copy)
-    fs = FeatureStore(copy, mode="a")
+    fs = StoreWriter(copy)
     skipped = fs.view_group("synthetic", "clean")["skipped"]
     mask = np.zeros(130, dtype=bool)
     mask[[0, 40, 41, 129]] = True

@@ -105,7 +105,8 @@ def test_timeline_says_when_late_means_never_stable(probed):
 
 @pytest.mark.parametrize("args", [["--help"], ["sql", "--db", "{db}", "SELECT 1"]])
 def test_help_and_sql_do_not_import_torch(probed, args):
-    """(`info` still does: featstore.store imports featstore.datasets, anchors and models, which import torch.)"""
+    """(`info` still does: featstore.store.reader imports featstore.images.datasets and featstore.nets, which
+    import torch.)"""
     store, db, _ = probed
     argv = [a.format(db=db, store=store) for a in args]
     code = ("import sys\nfrom click.testing import CliRunner\nfrom featstore.cli.main import cli\n"

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
-from featstore.datasets import discover
-from featstore.store import FeatureStore
+from featstore.images.datasets import discover
+from featstore.store.reader import FeatureStore
 
 from conftest import run_cli
 

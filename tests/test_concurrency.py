@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import zarr
 
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
 
 from conftest import fails, run_cli
 
 SMALL = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--limit", "24", "--chunk-rows", "6",
          "--batch-size", "6", "--workers", "0", "--no-progress",
          "--threads", "1"]  # other thread counts differ in the last bits (docs/build.md#reliability)
-HOLD = ("import sys, time; from pathlib import Path; from featstore.locks import locked\n"
+HOLD = ("import sys, time; from pathlib import Path; from featstore.store.locks import locked\n"
         "with locked(Path(sys.argv[1]), wait=False, what='x'):\n"
         "    print('ready', flush=True); time.sleep(120)\n")
 

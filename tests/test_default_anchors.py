@@ -12,8 +12,8 @@ import timm
 import torch
 import torchvision
 
-from featstore.depth import default_anchor_names, dominator_chain
-from featstore.store import FeatureStore
+from featstore.nets.depth import default_anchor_names, dominator_chain
+from featstore.store.reader import FeatureStore
 
 from conftest import assert_fp16_close, reference_batch, run_cli
 

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from featstore.analytics import queries as q
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
 from featstore.workflows.layouts import CUE_COLOURS, LAYOUTS, LayoutConfig, layout_image_folder
 
 from conftest import fails, run_cli

@@ -236,7 +236,7 @@ def built_store(image_dir, tmp_path_factory):
 def test_the_store_layout_in_the_docs_is_what_build_and_probe_write(built_store):
     import zarr
 
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
 
     fs = FeatureStore(built_store)
     config = fs.config("resnet18")

@@ -14,8 +14,8 @@ from synthetic import run_rows
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
-from featstore.anchors import PRESETS, resolve_anchors
-from featstore.cost import AnchorCost, ModelCost, measure_costs
+from featstore.compute.prefix_costs import AnchorCost, ModelCost, measure_costs
+from featstore.nets.anchors import PRESETS, resolve_anchors
 
 from conftest import fails, run_cli
 

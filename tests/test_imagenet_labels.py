@@ -11,8 +11,8 @@ import torchvision
 from synthetic import class_image
 from timm.data import ImageNetInfo
 
-from featstore.datasets import discover
-from featstore.store import FeatureStore
+from featstore.images.datasets import discover
+from featstore.store.reader import FeatureStore
 
 from conftest import fails, run_cli
 

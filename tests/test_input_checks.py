@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from featstore.datasets import MAX_CLASSES, discover
 from featstore.errors import FeatstoreError
-from featstore.store import FeatureStore
+from featstore.images.datasets import MAX_CLASSES, discover
+from featstore.store.reader import FeatureStore
 
 from conftest import fails, run_cli
 
@@ -115,7 +115,7 @@ def test_integer_images_are_read_by_the_range_their_file_declares(tmp_path):
     files keep their 0..65535; and the tensor decode path (--decode gpu) reads them as the PIL path does."""
     from PIL import TiffImagePlugin
 
-    from featstore.datasets import to_rgb
+    from featstore.images.datasets import to_rgb
 
     v = np.random.default_rng(1).integers(0, 256, size=(40, 48)).astype(np.uint8)
     stated = TiffImagePlugin.ImageFileDirectory_v2()

@@ -15,7 +15,7 @@ from sklearn.neighbors import KNeighborsClassifier
 from synthetic import read_probe_arrays
 
 from featstore.probing.split import make_split
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
 
 from conftest import fails, run_cli
 

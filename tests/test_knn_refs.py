@@ -16,7 +16,7 @@ from synthetic import class_clusters, read_probe_arrays, write_feature_store
 from test_knn import boundary, explained, nearer_voters
 
 from featstore.probing.knn import location_digest
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
 
 from conftest import fails, run_cli
 

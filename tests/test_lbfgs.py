@@ -13,8 +13,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 from synthetic import class_clusters, write_feature_store
 
+from featstore.compute.specs import RunOptions
 from featstore.probing.lbfgs import SoftmaxObjective, _strong_wolfe, minimise
-from featstore.specs import RunOptions
 from featstore.workflows.probe import ProbeConfig, probe
 
 

@@ -13,13 +13,13 @@ import obstore
 import pytest
 
 from featstore.errors import FeatstoreError
-from featstore.leases import Lease
-from featstore.location import StoreLocation
+from featstore.store.leases import Lease
+from featstore.store.location import StoreLocation
 
 HOLD = r"""
 import sys, time
-from featstore.leases import Lease
-from featstore.location import StoreLocation
+from featstore.store.leases import Lease
+from featstore.store.location import StoreLocation
 from featstore.errors import FeatstoreError
 url, ttl, start = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 lease = Lease(StoreLocation.parse(url).object_store, "m.lease", "model 'm'", url, wait=False, ttl=ttl)
@@ -108,7 +108,7 @@ def test_local_paths_and_file_urls_are_folders(tmp_path):
 def test_a_backend_without_conditional_replace_cannot_hold_a_lease(tmp_path):
     from obstore.store import LocalStore
 
-    from featstore.leases import LeaseUnsupported
+    from featstore.store.leases import LeaseUnsupported
 
     store = LocalStore(tmp_path)  # obstore's local store can put-if-absent but not put-if-match
     with pytest.raises(LeaseUnsupported, match="cannot do conditional writes"):
@@ -120,11 +120,11 @@ def test_a_build_that_lost_its_lease_commits_no_more_chunks(s3_url):
     import numpy as np
     from synthetic import class_clusters, write_feature_store
 
-    from featstore.store import ChunkData, FeatureStore
+    from featstore.store.writer import ChunkData, StoreWriter
 
     feats, labels = class_clusters(64, 2, [8], seed=1)
     write_feature_store(s3_url, feats, labels, 2, chunk_rows=32)
-    fs = FeatureStore(s3_url, mode="a")
+    fs = StoreWriter(s3_url)
     fs.undo_chunks("synthetic", "clean", [1])
     lease = Lease(StoreLocation.parse(s3_url).object_store, "m.lease", "model 'm'", s3_url, wait=False, ttl=0.4)
     lease.acquire()
@@ -145,12 +145,12 @@ def test_a_build_paused_past_its_lease_writes_nothing_over_the_new_holder(s3_url
     import numpy as np
     from synthetic import class_clusters, write_feature_store
 
-    from featstore.store import ChunkData, FeatureStore
+    from featstore.store.writer import ChunkData, StoreWriter
 
     feats, labels = class_clusters(64, 2, [8, 4], seed=1)
     write_feature_store(s3_url, feats, labels, 2, chunk_rows=32)
     objects = StoreLocation.parse(s3_url).object_store
-    stale, fresh = FeatureStore(s3_url, mode="a"), FeatureStore(s3_url, mode="a")
+    stale, fresh = StoreWriter(s3_url), StoreWriter(s3_url)
     first = Lease(objects, ".featstore/synthetic.lease", "model 'm'", s3_url, wait=False, ttl=1.0)
     first.acquire()
     first._stop.set()  # paused: renewing nothing (SIGSTOP)

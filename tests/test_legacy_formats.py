@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from featstore.analytics.queries import query
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
 
 from conftest import run_cli
 

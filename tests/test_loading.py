@@ -6,10 +6,10 @@ import shutil
 
 import torch
 
-from featstore.datasets import ViewDataset, discover
-from featstore.loading import iterate_batches
-from featstore.models import load_model
-from featstore.views import parse_views
+from featstore.images.datasets import ViewDataset, discover
+from featstore.images.loading import iterate_batches
+from featstore.images.views import parse_views
+from featstore.nets.models import load_model
 
 
 def test_serial_threaded_and_dataloader_batches_are_identical(image_dir, tmp_path):

@@ -187,7 +187,7 @@ def test_probe_streams_from_s3_and_saves_its_weights_there(s3_clusters, tmp_path
 PEAK = r"""
 import resource, sys
 from pathlib import Path
-from featstore.specs import RunOptions
+from featstore.compute.specs import RunOptions
 from featstore.workflows.probe import ProbeConfig, probe
 def rss() -> int:
     return int(next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmRSS")).split()[1])
@@ -290,7 +290,7 @@ def test_a_server_that_goes_away_mid_build_is_one_line(big_image_dir):
 def test_a_store_made_by_another_build_meanwhile_is_not_other_objects(s3_url, monkeypatch):
     """Issue 32: three builds of different models started together into a new prefix: 1 in 8 was refused as
     "holds other objects" when another build wrote the root between the check for a store and the listing."""
-    from featstore.location import StoreLocation
+    from featstore.store.location import StoreLocation
 
     feats, labels = class_clusters(20, 2, [4], seed=1)
     write_feature_store(s3_url, feats, labels, 2, chunk_rows=16)

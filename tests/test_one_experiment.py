@@ -55,7 +55,7 @@ def test_a_database_records_its_store_and_refuses_a_probe_of_another(stores, tmp
     assert "weights torchvision:B where the database holds torchvision:A" in line
     assert "anchors (2: anchor00, anchor01) where the database holds (3: anchor00 … anchor02)" in line
     assert digest(x) == before
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
 
     assert "probes" not in FeatureStore(c).listed("synthetic")  # no weights were saved either
     # the anchors table still names a's anchors, the model outputs are a's head (argmax of one-hot logits = label)
@@ -161,7 +161,7 @@ def test_sql_names_attached_databases_safely(stores, tmp_path, names):
 
 
 def versions(store, name="linear:tol=0.02@clean") -> set[str]:
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
 
     return set(FeatureStore(store).listed(f"synthetic/probes/{name}"))
 

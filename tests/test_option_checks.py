@@ -11,7 +11,8 @@ from synthetic import class_clusters, write_feature_store
 
 from featstore.errors import FeatstoreError
 from featstore.probing.base import VARIANTS, get_variant
-from featstore.schema import Number, StorePath, Text
+from featstore.schema import Number, Text
+from featstore.store.location import StorePath
 from featstore.threads import cores
 
 from conftest import fails, run_cli

@@ -12,8 +12,8 @@ from scipy.ndimage import gaussian_filter
 from torchvision.models import ResNet50_Weights
 
 from featstore.errors import FeatstoreError
-from featstore.models import load_model
-from featstore.views import parse_view, parse_views
+from featstore.images.views import parse_view, parse_views
+from featstore.nets.models import load_model
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from sklearn.preprocessing import StandardScaler
 from synthetic import class_clusters, read_probe, write_feature_store
 
 from featstore.probing.split import make_split
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
 
 from conftest import fail_after_inserting, fails, run_cli
 

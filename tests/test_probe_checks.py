@@ -187,7 +187,7 @@ def test_a_val_fraction_that_leaves_no_val_rows_is_refused(small, tmp_path, extr
 
 
 def probe_listing(store) -> list[str]:
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
 
     fs = FeatureStore(store)
     return fs.listed("synthetic/probes/paper@clean") if "probes" in fs.listed("synthetic") else []

@@ -12,10 +12,10 @@ import pytest
 from synthetic import pooled_activations, write_feature_store
 from test_probe import probe_accuracy, sklearn_accuracy
 
+from featstore.compute.specs import RunOptions
 from featstore.probing import trainer
 from featstore.probing.base import UnconvergedProbe
 from featstore.probing.split import make_split
-from featstore.specs import RunOptions
 from featstore.workflows.probe import ProbeConfig, probe
 
 from conftest import fails, run_cli

@@ -17,7 +17,7 @@ from sklearn.preprocessing import StandardScaler
 from synthetic import class_clusters, write_feature_store
 
 from featstore.probing.split import make_split
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
 
 from conftest import fails, run_cli
 

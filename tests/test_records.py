@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from featstore.compute.specs import ImageSource, ModelSpec, RunOptions, split_options
 from featstore.errors import FeatstoreError
 from featstore.probing.base import ProbeVariant, register
-from featstore.specs import ImageSource, ModelSpec, RunOptions, split_options
-from featstore.store_config import StoreConfig
+from featstore.store.config import StoreConfig
 
 from conftest import fails
 

@@ -11,7 +11,8 @@ import pytest
 from synthetic import class_clusters, read_probe, write_feature_store
 
 from featstore.probing import run as probe_run
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
+from featstore.store.writer import StoreWriter
 
 from conftest import fail_after_inserting, fails, run_cli
 
@@ -145,7 +146,7 @@ def test_store_weights_and_db_rows_commit_together(store, tmp_path, monkeypatch,
 
 def test_probes_stored_before_versions_existed_are_still_read(tmp_path):
     feats, labels = class_clusters(40, 3, [4, 5], seed=1)
-    fs = FeatureStore(write_feature_store(tmp_path / "s.zarr", feats, labels, 3), mode="a")
+    fs = StoreWriter(write_feature_store(tmp_path / "s.zarr", feats, labels, 3))
     old = fs.root["synthetic"].require_group("probes").require_group("linear@clean").require_group("anchor00")
     old.create_array("weight", shape=(1, 3, 4), dtype="float32")[:] = 1.0
     old.create_array("bias", shape=(1, 3), dtype="float32")[:] = 2.0

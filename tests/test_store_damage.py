@@ -15,7 +15,7 @@ import zarr
 from PIL import Image
 from test_store_integrity import ARRAYS, SMALL
 
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
 
 from conftest import fails, run_cli
 
@@ -200,7 +200,7 @@ def test_verify_blames_the_arrays_a_stale_writer_left_not_the_commits(tmp_path):
     with a row most arrays disagree with are named as the stale ones, beside the row."""
     from synthetic import class_clusters, write_feature_store
 
-    from featstore.integrity import checksum
+    from featstore.store.integrity import checksum
 
     feats, labels = class_clusters(32, 2, [4, 4, 4, 4], seed=3)
     path = write_feature_store(tmp_path / "s.zarr", feats, labels, 2, chunk_rows=16)

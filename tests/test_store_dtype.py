@@ -9,8 +9,8 @@ import pytest
 import torch
 import torchvision
 
-from featstore.store import FeatureStore
-from featstore.store_dtype import choose_dtype, unstorable_rows
+from featstore.nets.stored_types import choose_dtype, unstorable_rows
+from featstore.store.reader import FeatureStore
 
 from conftest import fails, reference_batch, run_cli
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zarr
 
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
 
 from conftest import fails, run_cli
 

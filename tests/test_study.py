@@ -150,7 +150,7 @@ def test_a_cross_fit_study_counts_every_image_over_three_seeds(tmp_path):
     import numpy as np
 
     from featstore.analytics.queries import paper_table
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
 
     make_image_folder(tmp_path / "images", n_classes=3, per_class=10, size=(40, 32), seed=2)
     path = tmp_path / "cf.toml"

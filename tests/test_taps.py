@@ -13,8 +13,8 @@ from synthetic import read_probe, run_rows
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
-from featstore.anchors import TAPS
-from featstore.store import FeatureStore
+from featstore.nets.anchors import TAPS
+from featstore.store.reader import FeatureStore
 
 from conftest import assert_fp16_close, fails, reference_batch, run_cli
 

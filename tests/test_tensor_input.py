@@ -16,12 +16,12 @@ from test_resume_ranks import assert_identical
 from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from featstore.anchors import PRESETS
-from featstore.datasets import ViewDataset, collate, discover
-from featstore.preprocessing import Preprocessing
-from featstore.store import FeatureStore
-from featstore.tensor_input import EncodedDataset, TensorBatches, device_decodable
-from featstore.views import parse_views
+from featstore.images.datasets import ViewDataset, collate, discover
+from featstore.images.preprocessing import Preprocessing
+from featstore.images.tensor_input import EncodedDataset, TensorBatches, device_decodable
+from featstore.images.views import parse_views
+from featstore.nets.anchors import PRESETS
+from featstore.store.reader import FeatureStore
 
 from conftest import assert_fp16_close, fails, run_cli
 

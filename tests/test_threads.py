@@ -124,11 +124,11 @@ def _two_threads_before():
 
 
 def test_build_and_probe_given_one_thread_compute_with_one(image_dir, tmp_path, monkeypatch):
-    from featstore import cost as cost_module
-    from featstore.extraction import Tapper
+    from featstore.compute import prefix_costs as cost_module
+    from featstore.nets.extraction import Tapper
     from featstore.probing import run as probe_run
     from featstore.probing.lbfgs import SoftmaxObjective
-    from featstore.store import FeatureStore
+    from featstore.store.reader import FeatureStore
 
     from conftest import run_cli
 
@@ -151,7 +151,7 @@ def test_build_and_probe_given_one_thread_compute_with_one(image_dir, tmp_path, 
 
 
 def test_circuits_given_one_thread_compute_with_one(image_dir, tmp_path, monkeypatch):
-    from featstore.circuits import ViTGraph
+    from featstore.compute.attribution import ViTGraph
 
     from conftest import run_cli
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from synthetic import class_clusters, write_feature_store
 
-from featstore.models import load_model
+from featstore.nets.models import load_model
 from featstore.probing.split import make_split
 from featstore.probing.translator import TranslatorObjective
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
 
 from conftest import fails, run_cli
 

@@ -14,10 +14,10 @@ import torch
 import torchvision
 from torchvision.models import ResNet18_Weights, ResNet50_Weights
 
-import featstore.models
+import featstore.nets.models
 from featstore.errors import FeatstoreError
-from featstore.models import load_model, published_top1, resolve_weights
-from featstore.store import FeatureStore
+from featstore.nets.models import load_model, published_top1, resolve_weights
+from featstore.store.reader import FeatureStore
 
 from conftest import assert_fp16_close, fails, reference_batch, run_cli
 
@@ -141,7 +141,7 @@ def test_timm_twins_of_the_papers_vit_and_convnext_stay_selectable(monkeypatch):
             raise OSError("offline")
         return SimpleNamespace(pretrained_cfg=timm.models.get_pretrained_cfg(arch).to_dict())
 
-    monkeypatch.setattr(featstore.models, "_create_timm", offline_timm)
+    monkeypatch.setattr(featstore.nets.models, "_create_timm", offline_timm)
     for name, weights, tag in [("vit_base_patch16_224", "auto", "vit_base_patch16_224.augreg_in1k"),
                                ("vit_base_patch16_224", "augreg_in1k", "vit_base_patch16_224.augreg_in1k"),
                                ("timm/convnext_tiny", "auto", "convnext_tiny.fb_in1k"),

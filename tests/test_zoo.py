@@ -183,7 +183,7 @@ def test_zoo_command_end_to_end(tmp_path, image_dir):
     prep = query(db, "SELECT params->>'$.preprocessing' AS p FROM circuit_runs WHERE run_id = 'b/id/eap-ig1'")["p"][0]
     import json
 
-    from featstore.datasets import discover
+    from featstore.images.datasets import discover
 
     images = discover(image_dir)
     model = timm.create_model("test_vit", img_size=32, num_classes=3).eval()

@@ -1,11 +1,11 @@
-"""`featstore circuits`: compute a circuit run with `featstore.circuits`, persist it with `write_circuit`."""
+"""`featstore circuits`: compute a circuit run with `featstore.compute.attribution`, persist it with `write_circuit`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from featstore.analytics import db as fsdb
-from featstore.circuits import CircuitConfig, CircuitResult, compute_circuit
+from featstore.compute.attribution import CircuitConfig, CircuitResult, compute_circuit
 
 
 def run_circuits(cfg: CircuitConfig, db: Path) -> CircuitResult:

@@ -1,4 +1,4 @@
-"""`featstore cka`: linear CKA between every pair of a model's anchors (`featstore.similarity.anchor_cka`), kept
+"""`featstore cka`: linear CKA between every pair of a model's anchors (`featstore.compute.similarity.anchor_cka`), kept
 in DuckDB's `anchor_cka` table, replacing the rows of the same model, view and estimator."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from featstore.analytics import db as fsdb
+from featstore.compute.similarity import DEFAULT_BUDGET, CkaResult, anchor_cka, check_view
 from featstore.probing.run import check_complete
-from featstore.similarity import DEFAULT_BUDGET, CkaResult, anchor_cka, check_view
-from featstore.store import FeatureStore, model_key
+from featstore.store.reader import FeatureStore, model_key
 
 
 def compute_cka(store: str | Path, model: str, db: str | Path, view: str = "clean", unbiased: bool = False,

@@ -1,5 +1,5 @@
 """`featstore cost`: read the model's anchors from the store (or the DB), time them with
-`featstore.cost.measure_costs`, and keep them in DuckDB's `anchor_costs` / `model_costs`."""
+`featstore.compute.prefix_costs.measure_costs`, and keep them in DuckDB's `anchor_costs` / `model_costs`."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from featstore.analytics import db as fsdb
-from featstore.anchors import resolve_anchors
-from featstore.cost import ModelCost, measure_costs
+from featstore.compute.prefix_costs import ModelCost, measure_costs
 from featstore.errors import FeatstoreError
-from featstore.models import load_model
+from featstore.nets.anchors import resolve_anchors
+from featstore.nets.models import load_model
 from featstore.runtime import resolve_device, tune_allocator
-from featstore.store import FeatureStore
+from featstore.store.reader import FeatureStore
 from featstore.threads import ThreadPolicy
 
 

@@ -23,15 +23,15 @@ from PIL import Image
 from featstore.analytics import queries as q
 from featstore.analytics.db import record_image_source
 from featstore.analytics.report import write_report
-from featstore.build import BuildConfig, build
-from featstore.datasets import ImageSet, ViewDataset, discover
+from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 from featstore.errors import FeatstoreError
-from featstore.models import load_model
-from featstore.preprocessing import Preprocessing
+from featstore.images.datasets import ImageSet, ViewDataset, discover
+from featstore.images.preprocessing import Preprocessing
+from featstore.images.views import parse_views
+from featstore.nets.models import load_model
 from featstore.probing.split import make_split
-from featstore.specs import ImageSource, ModelSpec, RunOptions
 from featstore.threads import ThreadPolicy
-from featstore.views import parse_views
+from featstore.workflows.build import BuildConfig, build
 from featstore.workflows.cka import compute_cka
 from featstore.workflows.cost import measure_model
 from featstore.workflows.gate import train_gate

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from featstore.analytics import db as fsdb
 from featstore.errors import FeatstoreError
-from featstore.locks import locked
+from featstore.store.locks import locked
 
 # per-image (per-edge) rows, one folder per run; every other table of the schema is one file
 PARTITIONED = ("predictions", "decisions", "folds", "edges", "gate_scores")

@@ -21,6 +21,7 @@ import torch
 
 from featstore import __version__
 from featstore.analytics import db as fsdb
+from featstore.compute.specs import RunOptions
 from featstore.errors import FeatstoreError
 from featstore.probing.base import ProbeVariant, get_variant
 from featstore.probing.run import (
@@ -39,9 +40,9 @@ from featstore.probing.run import (
 )
 from featstore.records import DatasetInfo, ProbeRun, RunRows
 from featstore.runtime import resolve_device
-from featstore.schema import check_fields
-from featstore.specs import RunOptions
-from featstore.store import FeatureStore, model_key
+from featstore.schema import MEMORY_BUDGET, VAL_FRAC, check_fields
+from featstore.store.reader import FeatureStore, model_key
+from featstore.store.writer import StoreWriter
 from featstore.threads import ThreadPolicy
 
 
@@ -51,7 +52,7 @@ class ProbeConfig:
     (initialisation, shuffling, projections); `run.threads` the CPU threads for fitting (None: the cores idle
     when the fit starts); `run.progress` one bar per probe fit."""
 
-    store: str | Path  # a folder, or an object-store URL (featstore.location)
+    store: str | Path  # a folder, or an object-store URL (featstore.store.location)
     model: str  # the store group
     db: Path
     view: str = "clean"
@@ -59,8 +60,8 @@ class ProbeConfig:
     train_on_view: str | None = None
     cross_fit: int = 0
     split_seed: int = 0  # train/val/test split and cross-fit folds, fixed per database
-    val_frac: float = 0.1
-    memory_budget: str = "4GB"
+    val_frac: float = VAL_FRAC
+    memory_budget: str = MEMORY_BUDGET
     run: RunOptions = field(default_factory=RunOptions)
 
     def __post_init__(self) -> None:
@@ -136,7 +137,7 @@ def probe(cfg: ProbeConfig) -> list[str]:
     at the end, so that `featstore sql` can read it while the probes train; a database that this job would have
     been the first to fill is not left behind, empty, when the job fails before its commit."""
     FeatureStore(cfg.store)  # a missing store is an error, not a new empty one
-    store = FeatureStore(cfg.store, mode="a")
+    store = StoreWriter(cfg.store)
     job = _Job.resolve(cfg, store, resolve_device(cfg.run.device))
     key, views, train_view, variant, data = job.key, job.views, job.train_view, job.variant, job.data
     for v in dict.fromkeys([train_view, *views]):

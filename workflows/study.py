@@ -23,17 +23,17 @@ import polars as pl
 from featstore.analytics import db as fsdb
 from featstore.analytics.queries import paper_table_spread, population
 from featstore.analytics.report import write_report
-from featstore.anchors import PRESETS
-from featstore.build import BuildConfig, build
-from featstore.depth import DEFAULT_COUNT
+from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 from featstore.errors import FeatstoreError
-from featstore.location import StoreLocation
+from featstore.images.views import parse_view
+from featstore.nets.anchors import PRESETS
+from featstore.nets.depth import DEFAULT_COUNT
 from featstore.probing.base import get_variant
 from featstore.probing.run import run_id_for
-from featstore.schema import FIELDS, Either, ListOf, Real, Text, shown
-from featstore.specs import ImageSource, ModelSpec, RunOptions
-from featstore.store import FeatureStore, model_key
-from featstore.views import parse_view
+from featstore.schema import CHUNK_ROWS, FIELDS, MEMORY_BUDGET, VAL_FRAC, Either, ListOf, Real, Text, shown
+from featstore.store.location import StoreLocation
+from featstore.store.reader import FeatureStore, model_key
+from featstore.workflows.build import BuildConfig, build
 from featstore.workflows.probe import ProbeConfig, planned_run_ids, probe
 from featstore.workflows.toml_files import TABLE, entries, local_path, read_toml, section
 
@@ -71,12 +71,12 @@ class Study:
     split_seed: int = 0
     cross_fit: int = 0
     k: int = 2
-    chunk_rows: int = 1024
+    chunk_rows: int = CHUNK_ROWS
     precision: str = "auto"
     build_run: RunOptions = field(default_factory=RunOptions)  # batch_size, device, workers
     probe_run: RunOptions = field(default_factory=RunOptions)  # device
-    memory_budget: str = "4GB"
-    val_frac: float = 0.1
+    memory_budget: str = MEMORY_BUDGET
+    val_frac: float = VAL_FRAC
     published: dict = field(default_factory=dict)  # model name -> {statistic: value}
     published_source: str = ""
     store: str | Path | None = None  # a folder or object-store URL [default: <out>/store.zarr]

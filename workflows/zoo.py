@@ -18,14 +18,14 @@ import torch
 from featstore.analytics import db as fsdb
 from featstore.analytics.circuit_graphs import store_graph_css
 from featstore.analytics.queries import query
-from featstore.circuits import CircuitConfig, compute_circuit, load_graph
-from featstore.datasets import ViewDataset, labels_for_head
+from featstore.compute.attribution import CircuitConfig, compute_circuit, load_graph
+from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 from featstore.errors import FeatstoreError
+from featstore.images.datasets import ViewDataset, labels_for_head
+from featstore.images.views import parse_view
 from featstore.records import ZooRow
-from featstore.schema import FIELDS, Text, check_fields
-from featstore.specs import ImageSource, ModelSpec, RunOptions
+from featstore.schema import FIELDS, IG_STEPS, Text, check_fields
 from featstore.threads import ThreadPolicy
-from featstore.views import parse_view
 from featstore.workflows.toml_files import TABLE, entries, local_path, read_toml, section
 
 
@@ -61,7 +61,7 @@ class ZooConfig:
 
     config: Path
     db: Path
-    ig_steps: int = 5
+    ig_steps: int = IG_STEPS
     limit: int | None = None
     tau: float = 0.3
     top_n: int = 200

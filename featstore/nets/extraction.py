@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from featstore.anchors import Anchor, head_name, resolve_anchor, resolve_anchors, valid_anchor_names
 from featstore.errors import FeatstoreError
+from featstore.nets.anchors import Anchor, head_name, resolve_anchor, resolve_anchors, valid_anchor_names
+from featstore.nets.stored_types import choose_dtype
 from featstore.schema import FIELDS
-from featstore.store_dtype import choose_dtype
 
 TOKEN_POOLS = FIELDS["pool"].choices
 
@@ -151,7 +151,7 @@ class AnchorSet(NamedTuple):
 def describe_anchors(model: nn.Module, names: Sequence[str], sample: torch.Tensor, token_pool: str = "cls",
                      store_dtype: str = "auto") -> AnchorSet:
     """Resolve anchor names, find each one's layout, measure its pooled width (and the head's class count) and
-    choose its stored type (`featstore.store_dtype`) with forwards on `sample`: the complete anchor description,
+    choose its stored type (`featstore.nets.stored_types`) with forwards on `sample`: the complete anchor description,
     before any image is extracted."""
     anchors = resolve_anchors(model, list(names))
     shapes = output_shapes(model, anchors, sample)
@@ -185,23 +185,3 @@ def runnable_anchor_names(model: nn.Module, sample: torch.Tensor) -> list[str]:
     _run_hooked(model, sample, [m.register_forward_hook(lambda *_, name=name: ran.add(name))
                                 for name, m in model.named_modules() if name])
     return [n for n in valid_anchor_names(model) if resolve_anchor(model, n)[0] in ran]
-
-
-def anchor_listing(model_name: str, every: bool = False) -> list[str]:
-    """Lines for `featstore anchors`: the default anchors with what they hook, or every name a build can
-    extract, one per line (each accepted verbatim by `--anchors`)."""
-    from featstore.depth import anchor_names_for
-    from featstore.models import load_model
-
-    loaded = load_model(model_name, weights="none")
-    model = loaded.module.eval()
-    crop = loaded.preprocessing.crop
-    sample = loaded.preprocessing.normalize(torch.zeros(1, 3, crop, crop))
-    if every:
-        return runnable_anchor_names(model, sample)
-    lines = []
-    names = anchor_names_for(loaded.arch, loaded.library, model, None, sample, default_token_pool(model, sample))
-    for a in resolve_anchors(model, names):
-        how = "" if a.module == a.name else f"  (hooks {a.module} {a.side}{' + ' + a.post if a.post else ''})"
-        lines.append(f"{a.index:3d}  {a.name}{how}")
-    return lines

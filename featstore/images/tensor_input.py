@@ -31,13 +31,12 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as F
 
-from featstore.datasets import ImageSet, ViewDataset, to_rgb
 from featstore.errors import FeatstoreError
-from featstore.loading import Batch, default_workers, iterate_batches
-from featstore.preprocessing import Preprocessing
-from featstore.views import View
-
-DECODES = ("auto", "cpu", "gpu")
+from featstore.images.datasets import ImageSet, ViewDataset, to_rgb
+from featstore.images.loading import Batch, default_workers, iterate_batches
+from featstore.images.preprocessing import Preprocessing
+from featstore.images.views import View
+from featstore.schema import DECODES
 
 
 def resolve_decode(decode: str, device: torch.device) -> str:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from featstore.datasets import ViewDataset, collate
+from featstore.images.datasets import ViewDataset, collate
 
 Batch = tuple[list[int], list[torch.Tensor | None], list[str | None]]
 

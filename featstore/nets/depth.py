@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from featstore.anchors import INPUT_SUFFIX, check_anchor_names, preset_for
 from featstore.errors import FeatstoreError
-from featstore.extraction import is_channels_last, noisy_pair
+from featstore.nets.anchors import INPUT_SUFFIX, check_anchor_names, preset_for
+from featstore.nets.extraction import is_channels_last, noisy_pair
 
 DEFAULT_COUNT = 12
 

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from featstore.anchors import Anchor
-from featstore.extraction import hook_anchor, output_shapes, pool
+from featstore.nets.anchors import Anchor
+from featstore.nets.extraction import hook_anchor, output_shapes, pool
 from featstore.records import AnchorCost, ModelCost
 
 

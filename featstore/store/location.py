@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import zarr
@@ -26,8 +27,9 @@ import zarr.storage
 from zarr.core.sync import sync
 
 from featstore.errors import FeatstoreError, FeatstoreWarning
-from featstore.leases import Lease, LeaseUnsupported
-from featstore.locks import locked
+from featstore.schema import Value
+from featstore.store.leases import Lease, LeaseUnsupported
+from featstore.store.locks import locked
 
 OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
@@ -192,3 +194,25 @@ class StoreLocation:
 
 def _brief(error: BaseException) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0][:200]
+
+
+@dataclass(frozen=True)
+class StorePath(Value):
+    """A store location as `--store` takes it (a folder, file:// or an object-store URL: `StoreLocation.parse`),
+    or "" for none."""
+
+    default: Any = ""
+    help: str = ""
+
+    def describe(self) -> str:
+        return "a store location (a folder, file:///path or an object-store URL), or empty"
+
+    def check(self, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise self.refuse(value)
+        if value.strip():
+            try:
+                StoreLocation.parse(value)
+            except FeatstoreError:
+                raise self.refuse(value) from None
+        return value

@@ -47,8 +47,8 @@ class ImageSource:
         check_fields(self, ("limit",))
 
     def discover(self, seed: int = 0):
-        """The images (featstore.datasets.ImageSet); `seed` draws the --limit subset."""
-        from featstore.datasets import discover
+        """The images (featstore.images.datasets.ImageSet); `seed` draws the --limit subset."""
+        from featstore.images.datasets import discover
 
         return discover(self.data, self.labels, self.limit, seed)
 

@@ -1,7 +1,8 @@
-"""`featstore build`: run a frozen model over an image set and stream pooled anchors into the store.
+"""`featstore build`: run a frozen model over an image set and stream pooled anchors into the store. The job (set-up,
+store preparation, the chunk loop, the background writer); what a batch computes is `featstore.compute.forward`.
 
 Work is cut into the store's chunks. Each chunk is processed in a fixed partition of batches (so its numbers
-never depend on what else runs), written by a background thread through `FeatureStore.commit_chunk`, and
+never depend on what else runs), written by a background thread through `StoreWriter.commit_chunk`, and
 only then marked done. A rerun skips done chunks; torchrun ranks split the remaining chunks round-robin.
 """
 
@@ -20,14 +21,22 @@ import numpy as np
 import torch
 
 from featstore import __version__
-from featstore.anchors import tap_anchor_names
-from featstore.datasets import ImageSet, labels_for_head
-from featstore.depth import anchor_names_for
+from featstore.compute.forward import (
+    assemble_chunk,
+    chunk_batches,
+    forward_batch,
+    preferred_memory_format,
+    resolve_precision,
+)
+from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 from featstore.errors import FeatstoreError
-from featstore.extraction import Tapper, default_token_pool, describe_anchors, head_arrays
-from featstore.location import StoreLocation
-from featstore.models import LoadedModel, load_model
-from featstore.repair import check_image_files, repair_images, repair_view
+from featstore.images.datasets import ImageSet, labels_for_head
+from featstore.images.tensor_input import decoder_name, input_batches, resolve_decode
+from featstore.images.views import View, parse_views
+from featstore.nets.anchors import tap_anchor_names
+from featstore.nets.depth import anchor_names_for
+from featstore.nets.extraction import Tapper, default_token_pool, describe_anchors, head_arrays
+from featstore.nets.models import LoadedModel, load_model
 from featstore.runtime import (
     Ranks,
     barrier,
@@ -37,16 +46,13 @@ from featstore.runtime import (
     resolve_device,
     tune_allocator,
 )
-from featstore.specs import ImageSource, ModelSpec, RunOptions
-from featstore.store import ChunkData, FeatureStore, model_key
-from featstore.store_config import StoreConfig
-from featstore.store_dtype import check_storable, to_host
-from featstore.tensor_input import decoder_name, input_batches, resolve_decode
+from featstore.schema import CHUNK_ROWS
+from featstore.store.config import StoreConfig
+from featstore.store.location import StoreLocation
+from featstore.store.reader import model_key
+from featstore.store.repair import check_image_files, repair_images, repair_view
+from featstore.store.writer import ChunkData, StoreWriter
 from featstore.threads import ThreadPolicy
-from featstore.views import View, parse_views
-
-PRECISIONS = ("auto", "fp32", "fp16", "bf16")
-
 
 BATCH_SIZE = 64  # images per forward when RunOptions.batch_size is not given
 
@@ -58,14 +64,14 @@ class BuildConfig:
 
     model: ModelSpec
     images: ImageSource
-    store: str | Path | StoreLocation  # a folder, or an object-store URL (featstore.location)
+    store: str | Path | StoreLocation  # a folder, or an object-store URL (featstore.store.location)
     views: str = "clean"
     anchors: str | None = None
     taps: str | None = None
     pool: str | None = None
-    chunk_rows: int = 1024
+    chunk_rows: int = CHUNK_ROWS
     precision: str = "auto"
-    store_dtype: str = "auto"  # featstore.store_dtype: float16, float32 where float16 cannot hold the values
+    store_dtype: str = "auto"  # featstore.nets.stored_types: float16, float32 where float16 cannot hold the values
     decode: str = "auto"
     skip_bad: bool = False
     rebuild_changed: bool = False  # images changed since the store was built: recompute their chunks, not refuse
@@ -89,23 +95,6 @@ class BuildResult:
     damaged: list[str] = field(default_factory=list)  # done chunks found untrustworthy and made again
     repaired: list[str] = field(default_factory=list)  # damaged image table or view arrays, made again
     changed_images: list[str] = field(default_factory=list)  # files changed since the build (--rebuild-changed)
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    if precision not in PRECISIONS:
-        raise FeatstoreError(f"--precision {precision!r}: use one of {', '.join(PRECISIONS)}")
-    if precision == "auto":
-        return "fp16" if device.type == "cuda" else "fp32"
-    if precision == "fp16" and device.type != "cuda":
-        raise FeatstoreError("--precision fp16 needs --device cuda; use fp32 or bf16 on CPU")
-    return precision
-
-
-def preferred_memory_format(model: torch.nn.Module) -> torch.memory_format:
-    """channels_last for convolutional models: oneDNN and cuDNN run NHWC convolutions faster (~1.2x for
-    resnet18 on this CPU). Recorded in the store config, since float32 results depend on the layout."""
-    has_conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
-    return torch.channels_last if has_conv else torch.contiguous_format
 
 
 @dataclass
@@ -176,7 +165,7 @@ def _build(cfg: BuildConfig, ranks: Ranks, device: torch.device, precision: str,
         return _build_chunks(job, store, found)
 
 
-def _build_chunks(job: BuildJob, store: FeatureStore, found: Repairs) -> BuildResult:
+def _build_chunks(job: BuildJob, store: StoreWriter, found: Repairs) -> BuildResult:
     key, ranks = job.key, job.ranks
     done = {v.name: store.done(key, v.name) for v in job.views}
     barrier(ranks)  # every rank has read the same bitmap before any rank commits a chunk
@@ -204,14 +193,14 @@ class Repairs:
     images: list[str] = field(default_factory=list)
 
 
-def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[FeatureStore, Repairs]:
+def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[StoreWriter, Repairs]:
     """Rank 0 creates or checks the store's groups; the other ranks wait, then check.
 
     Against other processes: groups are created only under the store's lock (held briefly), and the model's
     lock (flock on local disk, a lease on object storage: `StoreLocation.writer_lock`), taken under it and held
     by `held` until the build ends, makes a second build of the same model refuse with one line instead of
     writing the same chunks; the store checks that lock before each chunk's commit. What the store holds is
-    checked first (`featstore.repair`): a damaged image table or view is made again, image files changed since
+    checked first (`featstore.store.repair`): a damaged image table or view is made again, image files changed since
     the store was built are refused (or, with --rebuild-changed, their chunks made again), and done chunks that
     fail `check_view` are marked not done, so that this build makes exactly those again."""
     cfg, ranks, images, key, config = job.cfg, job.ranks, job.images, job.key, job.config
@@ -220,7 +209,7 @@ def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[FeatureStore, Repair
     if ranks.is_main:
         location.create()
         with location.writer_lock(None, wait=True, what=f"store {location}"):
-            store = FeatureStore(location, mode="a")
+            store = StoreWriter(location)
             found.parts += repair_images(store, images)
             if store.has_images():
                 store.check_images(images)
@@ -241,13 +230,13 @@ def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[FeatureStore, Repair
                 found.chunks += [str(p) for p in problems]
     barrier(ranks)
     if not ranks.is_main:
-        store = FeatureStore(location, mode="a")
+        store = StoreWriter(location)
         store.check_images(images)
         store.prepare_model(key, config, _versions(config.library))
     return store, found
 
 
-def _keep_head(store: FeatureStore, key: str, model: torch.nn.Module, num_classes: int) -> None:
+def _keep_head(store: StoreWriter, key: str, model: torch.nn.Module, num_classes: int) -> None:
     """Write the classifier's weights beside the model's metadata unless a sound copy is there (a store built
     before heads were kept gains it on its next build), so a readout through the head never reruns the network."""
     try:
@@ -273,12 +262,7 @@ def _versions(library: str) -> dict:
     return out
 
 
-def chunk_batches(rows: range, batch_size: int) -> list[list[int]]:
-    """A chunk's fixed partition into batches: the same rows always meet the same batch-mates."""
-    return [list(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
-
-
-def _run_chunks(job: BuildJob, store: FeatureStore, views: list[View], done: dict, mine: list[int],
+def _run_chunks(job: BuildJob, store: StoreWriter, views: list[View], done: dict, mine: list[int],
                 result: BuildResult) -> None:
     cfg, images, loaded, device, precision = job.cfg, job.images, job.loaded, job.device, job.precision
     n = len(images)
@@ -321,7 +305,8 @@ def _run_chunks(job: BuildJob, store: FeatureStore, views: list[View], done: dic
             with torch.inference_mode(), autocast:
                 for v, x in zip(views, stacked, strict=True):
                     where = [None if i in bad else f"{images.paths[r]} (view {v.name})" for i, r in enumerate(rows)]
-                    feats, logits = _forward(job, x, where)
+                    feats, logits = forward_batch(job.tapper, job.loaded.preprocessing.normalize, x, job.device,
+                                                  job.memory_format, job.config.logits_dtype, job.key, where)
                     if bad:
                         for f in feats + [logits]:
                             f[bad] = np.nan
@@ -331,7 +316,7 @@ def _run_chunks(job: BuildJob, store: FeatureStore, views: list[View], done: dic
             if rows[-1] + 1 == rows_of_chunk(chunk).stop:  # the chunk's last batch
                 for v in views:
                     if not done[v.name][chunk]:
-                        writer.put(v.name, _assemble(chunk, buffers[v.name], threads))
+                        writer.put(v.name, assemble_chunk(chunk, buffers[v.name], threads))
                 result.chunks_written += 1
                 result.images_processed += len(rows_of_chunk(chunk))
     finally:
@@ -340,34 +325,10 @@ def _run_chunks(job: BuildJob, store: FeatureStore, views: list[View], done: dic
         writer.close()
 
 
-def _forward(job: BuildJob, x: torch.Tensor, rows: list[str | None]):
-    """One batch through the tapped model: its anchors and logits as host arrays of their stored types. `rows`
-    names each image (None for a skipped one) for the refusal of a value the store cannot hold."""
-    device = job.device
-    x = job.loaded.preprocessing.normalize(x.to(device, non_blocking=True)).contiguous(memory_format=job.memory_format)
-    feats, logits = job.tapper.forward(x)
-    # nothing its stored type cannot hold reaches a chunk (featstore.store_dtype)
-    dtypes = [a.dtype for a in job.tapper.anchors] + [job.config.logits_dtype]
-    check_storable(feats + [logits], dtypes, [f"anchor {a.name!r} of {job.key}" for a in job.tapper.anchors]
-                   + [f"the logits of {job.key}"], rows)
-    # one device->host copy per stored type (outside autocast: CPU autocast refuses float16 inputs to cat, which
-    # broke --precision bf16 on CPU)
-    with torch.autocast(device.type, enabled=False):
-        parts = to_host(feats + [logits], dtypes)
-    return parts[:-1], parts[-1]
-
-
-def _assemble(chunk: int, pieces: list, threads: int) -> ChunkData:
-    n_anchors = len(pieces[0][0])
-    features = [np.concatenate([p[0][a] for p in pieces]) for a in range(n_anchors)]
-    return ChunkData(chunk, features, np.concatenate([p[1] for p in pieces]),
-                     np.concatenate([p[2] for p in pieces]), threads)
-
-
 class _ChunkWriter:
     """Writes finished chunks on a background thread so compression and disk I/O overlap compute."""
 
-    def __init__(self, store: FeatureStore, key: str, depth: int = 2):
+    def __init__(self, store: StoreWriter, key: str, depth: int = 2):
         self.store, self.key = store, key
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None

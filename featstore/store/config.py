@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 
-from featstore.anchors import Anchor
-from featstore.preprocessing import Preprocessing
+from featstore.images.preprocessing import Preprocessing
+from featstore.nets.anchors import Anchor
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class StoreConfig:
     images_fingerprint: str
     memory_format: str | None = None
     decoder: str = "pil"
-    logits_dtype: str = "float16"  # anchors carry their own (`Anchor.dtype`); see featstore.store_dtype
+    logits_dtype: str = "float16"  # anchors carry their own (`Anchor.dtype`); see featstore.nets.stored_types
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

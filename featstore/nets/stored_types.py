@@ -36,7 +36,7 @@ SIGNAL_LOSS = 0.1  # float16 may blur at most this share of the difference an in
 
 def choose_dtype(policy: str, values: torch.Tensor) -> str:
     """The type an array gets under `policy`, from its pooled values [2, D] on the blank image and on a noisy
-    copy of it (`featstore.extraction.noisy_pair`)."""
+    copy of it (`featstore.nets.extraction.noisy_pair`)."""
     if policy not in STORE_DTYPES:
         raise FeatstoreError(f"--store-dtype {policy!r}: use one of {', '.join(STORE_DTYPES)}")
     if policy != "auto":

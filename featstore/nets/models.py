@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from featstore.anchors import head_name
 from featstore.errors import FeatstoreError
-from featstore.preprocessing import Preprocessing
+from featstore.images.preprocessing import Preprocessing
+from featstore.nets.anchors import head_name
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -25,8 +25,8 @@ import torch
 from PIL import Image
 
 from featstore.errors import FeatstoreError, FeatstoreWarning
-from featstore.preprocessing import Preprocessing
-from featstore.views import View
+from featstore.images.preprocessing import Preprocessing
+from featstore.images.views import View
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 IMAGENET_CLASSES = 1000

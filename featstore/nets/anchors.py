@@ -66,7 +66,7 @@ class Anchor:
     on `module`'s output (`side="output"`) or a pre-hook on what enters it (`side="input"`), then `post` (an
     elementwise op, `relu` for `.mid`) before pooling. `dim` is the pooled width, known after one forward;
     `channels_last` says a 4-D output is [B,H,W,C] (Swin's stages), so pooling averages H and W, not W and C;
-    `dtype` is the type the store keeps it in (`featstore.store_dtype`)."""
+    `dtype` is the type the store keeps it in (`featstore.nets.stored_types`)."""
 
     index: int
     name: str
@@ -179,7 +179,7 @@ def tap_anchor_names(model: nn.Module, taps: str) -> list[str]:
 def resolve_anchors(model: nn.Module, names: list[str]) -> list[Anchor]:
     """The anchor list of a model, resolved once before extraction: modules, hook sides, post-ops and depth
     fractions (index/T; for module taps block/(L-1), the layer x module paper's depth%). `dim` stays 0 until
-    `featstore.extraction.describe_anchors` measures it."""
+    `featstore.nets.extraction.describe_anchors` measures it."""
     last = len(names) - 1
     blocks = [_block_of(n) for n in names]
     last_block = max((b for b in blocks if b is not None), default=0) or 1

@@ -28,9 +28,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 from featstore.errors import FeatstoreError
 from featstore.records import CircuitRun
-from featstore.specs import ImageSource, ModelSpec, RunOptions
+from featstore.schema import IG_STEPS
 
 try:  # timm's LayerNorm subclass only changes how it is called, not what it computes
     from timm.layers import LayerNorm as _TimmLayerNorm
@@ -370,7 +371,7 @@ class CircuitConfig:
     model: ModelSpec
     images: ImageSource
     view: str = "clean"
-    ig_steps: int = 5
+    ig_steps: int = IG_STEPS
     name: str | None = None
     dataset: str | None = None
     run: RunOptions = field(default_factory=RunOptions)
@@ -395,7 +396,7 @@ class CircuitResult:
 
 def load_graph(spec: ModelSpec, seed: int = 0, device: str = "auto", name: str | None = None):
     """The model, its preprocessing and its graph on the chosen device (structure checked, not yet run)."""
-    from featstore.models import load_model
+    from featstore.nets.models import load_model
     from featstore.runtime import resolve_device
 
     loaded = load_model(spec.model, spec.weights, seed, spec.image_size)
@@ -406,11 +407,11 @@ def load_graph(spec: ModelSpec, seed: int = 0, device: str = "auto", name: str |
 def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
     """Mean activations over the image set (the first batch checks the rewrite against the model), then
     EAP-IG edge scores; nothing is written."""
-    from featstore.datasets import ViewDataset, labels_for_head
-    from featstore.loading import iterate_batches
+    from featstore.images.datasets import ViewDataset, labels_for_head
+    from featstore.images.loading import iterate_batches
+    from featstore.images.views import parse_view
     from featstore.runtime import tune_allocator
     from featstore.threads import ThreadPolicy
-    from featstore.views import parse_view
 
     tune_allocator()
     if cfg.ig_steps < 1:

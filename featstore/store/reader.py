@@ -1,12 +1,14 @@
-"""The Zarr v3 feature store (docs/design.md §4): images, then per model and view one float16 array per anchor.
+"""The Zarr v3 feature store's reader (docs/design.md §4): images, then per model and view one float16 array per
+anchor. What `fs.open_store` wraps; it writes nothing (the writer, `featstore.store.writer.StoreWriter`, is this
+class with the writing methods, for builds, repairs and probes).
 
 docs/store.md is the layout (groups, arrays, shapes, attrs), checked against a store built by this code in
-tests/test_docs.py. `commit_chunk` is the one function that writes a chunk and then marks it done; every writer
-calls it, so a chunk that is marked done is always complete (zarr's LocalStore writes each file atomically, and an
-object store's PUT is atomic). Where the store lives, a folder or an object-store URL, is `featstore.location`'s
-affair. Each commit also records a checksum of every array's values (`featstore.integrity`), so that `verify` finds
-a chunk whose content changed since, and the image table carries its own checksums: `verify` covers everything a
-store holds, and `build` repairs what it can recompute (`featstore.repair`).
+tests/test_docs.py. The writer's `commit_chunk` is the one function that writes a chunk and then marks it done, so
+a chunk that is marked done is always complete (zarr's LocalStore writes each file atomically, and an object
+store's PUT is atomic). Where the store lives, a folder or an object-store URL, is `featstore.store.location`'s
+affair. Each commit also records a checksum of every array's values (`featstore.store.integrity`), so that
+`verify` finds a chunk whose content changed since, and the image table carries its own checksums: `verify`
+covers everything a store holds, and `build` repairs what it can recompute (`featstore.store.repair`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,14 +25,14 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync
 
-from featstore.anchors import Anchor
-from featstore.datasets import ImageSet
 from featstore.errors import FeatstoreError
-from featstore.integrity import NO_CHECKSUM, UNREADABLE, Damage, checksum, text_checksum
-from featstore.location import StoreLocation
-from featstore.models import published_top1
+from featstore.images.datasets import ImageSet
+from featstore.nets.anchors import Anchor
+from featstore.nets.models import published_top1
 from featstore.records import ModelSource
-from featstore.store_config import StoreConfig
+from featstore.store.config import StoreConfig
+from featstore.store.integrity import NO_CHECKSUM, UNREADABLE, Damage, checksum, text_checksum
+from featstore.store.location import StoreLocation
 
 FORMAT = 1
 HEAD = "head"  # <model>/head: the classifier's weight [C, D] and bias [C], float32 (`write_head`)
@@ -66,23 +68,14 @@ REMAKE_VIEW = "featstore build makes the view again"
 CHANGED = "values differ from those its commit wrote (checksum)"
 
 
-@dataclass
-class ChunkData:
-    """Everything one view of one chunk writes: rows [start, stop) of each array."""
-
-    chunk: int
-    features: list[np.ndarray]  # per anchor, float16 [rows, C]
-    logits: np.ndarray  # float16 [rows, classes]
-    skipped: np.ndarray  # bool [rows]
-    threads: int = 0  # CPU threads its forward ran with (0: not on the CPU)
-
-
 class FeatureStore:
     """A featstore Zarr store, on local disk or object storage (`path`: a folder, file:// or s3://... URL)."""
 
-    def __init__(self, path: str | Path | StoreLocation, mode: str = "r"):
+    _mode = "r"  # the writer's is "a": it may create the store
+
+    def __init__(self, path: str | Path | StoreLocation):
+        mode = self._mode
         self.location = StoreLocation.parse(path)
-        self.guard: Callable[[], None] | None = None  # a writer's lock check, run before each commit
         if mode == "r" and not self.location.has_store():
             raise FeatstoreError(f"no featstore store at {self.location}; build one with `featstore build`")
         self.location.check_usable()
@@ -106,20 +99,6 @@ class FeatureStore:
         """True once the image list is complete (its fingerprint attr is written last)."""
         with self.damage_is_one_line("images/zarr.json"):
             return "images" in self.root and "fingerprint" in self.root["images"].attrs
-
-    def write_images(self, images: ImageSet) -> None:
-        n = len(images)
-        g = self.root.require_group("images")
-        chunk = (max(1, min(n, 1 << 16)),)
-        g.create_array("image_id", shape=(n,), chunks=chunk, dtype="int64", overwrite=True)[:] = images.image_ids
-        g.create_array("label", shape=(n,), chunks=chunk, dtype="int64", overwrite=True)[:] = images.labels
-        g.create_array("path", shape=(n,), chunks=chunk, dtype=str, overwrite=True)[:] = np.asarray(images.paths)
-        sums = {"image_id": checksum(np.asarray(images.image_ids, dtype=np.int64)),
-                "label": checksum(np.asarray(images.labels, dtype=np.int64)), "path": text_checksum(images.paths)}
-        # attrs last: their fingerprint is what marks the image list as written
-        g.attrs.update({"source": images.source, "root": str(images.root.resolve()),
-                        "class_names": images.class_names, "label_space": images.label_space, "count": n,
-                        "fingerprint": images.fingerprint(), "checksums": {k: f"{v:016x}" for k, v in sums.items()}})
 
     def check_images(self, images: ImageSet) -> None:
         attrs = dict(self.root["images"].attrs)
@@ -238,57 +217,6 @@ class FeatureStore:
 
     def _is_node(self, path: str) -> bool:
         return bool(sync(self.root.store.exists(f"{path}/zarr.json")))
-
-    def prepare_model(self, key: str, config: StoreConfig, versions: dict) -> None:
-        """Create the model group, or check that an existing one was built with the same config."""
-        try:
-            if key in self.listed("") and "config" not in self.root[key].attrs:
-                self.delete(key)  # interrupted while being created: nothing in it was committed
-        except Exception as e:
-            raise FeatstoreError(f"store {self.location} is damaged: the metadata of model {key!r} ({key}/zarr.json) "
-                                 f"cannot be read ({_brief(e)}), so what built its arrays is unknown and build "
-                                 f"cannot repair it; remove {key} from the store and build it again, or use a new "
-                                 f"--store") from e
-        if key in self.listed(""):
-            diff = self.config(key).differences(config)
-            if diff:
-                raise FeatstoreError(
-                    f"store {self.location} already holds {key!r} built with a different {', '.join(diff)}; "
-                    f"rebuild with the same settings, pass --name to store this config beside it, or use a "
-                    f"new --store")
-            return
-        g = self.root.create_group(key)
-        g.attrs.update({"config": config.to_dict(), "versions": versions})
-
-    def prepare_view(self, key: str, view: dict, anchors: Sequence[Anchor], num_classes: int,
-                     chunk_rows: int, logits_dtype: str = "float16") -> None:
-        """Create a view's arrays (NaN-filled) and its all-False done bitmap, unless they exist."""
-        g = self.root[key]
-        if view["name"] in g and "done" in g[view["name"]]:
-            return
-        if view["name"] in g:
-            del g[view["name"]]  # interrupted while its arrays were being created: make it again
-        n = self.num_images
-        vg = g.create_group(view["name"])
-        ag = vg.create_group("anchors")
-        for a in anchors:
-            ag.create_array(a.name, shape=(n, a.dim), chunks=(chunk_rows, a.dim), dtype=a.dtype,
-                            fill_value=np.nan)
-        vg.create_array("logits", shape=(n, max(num_classes, 1)), chunks=(chunk_rows, max(num_classes, 1)),
-                        dtype=logits_dtype, fill_value=np.nan)
-        vg.create_array("skipped", shape=(n,), chunks=(chunk_rows,), dtype="bool", fill_value=False)
-        vg.create_array("threads", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="int16", fill_value=0)
-        _create_checksums(vg, math.ceil(n / chunk_rows), anchors)
-        # the bitmap last: a view without it was interrupted while being created and is made again
-        vg.create_array("done", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="bool", fill_value=False)
-        vg.attrs.update(view)
-
-    def add_checksums(self, key: str, view: str) -> None:
-        """Give a view of a store written before checksums its (empty) checksum array: the chunks committed from
-        now on carry theirs."""
-        g = self.view_group(key, view)
-        if "checksums" not in g:
-            _create_checksums(g, g["done"].shape[0], self.anchors(key))
 
     def view_group(self, key: str, view: str) -> zarr.Group:
         self.model_attrs(key)
@@ -448,73 +376,13 @@ class FeatureStore:
 
         return sorted(n for n in sync(names()) if n != "zarr.json" and not n.startswith("."))
 
-    def delete(self, path: str) -> None:
-        """Remove a group or array and everything under it, without reading its metadata (which may be garbage)."""
-        from zarr.core.sync import sync
-
-        sync(self.root.store.delete_dir(path))
-
     def image_stats(self) -> np.ndarray | None:
-        """The image files as the store was built from them (`featstore.integrity.image_stats`), or None where the
+        """The image files as the store was built from them (`featstore.store.integrity.image_stats`), or None where the
         store does not record them (built before it did, or the record cannot be read)."""
         try:
             return np.asarray(self.root["images"]["stat"][:], dtype=np.int64)
         except Exception:
             return None
-
-    def record_image_stats(self, stats: np.ndarray) -> None:
-        g = self.root["images"]
-        g.create_array("stat", shape=stats.shape, chunks=(max(1, min(len(stats), 1 << 16)), 3), dtype="int64",
-                       overwrite=True)[:] = stats
-        g["stat"].attrs["columns"] = ["size", "mtime_ns", "content"]
-
-    def undo_rows(self, rows: np.ndarray) -> None:
-        """Mark every chunk holding one of `rows` not done, in every model and view of the store."""
-        for key in self.models():
-            chunks = sorted({int(r) // self.chunk_rows(key) for r in np.asarray(rows).tolist()})
-            for view in self.views(key):
-                if "done" in self.root[key][view]:
-                    self.undo_chunks(key, view, chunks)
-
-    def undo_chunks(self, key: str, view: str, chunks: Sequence[int]) -> None:
-        """Mark chunks not done, so that the next build writes them again."""
-        bitmap = self.view_group(key, view)["done"]
-        for c in chunks:
-            bitmap[c] = False
-
-    def commit_chunk(self, key: str, view: str, data: ChunkData) -> None:
-        """Write one chunk of every array of a view, then mark it done: the store's only commit point."""
-        g = self.root[key][view]
-        rows = self.chunk_rows(key)
-        start = data.chunk * rows
-        stop = start + len(data.skipped)
-        anchors = self.anchors(key)
-        if len(anchors) != len(data.features):
-            raise ValueError(f"chunk {data.chunk} holds {len(data.features)} anchors, the store {len(anchors)}")
-        targets = [g["anchors"][a.name] for a in anchors] + [g["logits"], g["skipped"]]
-        values = [*data.features, data.logits, data.skipped]
-
-        guard = self.guard or (lambda: None)  # a build that lost (or may have lost) its lease writes nothing more
-
-        async def write(target: zarr.Array, value: np.ndarray) -> None:
-            guard()  # checked before each PUT, not only at the commit point: a build paused past its lease's
-            await target.async_array.setitem((slice(start, stop),), value)  # expiry never writes over the new holder's
-
-        async def write_all() -> None:  # every array at once (each a PUT on object storage), then the bitmap
-            await asyncio.gather(*[write(t, v) for t, v in zip(targets, values, strict=True)])
-
-        sums = np.asarray([checksum(np.asarray(v, dtype=t.dtype)) for t, v in zip(targets, values, strict=True)],
-                          dtype=np.uint64)  # the values as they decode, each in its array's type
-        guard()
-        sync(write_all())
-        guard()
-        if "threads" in g:  # views made before thread counts were recorded have none
-            g["threads"][data.chunk] = data.threads
-        if "checksums" in g:
-            guard()
-            g["checksums"][data.chunk] = sums
-        guard()
-        g["done"][data.chunk] = True
 
     def threads_used(self, key: str, view: str) -> list[int]:
         """The CPU thread counts the done chunks of a view were computed with ([] for a GPU build, or a view made
@@ -535,18 +403,6 @@ class FeatureStore:
         return np.asarray(self.view_group(key, view)["skipped"][:], dtype=bool)
 
     # -- the model's head ---------------------------------------------------------------------------
-
-    def write_head(self, key: str, weight: np.ndarray, bias: np.ndarray, module: str) -> None:
-        """Keep the classifier (the model's last Linear, `module`) beside the model's metadata: weight [C, D] and
-        bias [C] float32, with their checksums in the group's attrs (written last: they mark it complete), so a
-        readout through the head (the translator `lens`) never runs the network again."""
-        g = self.root[key].require_group(HEAD)
-        for name, values in (("weight", weight), ("bias", bias)):
-            g.create_array(name, shape=values.shape, chunks=values.shape, dtype="float32",
-                           overwrite=True)[:] = np.asarray(values, dtype=np.float32)
-        g.attrs.put({"module": module, "checksums": {
-            name: f"{checksum(np.asarray(v, dtype=np.float32)):016x}" for name, v in (("weight", weight),
-                                                                                     ("bias", bias))}})
 
     def read_head(self, key: str) -> tuple[np.ndarray, np.ndarray, str] | None:
         """(weight [C, D], bias [C], module) of the model's classifier, or None for a store built before heads
@@ -575,53 +431,12 @@ class FeatureStore:
 
     # -- probes -------------------------------------------------------------------------------------
 
-    def write_probe(self, key: str, name: str, anchor: str, arrays: dict[str, np.ndarray], attrs: dict,
-                    version: str, owner: dict | None = None) -> None:
-        """Save what one anchor's probe keeps, one array per name with folds first (linear: weight [folds, C, D]
-        float32, bias [folds, C]; knn: reference [folds, N] bool), under <model>/probes/<name>/<version>/;
-        nothing reads them until `make_probe_current` names that version. `owner` (the database and split whose
-        runs name the version) goes into the version group's attrs."""
-        vg = self.root[key].require_group("probes").require_group(name).require_group(version)
-        if owner and dict(vg.attrs) != owner:
-            vg.attrs.put(owner)
-        g = vg.require_group(anchor)
-        for array, values in arrays.items():
-            dtype = "bool" if values.dtype == bool else "float32"
-            g.create_array(array, shape=values.shape, chunks=values.shape, dtype=dtype, overwrite=True)[:] = values
-        g.attrs.put(attrs)
-
-    def check_writable(self, key: str) -> None:
-        """Fail now, not after training, when probes cannot be saved under <model>/ (a read-only store)."""
-        self.location.check_writable(key)
-
-    def make_probe_current(self, key: str, name: str, version: str, retired: Sequence[str] = ()) -> None:
-        """Point <model>/probes/<name> at `version` (one attrs file, written atomically), then drop the `retired`
-        versions: those the committing database named before and names no more. Called after the database
-        committed the rows of that version, so a failure before leaves the old pair. Versions other jobs wrote
-        (other databases, other views of the one-job-per-view pattern) are never touched: each job's version name
-        is its own."""
-        g = self.root[key]["probes"][name]
-        g.attrs["current"] = version
-        present = {k for k, _ in g.groups()}
-        for other in retired:
-            if other != version and other in present:
-                del g[other]
-
     def probe_version_exists(self, key: str, name: str, version: str) -> bool:
         """True when <model>/probes/<name>/<version> holds weights (listed, no metadata parsed)."""
         try:
             return bool(self.listed(f"{key}/probes/{name}/{version}"))
         except Exception:
             return False
-
-    def discard_probe_version(self, key: str, name: str, version: str) -> None:
-        """Remove a version that never became current (its database transaction failed)."""
-        try:
-            g = self.root[key]["probes"][name]
-        except KeyError:
-            return
-        if version in g and g.attrs.get("current") != version:
-            del g[version]
 
     # -- summary ------------------------------------------------------------------------------------
 
@@ -681,13 +496,6 @@ def _blame(key: str, view: str, chunk: int, changed: list[str], agreed: list[str
     return [ChunkProblem(key, view, "checksums", chunk, f"the row disagrees with {len(changed)} of "
                          f"{len(changed) + len(agreed)} arrays: another commit's, like {', '.join(agreed)}")] + \
         [ChunkProblem(key, view, name, chunk, stale) for name in agreed]
-
-
-def _create_checksums(g: zarr.Group, n_chunks: int, anchors: Sequence[Anchor]) -> None:
-    names = [f"anchors/{a.name}" for a in anchors] + ["logits", "skipped"]
-    arr = g.create_array("checksums", shape=(n_chunks, len(names)), chunks=(1, len(names)), dtype="uint64",
-                         fill_value=NO_CHECKSUM, overwrite=True)
-    arr.attrs["arrays"] = names
 
 
 def read_rows(arrays: Sequence[zarr.Array], start: int, stop: int, errors: bool = False) -> list:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from featstore.errors import FeatstoreError
-from featstore.store import FeatureStore, model_key, read_rows
+from featstore.store.reader import FeatureStore, model_key, read_rows
 from featstore.threads import ThreadPolicy
 
 Pair = tuple[int, int]

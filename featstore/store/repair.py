@@ -7,13 +7,13 @@ asked to recompute the chunks that hold them. Each function returns what it repa
 
 from __future__ import annotations
 
-from featstore.datasets import ImageSet
 from featstore.errors import FeatstoreError
-from featstore.integrity import changed_images, image_stats
-from featstore.store import FeatureStore
+from featstore.images.datasets import ImageSet
+from featstore.store.integrity import changed_images, image_stats
+from featstore.store.writer import StoreWriter
 
 
-def repair_images(store: FeatureStore, images: ImageSet) -> list[str]:
+def repair_images(store: StoreWriter, images: ImageSet) -> list[str]:
     """Rewrite a damaged image table from `images` when they are the images the store was built from (its
     fingerprint, or a model's config, says so); refuse otherwise, naming what is damaged."""
     if "images" not in store.listed(""):
@@ -43,7 +43,7 @@ def repair_images(store: FeatureStore, images: ImageSet) -> list[str]:
     return [str(d) for d in damage]
 
 
-def check_image_files(store: FeatureStore, images: ImageSet, rebuild: bool) -> list[str]:
+def check_image_files(store: StoreWriter, images: ImageSet, rebuild: bool) -> list[str]:
     """Image files whose size, time (and, where recorded, content) differ from those the store was built from:
     refused naming the first, or with `rebuild` their rows' chunks marked not done in every model and view (this
     build makes its own again; each other one's next build does). A store that records no files yet records
@@ -66,7 +66,7 @@ def check_image_files(store: FeatureStore, images: ImageSet, rebuild: bool) -> l
     return names
 
 
-def repair_view(store: FeatureStore, key: str, view: str) -> list[str]:
+def repair_view(store: StoreWriter, key: str, view: str) -> list[str]:
     """A view whose arrays are damaged (unreadable metadata, a removed array, a shape that disagrees with the
     chunks) is removed, so that the build makes it again from the network."""
     if view not in store.views(key):

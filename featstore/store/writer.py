@@ -1,0 +1,233 @@
+"""The store's writer (internal): what builds, repairs and probes change in a store. `StoreWriter` is the reader
+(`featstore.store.reader.FeatureStore`) opened for writing, with the methods that create groups, commit chunks,
+undo them and keep probes; `fs.open_store` never hands one out.
+
+`commit_chunk` is the one function that writes a chunk and then marks it done (every writer calls it); before
+each write it runs `guard`, the lock check a build sets (`featstore.store.location.StoreLocation.writer_lock`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+from zarr.core.sync import sync
+
+from featstore.errors import FeatstoreError
+from featstore.images.datasets import ImageSet
+from featstore.nets.anchors import Anchor
+from featstore.store.config import StoreConfig
+from featstore.store.integrity import NO_CHECKSUM, checksum, text_checksum
+from featstore.store.location import StoreLocation
+from featstore.store.reader import HEAD, FeatureStore, _brief
+
+
+@dataclass
+class ChunkData:
+    """Everything one view of one chunk writes: rows [start, stop) of each array."""
+
+    chunk: int
+    features: list[np.ndarray]  # per anchor, float16 [rows, C]
+    logits: np.ndarray  # float16 [rows, classes]
+    skipped: np.ndarray  # bool [rows]
+    threads: int = 0  # CPU threads its forward ran with (0: not on the CPU)
+
+
+class StoreWriter(FeatureStore):
+    """A store opened for writing (created when it is not there yet); see the module docstring."""
+
+    _mode = "a"
+
+    def __init__(self, path: str | Path | StoreLocation):
+        super().__init__(path)
+        self.guard: Callable[[], None] | None = None  # a writer's lock check, run before each commit
+
+    def write_images(self, images: ImageSet) -> None:
+        n = len(images)
+        g = self.root.require_group("images")
+        chunk = (max(1, min(n, 1 << 16)),)
+        g.create_array("image_id", shape=(n,), chunks=chunk, dtype="int64", overwrite=True)[:] = images.image_ids
+        g.create_array("label", shape=(n,), chunks=chunk, dtype="int64", overwrite=True)[:] = images.labels
+        g.create_array("path", shape=(n,), chunks=chunk, dtype=str, overwrite=True)[:] = np.asarray(images.paths)
+        sums = {"image_id": checksum(np.asarray(images.image_ids, dtype=np.int64)),
+                "label": checksum(np.asarray(images.labels, dtype=np.int64)), "path": text_checksum(images.paths)}
+        # attrs last: their fingerprint is what marks the image list as written
+        g.attrs.update({"source": images.source, "root": str(images.root.resolve()),
+                        "class_names": images.class_names, "label_space": images.label_space, "count": n,
+                        "fingerprint": images.fingerprint(), "checksums": {k: f"{v:016x}" for k, v in sums.items()}})
+
+    def prepare_model(self, key: str, config: StoreConfig, versions: dict) -> None:
+        """Create the model group, or check that an existing one was built with the same config."""
+        try:
+            if key in self.listed("") and "config" not in self.root[key].attrs:
+                self.delete(key)  # interrupted while being created: nothing in it was committed
+        except Exception as e:
+            raise FeatstoreError(f"store {self.location} is damaged: the metadata of model {key!r} ({key}/zarr.json) "
+                                 f"cannot be read ({_brief(e)}), so what built its arrays is unknown and build "
+                                 f"cannot repair it; remove {key} from the store and build it again, or use a new "
+                                 f"--store") from e
+        if key in self.listed(""):
+            diff = self.config(key).differences(config)
+            if diff:
+                raise FeatstoreError(
+                    f"store {self.location} already holds {key!r} built with a different {', '.join(diff)}; "
+                    f"rebuild with the same settings, pass --name to store this config beside it, or use a "
+                    f"new --store")
+            return
+        g = self.root.create_group(key)
+        g.attrs.update({"config": config.to_dict(), "versions": versions})
+
+    def prepare_view(self, key: str, view: dict, anchors: Sequence[Anchor], num_classes: int,
+                     chunk_rows: int, logits_dtype: str = "float16") -> None:
+        """Create a view's arrays (NaN-filled) and its all-False done bitmap, unless they exist."""
+        g = self.root[key]
+        if view["name"] in g and "done" in g[view["name"]]:
+            return
+        if view["name"] in g:
+            del g[view["name"]]  # interrupted while its arrays were being created: make it again
+        n = self.num_images
+        vg = g.create_group(view["name"])
+        ag = vg.create_group("anchors")
+        for a in anchors:
+            ag.create_array(a.name, shape=(n, a.dim), chunks=(chunk_rows, a.dim), dtype=a.dtype,
+                            fill_value=np.nan)
+        vg.create_array("logits", shape=(n, max(num_classes, 1)), chunks=(chunk_rows, max(num_classes, 1)),
+                        dtype=logits_dtype, fill_value=np.nan)
+        vg.create_array("skipped", shape=(n,), chunks=(chunk_rows,), dtype="bool", fill_value=False)
+        vg.create_array("threads", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="int16", fill_value=0)
+        _create_checksums(vg, math.ceil(n / chunk_rows), anchors)
+        # the bitmap last: a view without it was interrupted while being created and is made again
+        vg.create_array("done", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="bool", fill_value=False)
+        vg.attrs.update(view)
+
+    def add_checksums(self, key: str, view: str) -> None:
+        """Give a view of a store written before checksums its (empty) checksum array: the chunks committed from
+        now on carry theirs."""
+        g = self.view_group(key, view)
+        if "checksums" not in g:
+            _create_checksums(g, g["done"].shape[0], self.anchors(key))
+
+    def delete(self, path: str) -> None:
+        """Remove a group or array and everything under it, without reading its metadata (which may be garbage)."""
+        from zarr.core.sync import sync
+
+        sync(self.root.store.delete_dir(path))
+
+    def record_image_stats(self, stats: np.ndarray) -> None:
+        g = self.root["images"]
+        g.create_array("stat", shape=stats.shape, chunks=(max(1, min(len(stats), 1 << 16)), 3), dtype="int64",
+                       overwrite=True)[:] = stats
+        g["stat"].attrs["columns"] = ["size", "mtime_ns", "content"]
+
+    def undo_rows(self, rows: np.ndarray) -> None:
+        """Mark every chunk holding one of `rows` not done, in every model and view of the store."""
+        for key in self.models():
+            chunks = sorted({int(r) // self.chunk_rows(key) for r in np.asarray(rows).tolist()})
+            for view in self.views(key):
+                if "done" in self.root[key][view]:
+                    self.undo_chunks(key, view, chunks)
+
+    def undo_chunks(self, key: str, view: str, chunks: Sequence[int]) -> None:
+        """Mark chunks not done, so that the next build writes them again."""
+        bitmap = self.view_group(key, view)["done"]
+        for c in chunks:
+            bitmap[c] = False
+
+    def commit_chunk(self, key: str, view: str, data: ChunkData) -> None:
+        """Write one chunk of every array of a view, then mark it done: the store's only commit point."""
+        g = self.root[key][view]
+        rows = self.chunk_rows(key)
+        start = data.chunk * rows
+        stop = start + len(data.skipped)
+        anchors = self.anchors(key)
+        if len(anchors) != len(data.features):
+            raise ValueError(f"chunk {data.chunk} holds {len(data.features)} anchors, the store {len(anchors)}")
+        targets = [g["anchors"][a.name] for a in anchors] + [g["logits"], g["skipped"]]
+        values = [*data.features, data.logits, data.skipped]
+
+        guard = self.guard or (lambda: None)  # a build that lost (or may have lost) its lease writes nothing more
+
+        async def write(target: zarr.Array, value: np.ndarray) -> None:
+            guard()  # checked before each PUT, not only at the commit point: a build paused past its lease's
+            await target.async_array.setitem((slice(start, stop),), value)  # expiry never writes over the new holder's
+
+        async def write_all() -> None:  # every array at once (each a PUT on object storage), then the bitmap
+            await asyncio.gather(*[write(t, v) for t, v in zip(targets, values, strict=True)])
+
+        sums = np.asarray([checksum(np.asarray(v, dtype=t.dtype)) for t, v in zip(targets, values, strict=True)],
+                          dtype=np.uint64)  # the values as they decode, each in its array's type
+        guard()
+        sync(write_all())
+        guard()
+        if "threads" in g:  # views made before thread counts were recorded have none
+            g["threads"][data.chunk] = data.threads
+        if "checksums" in g:
+            guard()
+            g["checksums"][data.chunk] = sums
+        guard()
+        g["done"][data.chunk] = True
+
+    def write_head(self, key: str, weight: np.ndarray, bias: np.ndarray, module: str) -> None:
+        """Keep the classifier (the model's last Linear, `module`) beside the model's metadata: weight [C, D] and
+        bias [C] float32, with their checksums in the group's attrs (written last: they mark it complete), so a
+        readout through the head (the translator `lens`) never runs the network again."""
+        g = self.root[key].require_group(HEAD)
+        for name, values in (("weight", weight), ("bias", bias)):
+            g.create_array(name, shape=values.shape, chunks=values.shape, dtype="float32",
+                           overwrite=True)[:] = np.asarray(values, dtype=np.float32)
+        g.attrs.put({"module": module, "checksums": {
+            name: f"{checksum(np.asarray(v, dtype=np.float32)):016x}" for name, v in (("weight", weight),
+                                                                                     ("bias", bias))}})
+
+    def write_probe(self, key: str, name: str, anchor: str, arrays: dict[str, np.ndarray], attrs: dict,
+                    version: str, owner: dict | None = None) -> None:
+        """Save what one anchor's probe keeps, one array per name with folds first (linear: weight [folds, C, D]
+        float32, bias [folds, C]; knn: reference [folds, N] bool), under <model>/probes/<name>/<version>/;
+        nothing reads them until `make_probe_current` names that version. `owner` (the database and split whose
+        runs name the version) goes into the version group's attrs."""
+        vg = self.root[key].require_group("probes").require_group(name).require_group(version)
+        if owner and dict(vg.attrs) != owner:
+            vg.attrs.put(owner)
+        g = vg.require_group(anchor)
+        for array, values in arrays.items():
+            dtype = "bool" if values.dtype == bool else "float32"
+            g.create_array(array, shape=values.shape, chunks=values.shape, dtype=dtype, overwrite=True)[:] = values
+        g.attrs.put(attrs)
+
+    def check_writable(self, key: str) -> None:
+        """Fail now, not after training, when probes cannot be saved under <model>/ (a read-only store)."""
+        self.location.check_writable(key)
+
+    def make_probe_current(self, key: str, name: str, version: str, retired: Sequence[str] = ()) -> None:
+        """Point <model>/probes/<name> at `version` (one attrs file, written atomically), then drop the `retired`
+        versions: those the committing database named before and names no more. Called after the database
+        committed the rows of that version, so a failure before leaves the old pair. Versions other jobs wrote
+        (other databases, other views of the one-job-per-view pattern) are never touched: each job's version name
+        is its own."""
+        g = self.root[key]["probes"][name]
+        g.attrs["current"] = version
+        present = {k for k, _ in g.groups()}
+        for other in retired:
+            if other != version and other in present:
+                del g[other]
+
+    def discard_probe_version(self, key: str, name: str, version: str) -> None:
+        """Remove a version that never became current (its database transaction failed)."""
+        try:
+            g = self.root[key]["probes"][name]
+        except KeyError:
+            return
+        if version in g and g.attrs.get("current") != version:
+            del g[version]
+
+
+def _create_checksums(g: zarr.Group, n_chunks: int, anchors: Sequence[Anchor]) -> None:
+    names = [f"anchors/{a.name}" for a in anchors] + ["logits", "skipped"]
+    arr = g.create_array("checksums", shape=(n_chunks, len(names)), chunks=(1, len(names)), dtype="uint64",
+                         fill_value=NO_CHECKSUM, overwrite=True)
+    arr.attrs["arrays"] = names
