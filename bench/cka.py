@@ -9,8 +9,8 @@ them, written chunk by chunk into a real store (tests/synthetic.py `write_featur
 one chunk of every anchor it sums plus at most --memory-budget of running sums; numpy holds all features in float64
 (rows x dim x anchors x 8 bytes: 9.8 GB at the default shape).
 
-    python bench/cka.py [--rows 50000] [--dim 2048] [--anchors 12] [--threads 1] [--memory-budget 1GB]
-                        [--unbiased] [--skip-numpy]
+    python bench/cka.py [--rows 50000] [--width 2048] [--anchors 12] [--threads 1] [--memory-budget 1GB]
+                        [--unbiased] [--skip-numpy] [--concurrent]
 """
 
 from __future__ import annotations
@@ -49,17 +49,24 @@ def make_store(path: Path, rows: int, dim: int, anchors: int, seed: int = 0) -> 
 
 
 def numpy_cka(store: str, unbiased: bool) -> np.ndarray:
-    """The in-memory baseline: all features as float64, centred, every pair's ||Xaᵀ Xb||_F² (biased CKA), or the
-    unbiased HSIC through the same sums."""
+    """The careful in-memory baseline: each anchor's full matrix as float64, centred in place, ||Xᵀ X||_F once per
+    anchor and ||Yᵀ X||_F² once per pair (78 products for 12 anchors, as many as the streamed sums)."""
     from featstore.store.reader import FeatureStore
 
-    fs = FeatureStore(store)
-    xs = [fs.read("synthetic", "clean", a.name).astype(np.float64) for a in fs.anchors("synthetic")]
     if unbiased:
         raise SystemExit("the numpy baseline is the biased estimator (the n x n unbiased one is tests/test_cka.py's)")
-    xs = [x - x.mean(0) for x in xs]
-    hsic = np.array([[np.square(a.T @ b).sum() for b in xs] for a in xs])
-    return hsic / np.sqrt(np.outer(np.diag(hsic), np.diag(hsic)))
+    fs = FeatureStore(store)
+    xs = []
+    for anchor in fs.anchors("synthetic"):
+        x = fs.read("synthetic", "clean", anchor.name).astype(np.float64)
+        x -= x.mean(0)
+        xs.append(x)
+    norms = [np.linalg.norm(x.T @ x) for x in xs]
+    out = np.eye(len(xs))
+    for i in range(len(xs)):
+        for j in range(i + 1, len(xs)):
+            out[i, j] = out[j, i] = np.square(xs[j].T @ xs[i]).sum() / (norms[i] * norms[j])
+    return out
 
 
 def child(method: str, store: str, threads: int, budget: int, unbiased: bool, out: str) -> None:
@@ -83,12 +90,14 @@ def child(method: str, store: str, threads: int, budget: int, unbiased: bool, ou
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=50_000)
-    parser.add_argument("--dim", type=int, default=2048)
+    parser.add_argument("--dim", "--width", type=int, default=2048)
     parser.add_argument("--anchors", type=int, default=12)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--memory-budget", default="1GB")
     parser.add_argument("--unbiased", action="store_true")
     parser.add_argument("--skip-numpy", action="store_true", help="Only the streamed computation.")
+    parser.add_argument("--concurrent", action="store_true",
+                        help="Run both computations at once (one process each; wall time then shares the cores).")
     parser.add_argument("--child", nargs=3, metavar=("METHOD", "STORE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     from featstore.probing.run import parse_bytes
@@ -103,16 +112,25 @@ def main() -> None:
         make_store(store, args.rows, args.dim, args.anchors)
         print(f"store: {args.rows} rows x {args.anchors} anchors x {args.dim} wide (float16), written in "
               f"{time.perf_counter() - start:.1f} s; {args.threads} thread(s), budget {args.memory_budget}")
+        methods = ("streamed", *(() if args.skip_numpy else ("numpy",)))
+        flags = [f"--threads={args.threads}", f"--memory-budget={args.memory_budget}",
+                 *(["--unbiased"] if args.unbiased else [])]
+        env = {**os.environ, **{k: str(args.threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                                "MKL_NUM_THREADS")}}  # numpy's BLAS too
         results = {}
-        for method in ("streamed", *(() if args.skip_numpy else ("numpy",))):
-            out = Path(tmp) / f"{method}.npy"
-            flags = [f"--threads={args.threads}", f"--memory-budget={args.memory_budget}",
-                     *(["--unbiased"] if args.unbiased else [])]
-            env = {**os.environ, **{k: str(args.threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                                                    "MKL_NUM_THREADS")}}  # numpy's BLAS too
-            done = subprocess.run([sys.executable, __file__, *flags, "--child", method, str(store), str(out)],
-                                  capture_output=True, text=True, check=True, env=env)
-            results[method] = {**json.loads(done.stdout.strip().splitlines()[-1]), "matrix": np.load(out)}
+
+        def launch(method: str) -> subprocess.Popen:
+            return subprocess.Popen([sys.executable, __file__, *flags, "--child", method, str(store),
+                                     str(Path(tmp) / f"{method}.npy")], stdout=subprocess.PIPE, text=True, env=env)
+
+        running = [launch(m) for m in methods] if args.concurrent else []
+        for i, method in enumerate(methods):
+            job = running[i] if args.concurrent else launch(method)
+            out, _ = job.communicate()
+            if job.returncode:
+                raise SystemExit(f"the {method} computation failed (exit {job.returncode})")
+            results[method] = {**json.loads(out.strip().splitlines()[-1]),
+                               "matrix": np.load(Path(tmp) / f"{method}.npy")}
         base = results.get("numpy")
         print(f"{'method':10s} {'seconds':>9s} {'cpu s':>9s} {'peak MB':>9s} {'passes':>7s} {'time/numpy':>11s} "
               f"{'memory/numpy':>13s}")

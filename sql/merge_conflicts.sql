@@ -1,7 +1,8 @@
 -- merge_conflicts: with a source database attached as `src`, each result the target also holds under the same key
 -- but with other content: (what, key). `featstore merge` refuses a source with any, unless --replace.
 -- Content: a run's row (all but created_at) and its predictions; a circuit run's row and its edges; a model's
--- outputs per view; a measurement's costs; a zoo row; a stored graph distance; a run's learned gate and its scores.
+-- outputs per view; a measurement's costs; a zoo row; a stored graph distance; a run's learned gate and its scores;
+-- a model's anchor CKA matrix per view and estimator.
 WITH digests AS (
     SELECT side, what, key, bit_xor(digest) AS digest FROM (
         SELECT 'target' AS side, 'run' AS what, r.run_id AS key, hash(r) AS digest
@@ -33,6 +34,10 @@ WITH digests AS (
             || g.top_n, hash(g) FROM (SELECT * EXCLUDE (created_at) FROM css_graph) g
         UNION ALL SELECT 'source', 'graph distance', g.id_run || ' vs ' || g.ood_run || ' ' || g.distance || '@'
             || g.top_n, hash(g) FROM (SELECT * EXCLUDE (created_at) FROM src.css_graph) g
+        UNION ALL SELECT 'target', 'anchor CKA', c.model || '/' || c.view || ' ' || c.estimator, hash(c)
+        FROM (SELECT * EXCLUDE (created_at) FROM anchor_cka) c
+        UNION ALL SELECT 'source', 'anchor CKA', c.model || '/' || c.view || ' ' || c.estimator, hash(c)
+        FROM (SELECT * EXCLUDE (created_at) FROM src.anchor_cka) c
     ) GROUP BY side, what, key
 )
 SELECT s.what, s.key

@@ -39,6 +39,9 @@ INSERT INTO zoo_runs BY NAME SELECT * FROM src.zoo_runs;
 DELETE FROM css_graph t WHERE EXISTS (SELECT 1 FROM src.css_graph s WHERE s.id_run = t.id_run
                                       AND s.ood_run = t.ood_run AND s.distance = t.distance AND s.top_n = t.top_n);
 INSERT INTO css_graph BY NAME SELECT * FROM src.css_graph;
+DELETE FROM anchor_cka t WHERE EXISTS (SELECT 1 FROM src.anchor_cka s WHERE s.model = t.model AND s.view = t.view
+                                      AND s.estimator = t.estimator);
+INSERT INTO anchor_cka BY NAME SELECT * FROM src.anchor_cka;
 INSERT INTO anchors BY NAME SELECT * FROM src.anchors WHERE model NOT IN (SELECT model FROM anchors);
 INSERT INTO model_sources BY NAME SELECT * FROM src.model_sources WHERE model NOT IN (SELECT model FROM model_sources);
 INSERT INTO images BY NAME SELECT * FROM src.images WHERE NOT EXISTS (SELECT 1 FROM images);

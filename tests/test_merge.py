@@ -176,3 +176,41 @@ def test_a_learned_gate_goes_with_its_run(parallel, tmp_path):
     assert pl.read_parquet(tmp_path / "out" / "gates.parquet").height == 1
     back = pl.read_parquet(tmp_path / "out" / "gate_scores" / "**" / "*.parquet", hive_partitioning=True)
     assert back.height == len(want)
+
+
+def test_merge_carries_the_anchor_cka_matrices(parallel, tmp_path):
+    """Each source's `featstore cka` rows land in the merged database as they are (other views and estimators side by
+    side); a differing matrix under the same model, view and estimator is refused unless --replace, which keeps the
+    source's."""
+    import shutil
+
+    root, store = parallel
+    first, second = tmp_path / "first.duckdb", tmp_path / "second.duckdb"
+    shutil.copy(root / "job0.duckdb", first)
+    shutil.copy(root / "job1.duckdb", second)
+    run_cli("cka", "--store", store, "--model", "synthetic", "--db", first, "--threads", "1", "--no-progress")
+    run_cli("cka", "--store", store, "--model", "synthetic", "--db", second, "--view", "noisy", "--unbiased",
+            "--threads", "1", "--no-progress")
+    rows = "SELECT * FROM anchor_cka ORDER BY ALL"
+
+    def read(db) -> list[tuple]:
+        con = duckdb.connect(str(db), read_only=True)
+        try:
+            return con.execute(rows).fetchall()
+        finally:
+            con.close()
+
+    want = sorted(read(first) + read(second))
+    assert len(want) == 2 * len(DIMS) ** 2  # every ordered pair of anchors, once per source
+    target = tmp_path / "t.duckdb"
+    run_cli("merge", "--db", target, first, second)
+    assert read(target) == want
+    run_cli("merge", "--db", target, first)  # the same matrix again changes nothing
+    assert read(target) == want
+    con = duckdb.connect(str(second))
+    con.execute("UPDATE anchor_cka SET cka = cka / 2 WHERE anchor_a <> anchor_b")
+    con.close()
+    assert "holds anchor CKA synthetic/noisy unbiased " in fails("merge", "--db", target, second)
+    assert read(target) == want
+    run_cli("merge", "--db", target, second, "--replace")
+    assert read(target) == sorted(read(first) + read(second))

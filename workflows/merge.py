@@ -4,9 +4,10 @@ Jobs on a cluster cannot share one DuckDB file (one writer at a time), so each w
 `merge` folds them in afterwards. All sources go in one transaction of the target: all or nothing. A source is
 refused (one line, nothing written, no new target left behind) when it is another experiment — other images,
 another split, other anchors or weights for a model — or when it holds a result under a key the target already
-holds with other content (a run id, a circuit run, a cost measurement, a learned gate, ...), unless `replace` lets
-the source's result win; a run's learned gate goes with the run it learnt from. Merging the same source twice
-changes nothing: equal results replace each other. A target that is another program's DuckDB file is refused.
+holds with other content (a run id, a circuit run, a cost measurement, a learned gate, a model's anchor CKA
+matrix, ...), unless `replace` lets the source's result win; a run's learned gate goes with the run it learnt
+from. Merging the same source twice changes nothing: equal results replace each other. A target that is another
+program's DuckDB file is refused.
 The SQL is in sql/merge_*.sql.
 """
 
