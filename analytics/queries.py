@@ -427,12 +427,12 @@ def comparison_runs(db: Db, runs: Sequence[str] | None = None) -> list[str]:
     if runs:
         missing = [r for r in runs if r not in known["run_id"].to_list()]
         if missing:
-            raise FeatstoreError(f"--runs: no run {missing[0]!r} in the database; list them with featstore sql "
+            raise FeatstoreError(f"--run: no run {missing[0]!r} in the database; list them with featstore sql "
                                  f"\"SELECT run_id FROM runs\"")
         return list(dict.fromkeys(runs))
     clean = known.filter(pl.col("view") == "clean")["run_id"].to_list()
     if not clean:
-        raise FeatstoreError("the database has no clean runs to compare; pass --runs")
+        raise FeatstoreError("the database has no clean runs to compare; pass --run")
     return clean
 
 

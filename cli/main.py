@@ -139,6 +139,34 @@ def probe(**given) -> None:
         print_frame(_probe_summary(rest["db"], run_id))
 
 
+def only_run(db: Path, given: str | None) -> str:
+    """The run a one-run command works on: the one given, else the database's only run; several is one line
+    naming them."""
+    from featstore.analytics.queries import runs
+
+    if given is not None:
+        return given
+    have = runs(db)["run_id"].to_list()
+    if not have:
+        raise FeatstoreError(f"--run: {db} holds no probe run; run featstore probe first")
+    if len(have) > 1:
+        named = ", ".join(have[:8]) + (f" … ({len(have)} in all)" if len(have) > 8 else "")
+        raise FeatstoreError(f"--run: {db} holds {len(have)} runs ({named}); name one with --run RUN_ID")
+    return have[0]
+
+
+def one_k(ks: list[int]) -> int:
+    """The one stability window of a command that uses one: the one --k given, else 2 (with the default list)."""
+    from featstore.analytics.exit_policies import DEFAULT_POLICIES
+
+    if len(ks) == 1:
+        return ks[0]
+    if tuple(ks) == tuple(DEFAULT_POLICIES.ks):
+        return 2
+    raise FeatstoreError(f"--k {','.join(map(str, ks))}: this command uses one stability window; give one, e.g. "
+                         f"--k 2")
+
+
 def _runs_created(db: Path) -> dict[str, str]:
     """Run id -> when it was written, of the runs already in `db` (none when it does not exist yet)."""
     from featstore.analytics.queries import runs
@@ -265,15 +293,15 @@ def merge(db: Path, sources: tuple[Path, ...], replace: bool) -> None:
 
 @cli.command()
 @option("--db", "read")
-@option("--to")
+@option("--out", "export")
 @user_errors
-def export(db: Path, to: Path) -> None:
-    """Every table of DB as Parquet under TO: per-image rows partitioned by run (run_id=...), the rest one file
-    each, for any engine (DuckDB, Polars, Spark)."""
+def export(db: Path, out: Path) -> None:
+    """Every table of DB as Parquet under OUT (old spelling: --to): per-image rows partitioned by run
+    (run_id=...), the rest one file each, for any engine (DuckDB, Polars, Spark)."""
     from featstore.workflows.export import export as run_export
 
-    written = run_export(db, to)
-    click.echo(f"wrote {len(written)} table(s) under {to}")
+    written = run_export(db, out)
+    click.echo(f"wrote {len(written)} table(s) under {out}")
 
 
 @cli.command()
@@ -287,7 +315,7 @@ def timeline(db: Path, ks: list[int], min_conf: float, scope: str, fmt: str, ima
     from featstore.analytics.report import image_timeline, image_timeline_table, late_caveat
 
     if image_id is not None:
-        k = ks[0] if len(ks) == 1 else 2 if 2 in ks else ks[0]
+        k = ks[0] if len(ks) == 1 else 2 if 2 in ks else ks[0]  # the one --k given, else 2
         frame = image_timeline(db, image_id, k)
         first = frame.row(0, named=True)
         if fmt == "table":
@@ -308,16 +336,17 @@ def timeline(db: Path, ks: list[int], min_conf: float, scope: str, fmt: str, ima
 
 @cli.command()
 @option("--db", "read")
-@options(option("--runs"), option("--k", "one"), option("--min-conf", "compare"), option("--per-pair"),
+@options(option("--run", "several"), option("--k"), option("--min-conf", "compare"), option("--per-pair"),
          option("--part"), option("--scope"), option("--format"))
 @user_errors
-def compare(db: Path, runs: str | None, k: int, min_conf: float, per_pair: int, part: str | None, scope: str,
-            fmt: str) -> None:
+def compare(db: Path, run_id: str | None, ks: list[int], min_conf: float, per_pair: int, part: str | None,
+            scope: str, fmt: str) -> None:
     """When does the network decide, by every established definition: l*(k), prediction depth (Baldock et al.)
     and the joint stable-and-confident criterion, per run; Spearman, early/late cross-tables, disagreeing images."""
     from featstore.analytics.queries import compare as run_compare
 
-    result = run_compare(db, [r.strip() for r in runs.split(",") if r.strip()] if runs else None, k, min_conf,
+    k = one_k(ks)
+    result = run_compare(db, [r.strip() for r in run_id.split(",") if r.strip()] if run_id else None, k, min_conf,
                          scope, per_pair).shortened()
     if fmt != "table" or part:
         print_frame(getattr(result, part or "agreement"), fmt)
@@ -338,10 +367,11 @@ def compare(db: Path, runs: str | None, k: int, min_conf: float, per_pair: int, 
 @option("--out", "report")
 @options(option("--k"), option("--min-conf", "compare"), option("--scope"))
 @user_errors
-def report(db: Path, out: Path, ks: list[int], min_conf: float, scope: str) -> None:
+def report(db: Path, out: Path | None, ks: list[int], min_conf: float, scope: str) -> None:
     """One self-contained HTML page of plots and tables of every run in the database."""
     from featstore.analytics.report import write_report
 
+    out = Path(db).parent / "report" if out is None else out
     path = write_report(db, out, ks, scope, min_conf=min_conf,
                         progress=lambda step: click.echo(f"report: {step} …", err=True))
     click.echo(f"wrote {path}")
@@ -372,7 +402,7 @@ def cost(model: str, db: Path, store: str | None, device: str, threads: int | No
 
 @cli.command("exit-sim")
 @option("--db", "read")
-@option("--run", "probe")
+@option("--run", "one")
 @options(option("--k"), option("--thresholds"), option("--combined-thresholds"))
 @option("--device", "measured")
 @option("--batch-size", "price")
@@ -387,6 +417,7 @@ def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], comb
     from featstore.analytics.queries import describe_population, early_exit
     from featstore.analytics.report import pareto_rows
 
+    run_id = only_run(db, run_id)
     policies = ExitPolicies(tuple(ks), tuple(thresholds), tuple(combined_thresholds), () if no_gate else None)
     result = early_exit(db, run_id, device, batch_size, policies, scope)
     population = describe_population(result.population.row(0, named=True))
@@ -411,13 +442,14 @@ def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], comb
 
 @cli.command()
 @option("--db", "gate")
-@option("--run", "probe")
+@option("--run", "one")
 @option("--split")
 @user_errors
 def gate(db: Path, run_id: str, split: str) -> None:
     """Fit a learned early-exit gate from a run's stored prediction timelines (exit-sim then evaluates it)."""
     from featstore.workflows.gate import train_gate
 
+    run_id = only_run(db, run_id)
     result = train_gate(db, run_id, split, on_start=lambda: click.echo(
         f"gate: reading the timelines of {run_id} and fitting on its {split} images …", err=True))
     top = sorted(result.weights.items(), key=lambda kv: -abs(kv[1]))[:4]
@@ -429,7 +461,7 @@ def gate(db: Path, run_id: str, split: str) -> None:
 
 @cli.command()
 @option("--db", "read")
-@option("--run", "taps")
+@option("--run", "one")
 @options(option("--scope"), option("--format"))
 @user_errors
 def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
@@ -438,6 +470,7 @@ def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
 
     from featstore.analytics import queries as q
 
+    run_id = only_run(db, run_id)
     grid = q.tap_grid(db, run_id, scope)
     if grid.is_empty():
         raise FeatstoreError(f"run {run_id!r} in {db} has no (block, tap) anchors; build the store with --taps")
@@ -492,15 +525,18 @@ def css(db: Path, id_run: str, ood_run: str, distance: str, top_n: int, fmt: str
 
 
 @cli.command()
-@click.argument("store")  # a folder or an object-store URL
-@option("--json")
+@option("--store", "read", positional="STORE")
+@option("--format")
 @user_errors
-def info(store: str, as_json: bool) -> None:
-    """What STORE holds: images, models, views, anchors, dims and completeness."""
+def info(store: str, fmt: str) -> None:
+    """What STORE holds: images, models, views, anchors, dims and completeness (--format json: all of it as
+    JSON; old spelling --json)."""
+    if fmt == "csv":
+        raise FeatstoreError("--format csv: info prints a table or json (--format json)")
     from featstore.store.reader import FeatureStore
 
     summary = FeatureStore(store).info()
-    if as_json:
+    if fmt == "json":
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(format_info(summary))
@@ -523,7 +559,8 @@ def format_info(summary: dict) -> str:
         top1 = f" (published top-1 {m['published_top1']:.2f}%)" if m.get("published_top1") is not None else ""
         lines.append(f"\nmodel  {key}: {m['model']}  weights {m['weights']}{top1}  classes {m['num_classes']}")
         prep = f"resize {p['resize']} crop {p['crop']} {p['interpolation']}" if p else "none (written directly)"
-        lines.append(f"  preprocessing {prep}  pool {m['token_pool']}  chunk rows {m['chunk_rows']}")
+        pool = f"  pool {m['token_pool']}" if _reads_tokens(m) else ""
+        lines.append(f"  preprocessing {prep}{pool}  chunk rows {m['chunk_rows']}")
         lines.append("  anchors " + ", ".join(f"{i}:{name}[{dim}]" for i, name, _, dim in m["anchors"]))
         for view, v in m["views"].items():
             if v.get("damaged"):
@@ -543,8 +580,20 @@ def format_info(summary: dict) -> str:
     return "\n".join(lines)
 
 
+# architectures whose anchors are [B, N, D] token sequences with a class token; the token pool (cls or mean) applies
+# only to those, while a store records one for every model (a convolutional map is averaged over H, W)
+CLASS_TOKEN_MODELS = ("vit", "deit", "beit", "cait", "eva", "xcit")
+
+
+def _reads_tokens(m: dict) -> bool:
+    """Whether a model's token pool says anything: a mean pool is chosen only where tokens exist (or with --taps,
+    a VisionTransformer's), and the class-token families read `cls`."""
+    arch = m["model"].removeprefix("timm/").split(".")[0]
+    return m["token_pool"] == "mean" or arch.startswith(CLASS_TOKEN_MODELS)
+
+
 @cli.command()
-@option("--model", "network")
+@option("--model", "network", positional="MODEL")
 @option("--all")
 @user_errors
 def anchors(model: str, show_all: bool) -> None:
@@ -579,7 +628,7 @@ def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, threads
 
 
 @cli.command()
-@click.argument("store")  # a folder or an object-store URL
+@option("--store", "read", positional="STORE")
 @option("--model", "only")
 @option("--quick")
 @option("--db", "verified")

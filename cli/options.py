@@ -194,9 +194,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                               help="Images counted: auto = the test split, or all images of cross-fit runs."))},
     "--k": {"": (("ks",), dict(default=",".join(map(str, DEFAULT_POLICIES.ks)),
                                callback=_list_parser("stability windows", "1,2,3,4", 1),
-                               help="Stability windows k (k anchors after the first).")),
-            "one": ((), dict(default=2, type=click.IntRange(min=1), help="Stability window of l*(k) and the joint "
-                             "criterion."))},
+                               help="Stability windows k (k anchors after the first); where a command uses one "
+                                    "(compare, timeline --image): the one given, else 2."))},
     "--min-conf": {
         "": ((), dict(type=click.FloatRange(0, 1), default=0.0, help="Joint criterion: l* must also be confident "
                       "(conf >= this at l*); 0 = stability alone.")),
@@ -209,13 +208,14 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                          "(k: the one --k given, else 2)."))},
     "--full": {"": ((), dict(is_flag=True, help="Show every row and whole lists (timelines) in the table format."))},
     # compare
-    "--runs": {"": ((), dict(help="Comma list of run ids [default: every clean run]."))},
     "--per-pair": {"": ((), dict(default=4, type=click.IntRange(min=0), help="Disagreeing images listed per pair."))},
     "--part": {"": ((), dict(type=click.Choice(["summary", "agreement", "crosstab", "disagreements"]),
                              help="Print only this table [default: all but the cross-tables; csv/json: "
                                   "agreement]."))},
     "--out": {
-        "report": ((), dict(required=True, type=PATH, help="Folder for report.html and PNGs.")),
+        "report": ((), dict(type=PATH, help="Folder for report.html and PNGs [default: report/ beside the "
+                            "database].")),
+        "export": ((), dict(required=True, type=PATH, help="New folder for the Parquet files.")),
         "demo": ((), dict(type=PATH, default=Path("featstore-demo"), help="Folder for the images, the cached network, "
                           "the store, the database and the report (one subfolder per --dataset).")),
         "study": ((), dict(type=PATH, help="Folder for the store, database, report and study state "
@@ -223,7 +223,6 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     },
     "--replace": {"": ((), dict(is_flag=True, help="A result a source holds under a key the target holds with other "
                                 "content replaces the target's (default: the merge is refused)."))},
-    "--to": {"": ((), dict(required=True, type=PATH, help="New folder for the Parquet files."))},
     # build
     "--views": {"": ((), dict(default="clean", type=checked("views"),
                               help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, brightness-S."))},
@@ -277,9 +276,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--repeats": {"": ((), dict(type=checked("repeats"), default=20,
                                 help="Timed runs per measurement (median), after 3 warm-up runs."))},
     "--run": {
-        "probe": (("run_id",), dict(required=True, help="A run id (see `featstore sql \"SELECT run_id FROM "
-                                    "runs\"`).")),
-        "taps": (("run_id",), dict(required=True, help="A run of a store built with --taps.")),
+        "one": (("run_id",), dict(help="A run id (see `featstore sql \"SELECT run_id FROM runs\"`) [default: the "
+                                  "database's only run].")),
+        "several": (("run_id",), dict(help="A run id, or a comma list of them [default: every clean run].")),
     },
     "--thresholds": {"": ((), dict(default=_thresholds_text(DEFAULT_POLICIES.thresholds),
                                    callback=_threshold_parser,
@@ -311,7 +310,6 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--unbiased": {"": ((), dict(is_flag=True, help="The unbiased HSIC estimator (Song et al. 2012) instead of the "
                                  "biased one of Kornblith et al.; both kept, side by side."))},
     # store inspection
-    "--json": {"": (("as_json",), dict(is_flag=True, help="Machine-readable output."))},
     "--all": {"": (("show_all",), dict(is_flag=True, help="List every name --anchors (and --taps) accepts "
                                        "instead."))},
     "--quick": {"": ((), dict(is_flag=True, help="Only look for missing chunk files (no chunk is read)."))},
@@ -324,13 +322,58 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
 }
 
 
-def option(name: str, role: str = "") -> Callable:
-    """The declaration of option `name` (in `role`, where its meaning depends on the command)."""
+# The one name of each concept that several commands share, and the old spellings each still accepts, hidden from
+# --help: alias -> what it stands for (None: its value as given; a text: that value, the alias being a flag).
+CONCEPTS = {"store": "--store", "run": "--run", "k": "--k", "output folder": "--out", "format": "--format"}
+ALIASES: dict[str, dict[str, str | None]] = {
+    "--run": {"--runs": None},
+    "--out": {"--to": None},
+    "--format": {"--json": "json"},
+}
+
+
+def _alias_dest(flag: str) -> str:
+    return "alias_" + flag.strip("-").replace("-", "_")
+
+
+class Aliased(click.Option):
+    """An option that also takes its value from an old spelling (a hidden option, or a positional argument) when it
+    is not given under its own name, before click checks that a required option was given."""
+
+    def __init__(self, *decls, aliases: dict[str, str | None], **kwargs):
+        super().__init__(*decls, **kwargs)
+        self.aliases = aliases
+
+    def consume_value(self, ctx: click.Context, opts) -> tuple:
+        value, source = super().consume_value(ctx, opts)
+        if source is not click.core.ParameterSource.COMMANDLINE:
+            for dest, means in self.aliases.items():
+                given = opts.get(dest)
+                if isinstance(given, str | bool) and given != "":
+                    return (given if means is None else means), click.core.ParameterSource.COMMANDLINE
+        return value, source
+
+
+def option(name: str, role: str = "", positional: str | None = None) -> Callable:
+    """The declaration of option `name` (in `role`, where its meaning depends on the command), with its old
+    spellings (`ALIASES`) and, where a command took it positionally before, that positional form (`positional`,
+    e.g. `featstore info STORE` for `featstore info --store STORE`)."""
     extra, kwargs = OPTIONS[name][role]
     kind = kwargs.get("type")
     if isinstance(kind, Checked) and isinstance(kind.value, Number):  # the range in --help, as click shows its own
         kwargs = {**kwargs, "help": f"{kwargs.get('help', '')}  [{kind.value.bounds()}]".lstrip()}
-    return click.option(name, *extra, **kwargs)
+    old = {_alias_dest(flag): means for flag, means in ALIASES.get(name, {}).items()}
+    declared = [((flag, _alias_dest(flag)), dict(hidden=True, expose_value=False, is_flag=means is not None,
+                                                  help=f"Old spelling of {name}."))
+                for flag, means in ALIASES.get(name, {}).items()]
+    if positional:
+        old[f"positional_{positional.lower()}"] = None
+    declared.insert(0, ((name, *extra), {**kwargs, **({"cls": Aliased, "aliases": old} if old else {})}))
+    decorators = [click.option(*decls, **kw) for decls, kw in declared]
+    if positional:
+        decorators.append(click.argument(f"positional_{positional.lower()}", required=False, expose_value=False,
+                                         metavar=f"[{positional}]"))
+    return options(*decorators)
 
 
 def options(*decorators: Callable) -> Callable:

@@ -8,13 +8,13 @@ data loader (as uint8, cheap to move) and normalises on the device.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-
-import torch
-from PIL import Image
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import functional as F
+from typing import TYPE_CHECKING
 
 from featstore.errors import FeatstoreError
+
+if TYPE_CHECKING:  # the record is read without torch (`featstore info`); the transforms below load it
+    import torch
+    from PIL import Image
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,17 @@ class Preprocessing:
 
     def crop_uint8(self, image: Image.Image) -> torch.Tensor:
         """Resize and crop a PIL image exactly as torchvision's ImageClassification does; uint8 [3,H,W]."""
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms import functional as F
+
         image = F.resize(image, [self.resize], interpolation=InterpolationMode(self.interpolation), antialias=True)
         image = F.center_crop(image, [self.crop])
         return F.pil_to_tensor(image)
 
     def normalize(self, batch: torch.Tensor) -> torch.Tensor:
         """[B,3,H,W] uint8 or float in [0,1] -> normalised float32, on whatever device `batch` is."""
+        import torch
+
         if batch.dtype == torch.uint8:
             batch = batch.float().div_(255)
         mean = torch.tensor(self.mean, device=batch.device, dtype=batch.dtype).view(1, 3, 1, 1)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import asdict, dataclass
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from featstore.errors import FeatstoreError
+
+if TYPE_CHECKING:  # the records above are read without torch (`featstore info`); the functions below take a model
+    from torch import nn
 
 # Presets (docs/design.md, "Anchors"), per library, in that library's module names. Names are anchor names;
 # `.mid` suffixes are resolved by `resolve_anchor`. torchvision's ViT-B/16 and ConvNeXt-T anchors are the same
@@ -100,6 +102,8 @@ def _taps_of(block: nn.Module, block_name: str, modules: dict[str, nn.Module]) -
 
 
 def _has_mid(module: nn.Module) -> bool:
+    from torch import nn
+
     return isinstance(getattr(module, "bn1", None), nn.Module)
 
 
@@ -151,6 +155,8 @@ def resolve_anchor(model: nn.Module, name: str) -> tuple[str, str, str | None]:
 
 def head_name(model: nn.Module) -> str | None:
     """The classifier: the last Linear module (torchvision's fc/heads.head, timm's head/head.fc)."""
+    from torch import nn
+
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     return linears[-1] if linears else None
 
@@ -166,6 +172,8 @@ def check_anchor_names(names: list[str]) -> list[str]:
 
 def tap_anchor_names(model: nn.Module, taps: str) -> list[str]:
     """'all' or 'ln2,act' -> blocks.<i>.<tap> for every block of a timm VisionTransformer, block-major."""
+    from torch import nn
+
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, (nn.Sequential, nn.ModuleList)) or not all(hasattr(b, "norm2") for b in blocks):
         raise FeatstoreError("--taps needs a timm VisionTransformer-style model (blocks with norm1/attn/norm2/mlp)")

@@ -20,19 +20,21 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import zarr
 from zarr.core.sync import sync
 
 from featstore.errors import FeatstoreError
-from featstore.images.datasets import ImageSet
-from featstore.nets.anchors import Anchor
-from featstore.nets.models import published_top1
 from featstore.records import ModelSource
 from featstore.store.config import StoreConfig
 from featstore.store.integrity import NO_CHECKSUM, UNREADABLE, Damage, checksum, text_checksum
 from featstore.store.location import StoreLocation
+
+if TYPE_CHECKING:  # reading a store's metadata (`featstore info`) loads no torch
+    from featstore.images.datasets import ImageSet
+    from featstore.nets.anchors import Anchor
 
 FORMAT = 1
 HEAD = "head"  # <model>/head: the classifier's weight [C, D] and bias [C], float32 (`write_head`)
@@ -477,13 +479,23 @@ class FeatureStore:
             probes = sorted(self.listed(f"{key}/probes")) if "probes" in self.listed(key) else []
         return {
             "model": cfg.model, "weights": cfg.weights_id,
-            "published_top1": published_top1(cfg.weights_id),
+            "published_top1": _published_top1(cfg.weights_id),
             "preprocessing": None if cfg.preprocessing is None else cfg.preprocessing.to_dict(),
             "token_pool": cfg.token_pool, "num_classes": cfg.num_classes, "chunk_rows": cfg.chunk_rows,
             "anchors": [(a.index, a.name, a.module, a.dim) for a in cfg.anchors],
             "views": views, "probes": probes, "versions": attrs.get("versions", {}),
             **({"foreign": foreign} if (foreign := self.foreign(key)) else {}),
         }
+
+
+def _published_top1(weights_id: str) -> float | None:
+    """The published top-1 of a library's weights; only those load the library (its weight table), so that
+    `featstore info` on a store of other weights reads metadata alone."""
+    if not weights_id.startswith(("torchvision:", "timm:")):
+        return None
+    from featstore.nets.models import published_top1
+
+    return published_top1(weights_id)
 
 
 def _blame(key: str, view: str, chunk: int, changed: list[str], agreed: list[str]) -> list[ChunkProblem]:
