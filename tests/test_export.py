@@ -87,7 +87,7 @@ def test_a_second_export_to_the_same_target_is_refused(db, tmp_path):
         line = fails("export", "--db", db, "--to", tmp_path / "out")
     finally:
         os.close(fd)
-    assert f"export folder {partial} is being written by pid" in line and "export to another --to" in line
+    assert f"export folder {partial} is being written by pid" in line and "export to another --out" in line
     assert (partial / ".featstore-export").is_file()
     os.remove(partial / ".featstore-export")
     partial.rmdir()
