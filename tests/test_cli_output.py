@@ -14,7 +14,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import fails, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +103,10 @@ def test_timeline_says_when_late_means_never_stable(probed):
         assert (f"at k = {k} with {n_anchors} anchors no stable l* can be late" in out) == (t - k < late_start), k
 
 
-@pytest.mark.parametrize("args", [["--help"], ["sql", "--db", "{db}", "SELECT 1"]])
-def test_help_and_sql_do_not_import_torch(probed, args):
-    """(`info` still does: featstore.store.reader imports featstore.images.datasets and featstore.nets, which
-    import torch.)"""
+@pytest.mark.parametrize("args", [["--help"], ["sql", "--db", "{db}", "SELECT 1"], ["info", "{store}"],
+                                  ["info", "--store", "{store}", "--format", "json"]])
+def test_help_sql_and_info_do_not_import_torch(probed, args):
+    """`info` reads a store's metadata only (a store of random-init weights: no published top-1 to look up)."""
     store, db, _ = probed
     argv = [a.format(db=db, store=store) for a in args]
     code = ("import sys\nfrom click.testing import CliRunner\nfrom featstore.cli.main import cli\n"
@@ -125,3 +125,26 @@ def test_the_demos_suggested_query_counts_each_test_image_once(demo):
     counted = run_cli("sql", "--db", db, "--format", "csv", statement.strip().strip('"')).output
     total = sum(int(row["images"]) for row in csv.DictReader(io.StringIO(counted)))
     assert total == _rows(db, "SELECT count(*) FROM images WHERE split = 'test'")[0][0]
+
+
+def test_info_omits_the_pool_of_a_cnn_and_keeps_its_old_spellings(probed):
+    store, _, _ = probed
+    text = run_cli("info", "--store", store).stdout
+    assert "anchors 0:relu[64]" in text and " pool " not in text and "pool cls" not in text  # a ResNet has no class token to pool
+    new = json.loads(run_cli("info", "--store", store, "--format", "json").stdout)
+    assert json.loads(run_cli("info", store, "--json").stdout) == new  # the old positional store and --json
+    assert new["models"]["resnet18"]["anchors"][0][1] == "relu" and new["models"]["resnet18"]["token_pool"]
+
+
+def test_a_run_option_defaults_to_the_only_run_and_names_them_when_there_are_several(probed, tmp_path):
+    store, db, _ = probed
+    (only,) = _rows(db, "SELECT run_id FROM runs")[0]
+    # without --run exit-sim goes on with the database's one run, as far as it goes given it (no costs measured here)
+    assert fails("exit-sim", "--db", db) == fails("exit-sim", "--db", db, "--run", only)
+    assert "no costs of 'resnet18'" in fails("exit-sim", "--db", db)
+    two = tmp_path / "two.duckdb"
+    for variant in ("linear", "knn"):
+        run_cli("probe", "--store", store, "--model", "resnet18", "--db", two, "--variant", variant,
+                "--no-progress", "--threads", "1")
+    line = fails("exit-sim", "--db", two)
+    assert "resnet18/clean/linear" in line and "resnet18/clean/knn" in line and "--run" in line
