@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -64,17 +65,19 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     batches = ResidentBatches(source, groups, fit, labels, is_val_row, seed) if resident else None
     for g in groups:
         g.resident = batches is not None
-    bar = _bar(label) if progress else None  # no total: probes stop by their criterion, not at the cap
+    bar = _Progress(label, len(source.dims), len(fit)) if progress else None
 
     def on_pass() -> None:  # one pass over the rows of a full-batch method
         unit()
         if bar is not None:
-            bar.update(len(fit))
+            bar.passed()
 
     shown = None
     for g in groups if batches is not None else ():
         if g.ready_to_finish():  # a full-batch method that starts without any epoch
             g.finish(batches.stack(g), batches.y, batches.is_val, on_pass)
+            if bar is not None:
+                bar.anchors_left(groups)
     for epoch in range(plan.max_epochs):
         active = [g for g in groups if g.anchors]
         if not active:
@@ -86,14 +89,13 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
             for g, x in zip(active, xs, strict=True):
                 shown = g.step(x, y, is_val, report=bar is not None and g is active[-1]) or shown
             if bar is not None:
-                bar.update(len(y))
+                bar.rows(len(y))
         for g in active:
             g.end_epoch(epoch, val_x, val_y)
             if batches is not None and g.ready_to_finish():
                 g.finish(batches.stack(g), batches.y, batches.is_val, on_pass)
-        if bar is not None and shown is not None:
-            bar.set_postfix(epoch=f"{epoch + 1} (cap {plan.max_epochs})", training=sum(len(g.anchors) for g in groups),
-                            loss=f"{float(shown[0]):.3f}", acc=f"{float(shown[1]):.3f}")
+        if bar is not None:
+            bar.anchors_left(groups, epoch=f"{epoch + 1} (cap {plan.max_epochs})", shown=shown)
     if bar is not None:
         bar.close()
     fitted: dict[int, FittedProbe] = {}
@@ -184,7 +186,38 @@ def predict(source: FeatureSource, probes: Sequence[FittedProbe], rows: np.ndarr
     return preds, confs
 
 
-def _bar(label: str):
-    from tqdm import tqdm
+class _Progress:
+    """A fit's bar: anchors done out of the anchors fitted (the total is known; passes are not: a probe stops by
+    its criterion, not at its cap), with rows read and, for epoch methods, the last batch's train loss and train
+    accuracy (on the rows it learns from: a growing regulariser lowers it, which is no regression)."""
 
-    return tqdm(total=None, desc=label, unit="row", unit_scale=True, leave=False, dynamic_ncols=True)
+    def __init__(self, label: str, anchors: int, fit_rows: int):
+        from tqdm import tqdm
+
+        self.fit_rows, self.read, self.passes, self.shown_at = fit_rows, 0, 0, 0.0
+        self.bar = tqdm(total=anchors, desc=label, unit="anchor", leave=False, dynamic_ncols=True)
+
+    def passed(self) -> None:
+        self.passes += 1
+        self.rows(self.fit_rows, passes=self.passes)
+
+    def rows(self, n: int, **postfix) -> None:
+        self.read += n
+        now = time.monotonic()
+        if now - self.shown_at > 0.5:  # tqdm throttles update(), not set_postfix
+            self.shown_at = now
+            self.bar.set_postfix(rows=f"{self.read:,}", **postfix)
+
+    def anchors_left(self, groups, epoch: str | None = None, shown=None) -> None:
+        done = self.bar.total - sum(len(g.anchors) for g in groups)
+        postfix = {"rows": f"{self.read:,}"} | ({"passes": self.passes} if self.passes else {})
+        if epoch is not None and shown is not None:
+            postfix |= {"epoch": epoch, "train loss": f"{float(shown[0]):.3f}",
+                        "train acc": f"{float(shown[1]):.3f}"}
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.update(self.bar.total - self.bar.n)
+        self.bar.refresh()  # the last frame shows, however soon after the one before
+        self.bar.close()

@@ -130,7 +130,8 @@ def test_the_demos_suggested_query_counts_each_test_image_once(demo):
 def test_info_omits_the_pool_of_a_cnn_and_keeps_its_old_spellings(probed):
     store, _, _ = probed
     text = run_cli("info", "--store", store).stdout
-    assert "anchors 0:relu[64]" in text and " pool " not in text and "pool cls" not in text  # a ResNet has no class token to pool
+    # a ResNet has no class token to pool
+    assert "anchors 0:relu[64]" in text and " pool " not in text and "pool cls" not in text
     new = json.loads(run_cli("info", "--store", store, "--format", "json").stdout)
     assert json.loads(run_cli("info", store, "--json").stdout) == new  # the old positional store and --json
     assert new["models"]["resnet18"]["anchors"][0][1] == "relu" and new["models"]["resnet18"]["token_pool"]
@@ -148,3 +149,19 @@ def test_a_run_option_defaults_to_the_only_run_and_names_them_when_there_are_sev
                 "--no-progress", "--threads", "1")
     line = fails("exit-sim", "--db", two)
     assert "resnet18/clean/linear" in line and "resnet18/clean/knn" in line and "--run" in line
+
+
+@pytest.mark.parametrize("variant", ["linear:C=1", "paper"])
+def test_a_fits_bar_counts_anchors_to_their_total_and_names_train_accuracy(probed, tmp_path, variant):
+    """The bar's total is the anchors (12 on the digits store), reached when the fit ends; an epoch method's
+    accuracy is labelled as the train accuracy it is."""
+    store, _, _ = probed
+    n_anchors = len(json.loads(run_cli("info", "--store", store, "--format", "json").stdout)["models"]["resnet18"]
+                    ["anchors"])
+    err = run_cli("probe", "--store", store, "--model", "resnet18", "--db", tmp_path / "f.duckdb", "--variant",
+                  variant, "--progress", "--threads", "1").stderr
+    frames = err.replace("\r", "\n").splitlines()
+    assert any(f"{n_anchors}/{n_anchors}" in f and "anchor" in f for f in frames), frames[-5:]
+    assert any("rows=" in f for f in frames)
+    if variant == "paper":
+        assert any("train acc=" in f for f in frames) and not any(" acc=" in f.replace("train acc", "") for f in frames)
