@@ -116,14 +116,14 @@ def test_store_weights_and_db_rows_commit_together(store, tmp_path, monkeypatch,
 
     monkeypatch.setattr(probe_run, "fit_probes", other_probes)
     if failing_side == "store":
-        real_write = FeatureStore.write_probe
+        real_write = StoreWriter.write_probe
 
         def dying_write(self, key, name, anchor, *args):
             if anchor == "anchor02":
                 raise OSError("disk full while writing weights")
             real_write(self, key, name, anchor, *args)
 
-        monkeypatch.setattr(FeatureStore, "write_probe", dying_write)
+        monkeypatch.setattr(StoreWriter, "write_probe", dying_write)
     else:
         fail_after_inserting(monkeypatch, "predictions", "disk full while writing rows")
     with pytest.raises(OSError, match="disk full"):
