@@ -98,14 +98,14 @@ def test_anchors_of_one_width_train_as_one_group(imagenet_shaped, tmp_path, monk
     made, bars = [], []
     from featstore.probing.linear import Linear
 
-    real_make, real_bar = Linear.make_group, trainer._bar
+    real_make, real_progress = Linear.make_group, trainer._Progress
     monkeypatch.setattr(Linear, "make_group", lambda self, ctxs: made.append([c.anchor for c in ctxs])
                         or real_make(self, ctxs))
-    monkeypatch.setattr(trainer, "_bar", lambda label: bars.append(real_bar(label)) or bars[-1])
+    monkeypatch.setattr(trainer, "_Progress", lambda *a: bars.append(real_progress(*a)) or bars[-1])
     probe(ProbeConfig(store=store, model="synthetic", db=tmp_path / "f.duckdb"))
     assert made == [[0, 1], [2]]
-    assert len(bars) == 1 and bars[0].total is None  # no total: a probe stops by its criterion, not at the cap
-    assert bars[0].n > 2 * 7000  # rows of every epoch, on one bar
+    assert len(bars) == 1 and bars[0].bar.total == 3  # one bar, counting the 3 anchors fitted
+    assert bars[0].bar.n == 3 and bars[0].read > 2 * 7000  # every anchor done; rows of every epoch, on one bar
 
 
 def test_the_thread_count_of_each_fit_is_recorded(imagenet_shaped, tmp_path):
