@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download weights
 
@@ -26,25 +28,62 @@ def image_dir(tmp_path_factory) -> Path:
     return make_image_folder(tmp_path_factory.mktemp("images"), n_classes=3, per_class=4, size=(80, 60))
 
 
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], str]) -> tuple[Path, str]:
+    """A session fixture's folder made once for the whole run, however many pytest-xdist workers share it (the
+    plugin's documented pattern: the first worker makes it under a file lock, the others wait and read it).
+    `make(folder)` fills the folder and returns text kept beside it. Tests read the folder; one that writes copies
+    it first."""
+    from filelock import FileLock
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        folder = tmp_path_factory.mktemp(name)
+        return folder, make(folder)
+    folder = tmp_path_factory.getbasetemp().parent / name  # the directory every worker's base temp sits in
+    done = folder.with_suffix(".made")
+    with FileLock(str(folder.with_suffix(".lock"))):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            done.write_text(make(folder))
+    return folder, done.read_text()
+
+
 @pytest.fixture(scope="session")
 def digits_store(tmp_path_factory) -> Path:
     """Real images (scikit-learn's digits) through a random-init resnet18: real stored features (one build for
     every module that probes them)."""
     from featstore.workflows.demo import digits_image_folder
 
-    root = tmp_path_factory.mktemp("digits")
-    data = digits_image_folder(root / "images", size=32)
-    run_cli("build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--data", data,
-            "--store", root / "s.zarr", "--no-progress")
+    def make(root: Path) -> str:
+        data = digits_image_folder(root / "images", size=32)
+        return run_cli("build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--data", data,
+                       "--store", root / "s.zarr", "--no-progress").output
+
+    root, _ = made_once(tmp_path_factory, "digits", make)
     return root / "s.zarr"
 
 
 @pytest.fixture(scope="session")
+def digits_linear(digits_store, tmp_path_factory) -> tuple[Path, str]:
+    """The digits store's default `linear` probe fitted once, at --threads 1: the database and what probe printed.
+    Several modules read it; a test that writes to a database copies this one first."""
+    folder, text = made_once(tmp_path_factory, "digits_linear", lambda folder: run_cli(
+        "probe", "--store", digits_store, "--model", "resnet18", "--db", folder / "f.duckdb", "--no-progress",
+        "--threads", "1").output)
+    return folder / "f.duckdb", text
+
+
+def copy_db(db: Path, to: Path) -> Path:
+    """A writable copy of a shared database."""
+    shutil.copyfile(db, to)
+    return to
+
+
+@pytest.fixture(scope="session")
 def demo(tmp_path_factory) -> tuple[Path, str]:
-    """README command 1, run once per session (test_demo checks its numbers, test_report_browser its report):
-    the output folder and what it printed."""
-    out = tmp_path_factory.mktemp("demo")
-    return out, run_cli("demo", "--out", out, "--no-progress").output
+    """README command 1, run once per test run (test_demo checks its numbers, test_report_browser its report):
+    the output folder and what it printed. Read-only: a test that reruns the demo copies the folder first."""
+    return made_once(tmp_path_factory, "demo", lambda out: run_cli("demo", "--out", out, "--no-progress").output)
 
 
 @pytest.fixture(scope="session")

@@ -14,15 +14,12 @@ import duckdb
 import numpy as np
 import pytest
 
-from conftest import fails, run_cli
+from conftest import copy_db, fails, run_cli
 
 
 @pytest.fixture(scope="module")
-def probed(digits_store, tmp_path_factory):
-    db = tmp_path_factory.mktemp("out") / "f.duckdb"
-    first = run_cli("probe", "--store", digits_store, "--model", "resnet18", "--db", db, "--no-progress",
-                    "--threads", "1").output
-    return digits_store, db, first
+def probed(digits_store, digits_linear):
+    return digits_store, *digits_linear
 
 
 def _rows(db, sql, params=()):
@@ -39,7 +36,7 @@ def _table_cells(output: str) -> list[list[str]]:
             if "┆" in line and not line.strip().startswith(("│ ---", "│ str", "│ i", "│ f", "│ bool"))]
 
 
-def test_probe_prints_test_accuracy_per_anchor_and_says_when_it_replaces(probed):
+def test_probe_prints_test_accuracy_per_anchor_and_says_when_it_replaces(probed, tmp_path):
     store, db, first = probed
     (run_id,) = [line.split()[2] for line in first.splitlines() if line.startswith("wrote run")]
     assert "replaced" not in first
@@ -54,8 +51,8 @@ def test_probe_prints_test_accuracy_per_anchor_and_says_when_it_replaces(probed)
     for anchor, _name, accuracy, _n, conv in cells:
         assert float(accuracy) == pytest.approx(expected[int(anchor)], abs=5e-5)
         assert conv == str(converged[int(anchor)]).lower()
-    again = run_cli("probe", "--store", store, "--model", "resnet18", "--db", db, "--no-progress",
-                    "--threads", "1").output
+    again = run_cli("probe", "--store", store, "--model", "resnet18", "--db", copy_db(db, tmp_path / "f.duckdb"),
+                    "--no-progress", "--threads", "1").output
     assert f"wrote run {run_id} (replaced the run of that name written" in again
 
 
@@ -143,10 +140,9 @@ def test_a_run_option_defaults_to_the_only_run_and_names_them_when_there_are_sev
     # without --run exit-sim goes on with the database's one run, as far as it goes given it (no costs measured here)
     assert fails("exit-sim", "--db", db) == fails("exit-sim", "--db", db, "--run", only)
     assert "no costs of 'resnet18'" in fails("exit-sim", "--db", db)
-    two = tmp_path / "two.duckdb"
-    for variant in ("linear", "knn"):
-        run_cli("probe", "--store", store, "--model", "resnet18", "--db", two, "--variant", variant,
-                "--no-progress", "--threads", "1")
+    two = copy_db(db, tmp_path / "two.duckdb")  # its linear run, then a knn run beside it
+    run_cli("probe", "--store", store, "--model", "resnet18", "--db", two, "--variant", "knn", "--no-progress",
+            "--threads", "1")
     line = fails("exit-sim", "--db", two)
     assert "resnet18/clean/linear" in line and "resnet18/clean/knn" in line and "--run" in line
 

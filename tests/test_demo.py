@@ -3,6 +3,8 @@ layers recomputed by a plain loop."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import polars as pl
 import pytest
@@ -64,8 +66,10 @@ def test_the_demos_decision_layers_equal_a_plain_loop(demo):
     assert early.mean() > 0.5  # the colour-cued half settles at the stem (docs/demo.md)
 
 
-def test_demo_runs_offline_end_to_end_and_caches_the_network(demo):
-    out, text = demo
+def test_demo_runs_offline_end_to_end_and_caches_the_network(demo, tmp_path):
+    shared, text = demo
+    out = tmp_path / "demo"
+    shutil.copytree(shared, out)  # the rerun writes: into a copy of the session's demo, which other tests read
     assert "Where the clean test images decide" in text and "report: " in text and "decision_layers(2)" in text
     assert len(text.splitlines()) <= 25  # fits on one screen
     report = out / "layouts" / "report"

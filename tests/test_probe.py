@@ -105,9 +105,8 @@ def test_linear_on_class_clusters_matches_sklearn_and_its_weights(clusters, tmp_
     assert_predictions_recompute(store, "synthetic", "clean", db, "synthetic/clean/linear", "linear@clean")
 
 
-def test_linear_on_real_stored_features_matches_sklearn(digits_store, tmp_path):
-    db = tmp_path / "f.duckdb"
-    run_cli("probe", "--store", digits_store, "--model", "resnet18", "--db", db, "--no-progress")
+def test_linear_on_real_stored_features_matches_sklearn(digits_store, digits_linear):
+    db, _ = digits_linear
     assert_matches_sklearn(digits_store, "resnet18", db, "resnet18/clean/linear")
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM anchors WHERE model = 'resnet18'").fetchone() == (12,)

@@ -40,12 +40,29 @@ def fits_table(db) -> list[tuple]:
     return rows
 
 
-def test_1000_classes_match_standardised_sklearn_and_converge(imagenet_shaped, tmp_path):
-    store, feats, labels = imagenet_shaped
-    db = tmp_path / "f.duckdb"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UnconvergedProbe)
-        probe(ProbeConfig(store=store, model="synthetic", db=db, run=RunOptions(progress=False)))
+@pytest.fixture(scope="module")
+def default_fit(imagenet_shaped, tmp_path_factory):
+    """The default probe of the 1,000-class store fitted once, through the CLI at --threads 1 with its bar on (three
+    tests read it): the database, the anchor groups the fit made, its progress bars and the warnings it raised."""
+    from featstore.probing.linear import Linear
+
+    store, _, _ = imagenet_shaped
+    db = tmp_path_factory.mktemp("default") / "f.duckdb"
+    made, bars = [], []
+    real_make, real_progress = Linear.make_group, trainer._Progress
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        patch.setattr(Linear, "make_group", lambda self, ctxs: made.append([c.anchor for c in ctxs])
+                      or real_make(self, ctxs))
+        patch.setattr(trainer, "_Progress", lambda *a: bars.append(real_progress(*a)) or bars[-1])
+        run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--threads", "1")
+    return db, made, bars, [w.message for w in caught]
+
+
+def test_1000_classes_match_standardised_sklearn_and_converge(imagenet_shaped, default_fit):
+    _, feats, labels = imagenet_shaped
+    db, _, _, caught = default_fit
+    assert not [w for w in caught if isinstance(w, UnconvergedProbe)], caught
     split = make_split(np.arange(len(labels)))
     ours = probe_accuracy(db, "synthetic/clean/linear")
     theirs = [sklearn_accuracy(x, labels, split, standardise=True) for x in feats]
@@ -92,27 +109,18 @@ def test_the_unconverged_warning_names_each_variants_own_cap_parameter(imagenet_
     assert get_variant(hint).params["epochs"] == 3  # the hint parses
 
 
-def test_anchors_of_one_width_train_as_one_group(imagenet_shaped, tmp_path, monkeypatch):
+def test_anchors_of_one_width_train_as_one_group(default_fit):
     """One group per width, and one progress bar for the whole fit (not one per epoch)."""
-    store, _, _ = imagenet_shaped
-    made, bars = [], []
-    from featstore.probing.linear import Linear
-
-    real_make, real_progress = Linear.make_group, trainer._Progress
-    monkeypatch.setattr(Linear, "make_group", lambda self, ctxs: made.append([c.anchor for c in ctxs])
-                        or real_make(self, ctxs))
-    monkeypatch.setattr(trainer, "_Progress", lambda *a: bars.append(real_progress(*a)) or bars[-1])
-    probe(ProbeConfig(store=store, model="synthetic", db=tmp_path / "f.duckdb"))
+    _, made, bars, _ = default_fit
     assert made == [[0, 1], [2]]
     assert len(bars) == 1 and bars[0].bar.total == 3  # one bar, counting the 3 anchors fitted
     assert bars[0].bar.n == 3 and bars[0].read > 2 * 7000  # every anchor done; rows of every epoch, on one bar
 
 
-def test_the_thread_count_of_each_fit_is_recorded(imagenet_shaped, tmp_path):
+def test_the_thread_count_of_each_fit_is_recorded(imagenet_shaped, default_fit, tmp_path):
     """A fit's float sums depend on how many threads split them, so the count is kept with every fit."""
     store, _, _ = imagenet_shaped
-    db = tmp_path / "f.duckdb"
-    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--threads", "1", "--no-progress")
+    db = default_fit[0]
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT list(DISTINCT info->>'threads') FROM probe_fits").fetchone() == (["1"],)
     con.close()

@@ -36,11 +36,22 @@ def test_the_build_keeps_the_networks_head(digits_store):
     assert "head" not in fs.views("resnet18")  # the head group is no view
 
 
-def test_lens_at_the_head_input_agrees_with_the_head(digits_store, tmp_path):
+@pytest.fixture(scope="module")
+def three_anchor_store(digits_store, tmp_path_factory):
+    """The digits through the same network at three anchors: the stem (narrower than the head's input), a 512-wide
+    block output that is not the head's input, and avgpool (what fc reads). The translator's cost is its L-BFGS
+    iterations times the anchors' widths; all 12 anchors take 5 minutes of one core."""
+    store = tmp_path_factory.mktemp("lens") / "s.zarr"
+    run_cli("build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--data",
+            digits_store.parent / "images", "--store", store, "--anchors", "relu,layer4.0,avgpool", "--no-progress")
+    return store
+
+
+def test_lens_at_the_head_input_agrees_with_the_head(three_anchor_store, tmp_path):
     db = tmp_path / "f.duckdb"
-    run_cli("probe", "--store", digits_store, "--model", "resnet18", "--db", db, "--variant", "lens",
+    run_cli("probe", "--store", three_anchor_store, "--model", "resnet18", "--db", db, "--variant", "lens",
             "--no-progress", "--threads", "1")
-    fs = FeatureStore(digits_store)
+    fs = FeatureStore(three_anchor_store)
     anchors = fs.anchors("resnet18")
     n = fs.num_images
     con = duckdb.connect(str(db), read_only=True)
