@@ -4,6 +4,7 @@ thread count; its recorded val accuracy is on rows it did not learn from."""
 
 from __future__ import annotations
 
+import copy
 import json
 import warnings
 
@@ -61,6 +62,17 @@ def exact(z: np.ndarray, labels: np.ndarray, rows: np.ndarray, c: float) -> Logi
         return LogisticRegression(C=c, tol=1e-8, max_iter=10_000).fit(z[rows], labels[rows])
 
 
+def exact_path(z: np.ndarray, labels: np.ndarray, rows: np.ndarray, cs: list[float]) -> dict[float, LogisticRegression]:
+    """`exact` at each C, solved in ascending C, each solve starting at the last one's optimum (scikit-learn's
+    warm_start): the same optima to tol 1e-8 (the objective is strictly convex), in fewer iterations."""
+    model, out = LogisticRegression(tol=1e-8, max_iter=10_000, warm_start=True), {}
+    for c in sorted(cs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            out[c] = copy.deepcopy(model.set_params(C=c).fit(z[rows], labels[rows]))
+    return out
+
+
 @pytest.fixture(scope="module")
 def digits_run(digits_store, digits_linear):
     db, _ = digits_linear
@@ -105,7 +117,7 @@ def test_the_strength_is_the_val_loss_minimum_and_val_accuracy_is_held_out(digit
     for a in (0, len(feats) // 2, len(feats) - 1):
         z = standardised(feats[a], fit)
         tried = [float(c) for c in fits[a]["val_loss_per_C"]]
-        models = {c: exact(z, labels, train, c) for c in tried}
+        models = exact_path(z, labels, train, tried)
         losses = {c: log_loss(labels[val], m.predict_proba(z[val]), labels=m.classes_) for c, m in models.items()}
         best = min(losses.values())
         assert losses[fits[a]["C"]] <= best * (1 + 1e-3), (a, fits[a]["C"], losses)
