@@ -160,8 +160,10 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
         if not read_only:
             _check_not_foreign(con, path)
             con.execute(sql_text("schema"))
+            con.execute(sql_text("migrate_runs"))
         else:
             _stand_in_for_newer_tables(con)
+            _migrated_runs(con)
         install_macros(con, temporary=read_only)
     except BaseException as e:
         if creating:
@@ -174,6 +176,21 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
             raise FeatstoreError(f"cannot write database {path}: {str(e).splitlines()[0]}") from e
         raise  # a macro that does not bind on a write connection is featstore's own bug
     return con
+
+
+def _migrated_runs(con: duckdb.DuckDBPyConnection, database: str | None = None) -> str | None:
+    """A read-only file whose `runs` predates the identity columns (probe_id, probe_name, probe_version) gets a
+    TEMP copy of it migrated as a write connection would migrate the file (sql/migrate_runs.sql), which the
+    macros read in its place. `database`: the attached database (default: the connection's own). Returns the
+    copy's name, or None when the file's table already has the columns (or has no runs table)."""
+    database = database or con.execute("SELECT current_database()").fetchone()[0]
+    columns = {c for (c,) in con.execute("SELECT column_name FROM duckdb_columns() WHERE database_name = ? AND "
+                                         "schema_name = 'main' AND table_name = 'runs'", [database]).fetchall()}
+    if not columns or "probe_id" in columns:
+        return None
+    con.execute(f'CREATE OR REPLACE TEMP TABLE runs AS SELECT * FROM "{database}".main.runs')
+    con.execute(sql_text("migrate_runs"))
+    return "runs"
 
 
 def _check_not_foreign(con: duckdb.DuckDBPyConnection, path: Path) -> None:
@@ -299,8 +316,13 @@ def connect_several(paths: Sequence[str | Path], runs: Sequence[str] | None = No
     images_from = next((a for a, p in zip(aliases, paths, strict=True) if p in fingerprints.values()), aliases[0])
     if runs is not None:
         con.execute("CREATE TEMP TABLE declared_runs AS SELECT unnest(?::VARCHAR[]) AS run_id", [list(runs)])
+    sources = {(a, table): f"{a}.{table}" for a, table in present}
+    for alias in aliases:  # an older featstore's runs: a migrated TEMP copy stands in (see `_migrated_runs`)
+        if _migrated_runs(con, alias):
+            con.execute(f"ALTER TABLE temp.runs RENAME TO runs_{alias}")
+            sources[(alias, "runs")] = f"temp.runs_{alias}"
     for table in schema_tables():
-        parts = [f"SELECT * FROM {a}.{table}" for a in ([images_from] if table in SHARED_TABLES else aliases)
+        parts = [f"SELECT * FROM {sources[(a, table)]}" for a in ([images_from] if table in SHARED_TABLES else aliases)
                  if (a, table) in present]
         body = " UNION ALL BY NAME ".join(parts) if parts else f"SELECT * FROM {aliases[0]}.{table} LIMIT 0"
         if table in DEDUPLICATED_TABLES:
@@ -414,14 +436,14 @@ def register_source(con: duckdb.DuckDBPyConnection, source: ModelSource) -> None
 
 def probe_versions(con: duckdb.DuckDBPyConnection, model: str, probe_name: str) -> set[str]:
     """The stored-weights versions of one probe name that this database's runs of a model name."""
-    return {v for (v,) in con.execute("SELECT DISTINCT params->>'probe_version' FROM runs WHERE model = ? AND "
-                                      "params->>'probe_name' = ?", [model, probe_name]).fetchall() if v}
+    return {v for (v,) in con.execute("SELECT DISTINCT probe_version FROM runs WHERE model = ? AND probe_name = ?",
+                                      [model, probe_name]).fetchall() if v}
 
 
 def run_weights(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str, str, str]]:
     """Every probe run's (run_id, model, probe name, stored-weights version), for `featstore verify --db`."""
-    return con.execute("SELECT run_id, model, params->>'probe_name', params->>'probe_version' FROM runs WHERE "
-                       "params->>'probe_version' IS NOT NULL ORDER BY run_id").fetchall()
+    return con.execute("SELECT run_id, model, probe_name, probe_version FROM runs WHERE probe_version IS NOT NULL "
+                       "ORDER BY run_id").fetchall()
 
 
 def _set_meta(con: duckdb.DuckDBPyConnection, items: dict[str, str]) -> None:
@@ -546,7 +568,9 @@ def _replace_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
     })
     for table in ("predictions", "decisions", "folds", "probe_fits", "gate_scores", "gates", "runs"):
         con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])  # a gate learnt the old predictions
-    _insert_records(con, "runs", [rows.run])
+    params = rows.run.params
+    _insert_records(con, "runs", [rows.run], probe_id=params.get("probe_id", rows.run.probe),
+                    probe_name=params.get("probe_name"), probe_version=params.get("probe_version"))
     _insert(con, "predictions", predictions)
     if rows.fold is not None:
         _insert(con, "folds", pa.table({"run_id": pa.array([run_id] * n),

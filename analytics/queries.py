@@ -6,18 +6,20 @@ name returns, so Python, `featstore sql` and any DuckDB client see the same numb
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import duckdb
 import polars as pl
 import pyarrow as pa
 
-from featstore.analytics.db import connect, connect_several
+from featstore.analytics.db import connect, connect_several, sql_text
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
 from featstore.analytics.scopes import SCOPES
 from featstore.errors import FeatstoreError
@@ -240,6 +242,25 @@ def decision_examples(db: Db, k: int = 2, per_side: int = 4, scope: str = "auto"
                       min_conf: float = 0.0) -> pl.DataFrame:
     return query(db, "SELECT * FROM decision_examples(?, per_side := ?, scope := ?, min_conf := ?)",
                  [k, per_side, scope, check_min_conf(min_conf)])
+
+
+class BandLimits(NamedTuple):
+    last_early: int | None  # the last anchor decision_band calls early (None: none is)
+    first_late: int  # the first anchor it calls late
+
+
+@functools.lru_cache(maxsize=256)
+def band_limits(t: int) -> BandLimits:
+    """Where the early and late bands of anchors 0..t begin and end (sql/band_limits.sql), for the figures and
+    notes that show them: read from decision_band itself, so that no band bound is written a second time in
+    Python. Needs no database (an in-memory DuckDB)."""
+    con = duckdb.connect(":memory:")
+    try:
+        for name in ("decision_band", "band_limits"):
+            con.execute(sql_text(name))
+        return BandLimits(*con.execute("SELECT last_early, first_late FROM band_limits(?)", [t]).fetchone())
+    finally:
+        con.close()
 
 
 def anchor_names(db: Db, model: str) -> list[str]:

@@ -49,11 +49,11 @@ SECTION_RENDERERS: list[Callable[[ReportContext], str]] = [_readouts]
 def late_caveat(t: int, k: int) -> str:
     """Why 'late' can mean 'never stable': a stable l*(k) is at most T - k, and late starts at 0.7T; '' when some
     stable l* can be late."""
-    late_start = min(i for i in range(t + 1) if i >= 0.7 * t)
+    late_start = q.band_limits(t).first_late
     if t - k >= late_start:
         return ""
     return (f"at k = {k} with {t + 1} anchors no stable l* can be late (a stable l* is at most T - k = {t - k}, late "
-            f"starts at 0.7T = {0.7 * t:.1f}): late = never stable")
+            f"starts at anchor {late_start}, the first at or past 0.7T): late = never stable")
 
 
 def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = None, scope: str = "auto",
@@ -172,8 +172,9 @@ def _anchor_axis(ax, names: Sequence[str], label: str = "anchor") -> None:
 
 def _shade_thirds(ax, t: int) -> None:
     """The early (l* < 0.3T) and late (l* >= 0.7T) bands that f_early and f_late count."""
-    early_end = max(i for i in range(t + 1) if i < 0.3 * t) + 0.5
-    late_start = min(i for i in range(t + 1) if i >= 0.7 * t) - 0.5
+    bands = q.band_limits(t)
+    early_end = (-1 if bands.last_early is None else bands.last_early) + 0.5
+    late_start = bands.first_late - 0.5
     ax.axvspan(-0.6, early_end, color="#4c9a5f", alpha=0.08, lw=0)
     ax.axvspan(late_start, t + 0.4, color="#b5533c", alpha=0.08, lw=0)
 
@@ -186,9 +187,10 @@ def _headline(sweep: pl.DataFrame, k: int, t: int) -> str:
     r = row.row(0, named=True)
     caveat = late_caveat(t, k)
     caveat = f" Note: {caveat}." if caveat else ""
+    bands = q.band_limits(t)
     return (f"<p class='headline'>At k = {k}, {r['f_early']:.0%} of the {r['n']} images settle in the first "
-            f"30% of the {t + 1} anchors (l* &lt; {0.3 * t:.1f}) and {r['f_late']:.0%} only in the last 30% "
-            f"(l* &ge; {0.7 * t:.1f}, never-stable ones included: {r['never_stable']:.0%}); mean l* = "
+            f"30% of the {t + 1} anchors (l* &le; {bands.last_early}) and {r['f_late']:.0%} only in the last 30% "
+            f"(l* &ge; {bands.first_late}, never-stable ones included: {r['never_stable']:.0%}); mean l* = "
             f"{r['mean']:.2f}.{caveat}</p>")
 
 

@@ -5,5 +5,5 @@ SELECT v.run_id, v.model, v.view, v.probe, c.run_id AS clean_run_id
 FROM runs v JOIN runs c
   ON c.model = v.model AND c.view = 'clean' AND c.probe = v.probe AND c.train_view = v.train_view
  AND c.cross_fit = v.cross_fit AND c.seed = v.seed
- AND json_extract_string(c.params, '$.probe_name') = json_extract_string(v.params, '$.probe_name')
+ AND c.probe_name = v.probe_name
 WHERE v.view <> 'clean';

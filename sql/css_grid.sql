@@ -10,10 +10,7 @@ pairs AS (
     FROM wanted w JOIN edges a ON a.run_id = w.id_run JOIN edges b ON b.run_id = w.ood_run AND b.edge = a.edge),
 ranked AS (
     SELECT *,
-           (rank() OVER (PARTITION BY id_run, ood_run ORDER BY x) + count(*) OVER (PARTITION BY id_run, ood_run) + 1
-            - rank() OVER (PARTITION BY id_run, ood_run ORDER BY x DESC)) / 2.0 AS rx,
-           (rank() OVER (PARTITION BY id_run, ood_run ORDER BY y) + count(*) OVER (PARTITION BY id_run, ood_run) + 1
-            - rank() OVER (PARTITION BY id_run, ood_run ORDER BY y DESC)) / 2.0 AS ry,
+           average_rank(x, (id_run, ood_run)) AS rx, average_rank(y, (id_run, ood_run)) AS ry,
            row_number() OVER (PARTITION BY id_run, ood_run ORDER BY abs(x) DESC, edge) AS top_x,
            row_number() OVER (PARTITION BY id_run, ood_run ORDER BY abs(y) DESC, edge) AS top_y
     FROM pairs),

@@ -3,7 +3,7 @@
 -- (l* >= 0.7T, settled ones before never-stable ones), with their timelines; picked by a fixed hash of the id.
 CREATE OR REPLACE MACRO decision_examples(k, per_side := 4, scope := 'auto', min_conf := 0) AS TABLE
 WITH d AS (
-    SELECT *, CASE WHEN layer < 0.3 * t THEN 'early' WHEN layer >= 0.7 * t THEN 'late' END AS side
+    SELECT *, nullif(decision_band(layer, t), 'mid') AS side
     FROM decision_layers(k, scope, min_conf := min_conf) WHERE correct),
 ranked AS (
     SELECT *, row_number() OVER (PARTITION BY run_id, side ORDER BY never_stable, hash(image_id), image_id) AS pick

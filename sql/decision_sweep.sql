@@ -4,9 +4,9 @@
 CREATE OR REPLACE MACRO decision_sweep(kmax := 4, scope := 'auto', min_conf := 0) AS TABLE
 SELECT d.run_id, r.model, r.view, r.probe, d.k, count(*) AS n,
        avg(d.layer) AS mean, median(d.layer) AS median, stddev_pop(d.layer) AS std,
-       avg((d.layer < 0.3 * (r.n_anchors - 1))::INT) AS f_early,
-       avg((d.layer >= 0.3 * (r.n_anchors - 1) AND d.layer < 0.7 * (r.n_anchors - 1))::INT) AS f_mid,
-       avg((d.layer >= 0.7 * (r.n_anchors - 1))::INT) AS f_late,
+       avg((decision_band(d.layer, r.n_anchors - 1) = 'early')::INT) AS f_early,
+       avg((decision_band(d.layer, r.n_anchors - 1) = 'mid')::INT) AS f_mid,
+       avg((decision_band(d.layer, r.n_anchors - 1) = 'late')::INT) AS f_late,
        avg(d.never_stable::INT) AS never_stable,
        avg((NOT d.correct)::INT) FILTER (WHERE d.layer < r.n_anchors - 1) AS stable_but_wrong
 FROM joint_decisions(min_conf := min_conf) d JOIN runs r USING (run_id) JOIN images i USING (image_id)

@@ -5,11 +5,7 @@
 CREATE OR REPLACE MACRO definition_agreement(runs, k := 2, min_conf := 0.5, scope := 'auto') AS TABLE
 WITH p AS (SELECT * FROM definition_pairs(runs, k, min_conf, scope)),
 ranked AS (
-    SELECT *,
-           (rank() OVER (PARTITION BY a, b ORDER BY layer_a) + count(*) OVER (PARTITION BY a, b) + 1
-            - rank() OVER (PARTITION BY a, b ORDER BY layer_a DESC)) / 2.0 AS ra,
-           (rank() OVER (PARTITION BY a, b ORDER BY layer_b) + count(*) OVER (PARTITION BY a, b) + 1
-            - rank() OVER (PARTITION BY a, b ORDER BY layer_b DESC)) / 2.0 AS rb
+    SELECT *, average_rank(layer_a, (a, b)) AS ra, average_rank(layer_b, (a, b)) AS rb
     FROM p)
 SELECT a, b, count(*) AS n, CASE WHEN stddev_pop(ra) > 0 AND stddev_pop(rb) > 0 THEN corr(ra, rb) END AS spearman,
        avg((band_a = band_b)::INT) AS same_band,

@@ -13,7 +13,7 @@ stats AS (
     SELECT run_id, n, statistic, value
     FROM (UNPIVOT t ON last_anchor_accuracy, mean_layer, f_early, f_late, never_stable, stable_but_wrong_among_stable,
                        stable_but_wrong_of_all, corruption_delta INTO NAME statistic VALUE value))
-SELECT r.model, r.train_view, coalesce(json_extract_string(r.params, '$.probe_id'), r.probe) AS probe_id, r.cross_fit,
+SELECT r.model, r.train_view, r.probe_id, r.cross_fit,
        st.statistic, count(st.value) AS seeds, list(r.seed ORDER BY r.seed) AS seed_list, avg(st.value) AS mean,
        stddev_samp(st.value) AS std, min(st.value) AS min, max(st.value) AS max, max(st.n) AS n
 FROM stats st JOIN runs r USING (run_id)

@@ -18,11 +18,14 @@ CREATE TABLE IF NOT EXISTS anchors (
 CREATE TABLE IF NOT EXISTS model_sources (
     model VARCHAR PRIMARY KEY, store VARCHAR, images VARCHAR, weights_id VARCHAR, anchors VARCHAR);
 
--- one row per (model, view, probe variant[, cross-fit, seed]): rerunning replaces it
+-- one row per (model, view, probe variant[, cross-fit, seed]): rerunning replaces it. probe = the variant's name;
+-- the probes' identity: probe_id (the variant with its parameters), probe_name (the name its weights are stored
+-- under) and probe_version (the stored weights' version); params = the variant's parameters and the job's settings
 CREATE TABLE IF NOT EXISTS runs (
     run_id VARCHAR PRIMARY KEY, model VARCHAR, view VARCHAR, train_view VARCHAR, probe VARCHAR, params JSON,
     cross_fit INTEGER, seed INTEGER, n_images INTEGER, n_anchors INTEGER, store VARCHAR,
-    created_at TIMESTAMP);
+    created_at TIMESTAMP, probe_id VARCHAR, probe_name VARCHAR, probe_version VARCHAR);
+-- (a database written before the identity had columns: sql/migrate_runs.sql, run on opening it)
 
 -- every image at every anchor: the probe's argmax and max softmax probability
 CREATE TABLE IF NOT EXISTS predictions (

@@ -3,7 +3,7 @@
 -- accuracy at each anchor as accuracy@<anchor>): seeds, mean, std (sample), min and max across probe seeds.
 CREATE OR REPLACE MACRO seed_spread(k := 2, scope := 'auto', min_conf := 0) AS TABLE
 WITH fam AS (
-    SELECT run_id, model, view, train_view, coalesce(json_extract_string(params, '$.probe_id'), probe) AS probe_id,
+    SELECT run_id, model, view, train_view, probe_id,
            cross_fit, seed
     FROM runs),
 s AS MATERIALIZED (SELECT * FROM decision_summary(k, scope, min_conf := min_conf)),

@@ -4,13 +4,7 @@
 CREATE OR REPLACE MACRO zoo_stats(taus, top_n) AS TABLE
 WITH p AS (SELECT * FROM zoo_points(taus, top_n) WHERE isfinite(x) AND isfinite(y)),
 ranked AS (
-    SELECT *,
-           (rank() OVER (PARTITION BY study, ood_set, metric, tau ORDER BY x)
-            + count(*) OVER (PARTITION BY study, ood_set, metric, tau) + 1
-            - rank() OVER (PARTITION BY study, ood_set, metric, tau ORDER BY x DESC)) / 2.0 AS rx,
-           (rank() OVER (PARTITION BY study, ood_set, metric, tau ORDER BY y)
-            + count(*) OVER (PARTITION BY study, ood_set, metric, tau) + 1
-            - rank() OVER (PARTITION BY study, ood_set, metric, tau ORDER BY y DESC)) / 2.0 AS ry
+    SELECT *, average_rank(x, (study, ood_set, metric, tau)) AS rx, average_rank(y, (study, ood_set, metric, tau)) AS ry
     FROM p),
 concordance AS (
     SELECT a.study, a.ood_set, a.metric, a.tau,
