@@ -19,7 +19,7 @@ from featstore.nets.anchors import Anchor
 from featstore.probing.base import FittedProbe, ProbeVariant
 from featstore.probing.source import FeatureSource, holds_prepared
 from featstore.probing.split import make_folds, make_split
-from featstore.probing.trainer import FitRows, fit_probes, predict
+from featstore.probing.trainer import FitRows, fit_probes, predict, predict_bar
 from featstore.schema import VAL_FRAC, parse_size, shown
 from featstore.store.reader import FeatureStore
 
@@ -201,15 +201,21 @@ def fit_all(data: ProbeData, variant: ProbeVariant, train_view: str, progress: b
     return fits
 
 
-def predict_view(data: ProbeData, fits: list[Fit], view: str) -> ViewPredictions:
-    """Predict one view's valid rows with the fitted probes."""
+def predict_view(data: ProbeData, fits: list[Fit], view: str, progress: bool = False,
+                 label: str = "predict") -> ViewPredictions:
+    """Predict one view's valid rows with the fitted probes (with `progress`, one bar over its rows)."""
     valid, n_anchors = data.valid, len(data.anchors)
     source = data.source(view)
     pred = np.empty((len(valid), n_anchors), dtype=np.int32)
     conf = np.empty((len(valid), n_anchors), dtype=np.float32)
-    for fit in fits:
-        where = np.searchsorted(valid, fit.predicted)
-        pred[where], conf[where] = predict(source, fit.probes, fit.predicted)
+    bar = predict_bar(label, sum(len(fit.predicted) for fit in fits)) if progress else None
+    try:
+        for fit in fits:
+            where = np.searchsorted(valid, fit.predicted)
+            pred[where], conf[where] = predict(source, fit.probes, fit.predicted, bar)
+    finally:
+        if bar is not None:
+            bar.close()
     fold = None
     if data.settings.cross_fit:
         fold = np.empty(len(valid), dtype=np.int16)

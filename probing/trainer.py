@@ -6,6 +6,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -13,6 +14,9 @@ import torch
 from featstore.probing.base import AnchorContext, FittedProbe, ProbeGroup, ProbeVariant, UnconvergedProbe
 from featstore.probing.source import FeatureSource, holds_prepared
 from featstore.threads import ThreadPolicy
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 
 @dataclass
@@ -172,8 +176,10 @@ def stack_anchors(feats: Sequence[torch.Tensor], anchors: Sequence[int]) -> torc
     return feats[anchors[0]][None] if len(anchors) == 1 else torch.stack([feats[a] for a in anchors])
 
 
-def predict(source: FeatureSource, probes: Sequence[FittedProbe], rows: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Class and confidence of every probe on `rows` (in row order): int32 and float32 [n, anchors]."""
+def predict(source: FeatureSource, probes: Sequence[FittedProbe], rows: np.ndarray,
+            bar: tqdm | None = None) -> tuple[np.ndarray, ...]:
+    """Class and confidence of every probe on `rows` (in row order): int32 and float32 [n, anchors]. `bar` counts
+    the rows predicted (knn's predict pass searches every reference row for each: long at ImageNet's size)."""
     preds = np.empty((len(rows), len(probes)), dtype=np.int32)
     confs = np.empty((len(rows), len(probes)), dtype=np.float32)
     index = {r: i for i, r in enumerate(np.asarray(rows).tolist())}
@@ -183,7 +189,16 @@ def predict(source: FeatureSource, probes: Sequence[FittedProbe], rows: np.ndarr
             pred, conf = probe.predict(x)
             preds[where, a] = pred.cpu().numpy()
             confs[where, a] = conf.cpu().numpy()
+        if bar is not None:
+            bar.update(len(positions))
     return preds, confs
+
+
+def predict_bar(label: str, rows: int) -> tqdm:
+    """One bar over the rows a view's prediction pass reads."""
+    from tqdm import tqdm
+
+    return tqdm(total=rows, desc=label, unit="row", leave=False, dynamic_ncols=True)
 
 
 class _Progress:

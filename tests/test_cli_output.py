@@ -147,10 +147,10 @@ def test_a_run_option_defaults_to_the_only_run_and_names_them_when_there_are_sev
     assert "resnet18/clean/linear" in line and "resnet18/clean/knn" in line and "--run" in line
 
 
-@pytest.mark.parametrize("variant", ["linear:C=1", "paper"])
+@pytest.mark.parametrize("variant", ["linear:C=1", "paper", "knn"])
 def test_a_fits_bar_counts_anchors_to_their_total_and_names_train_accuracy(probed, tmp_path, variant):
     """The bar's total is the anchors (12 on the digits store), reached when the fit ends; an epoch method's
-    accuracy is labelled as the train accuracy it is."""
+    accuracy is labelled as the train accuracy it is; the prediction pass has its own bar over the view's rows."""
     store, _, _ = probed
     n_anchors = len(json.loads(run_cli("info", "--store", store, "--format", "json").stdout)["models"]["resnet18"]
                     ["anchors"])
@@ -159,5 +159,7 @@ def test_a_fits_bar_counts_anchors_to_their_total_and_names_train_accuracy(probe
     frames = err.replace("\r", "\n").splitlines()
     assert any(f"{n_anchors}/{n_anchors}" in f and "anchor" in f for f in frames), frames[-5:]
     assert any("rows=" in f for f in frames)
+    images = json.loads(run_cli("info", "--store", store, "--format", "json").stdout)["images"]["count"]
+    assert any("predict clean" in f and f"{images}/{images}" in f for f in frames), frames[-5:]
     if variant == "paper":
         assert any("train acc=" in f for f in frames) and not any(" acc=" in f.replace("train acc", "") for f in frames)

@@ -169,7 +169,7 @@ def probe(cfg: ProbeConfig) -> list[str]:
         fits = fit_all(data, variant, train_view, cfg.run.progress, cfg.run.threads)
         for view in views:
             threads.update()  # a view is the unit of prediction
-            predicted = predict_view(data, fits, view)
+            predicted = predict_view(data, fits, view, cfg.run.progress, f"{key} {variant.name} predict {view}")
             run = ProbeRun(job.run_id(view), key, view, train_view, variant.name, params, cfg.cross_fit, seed,
                            len(data.valid), len(data.anchors), str(cfg.store))
             rows = RunRows(run, data.table["image_id"][data.valid], predicted.pred, predicted.conf, predicted.fold,
