@@ -7,6 +7,7 @@ Each write runs inside `transaction`, so a killed job leaves either the old rows
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.resources
 import json
@@ -60,33 +61,53 @@ def macro_order() -> tuple[str, ...]:
 
 
 MACROS = macro_order()
-# what the file's own definitions are: a macro returning the digest of every view and macro text of this version
-MACROS_DIGEST = hashlib.sha256("\0".join(sql_text(name) for name in MACROS).encode()).hexdigest()[:16]
-DIGEST_MACRO = "featstore_macros_digest"
 
 
-def installed_digest(con: duckdb.DuckDBPyConnection) -> str | None:
-    """The digest of the definitions persisted in the file (None: none, or an older featstore's)."""
+def _definitions_digest(con: duckdb.DuckDBPyConnection) -> str:
+    """A digest of the definitions of featstore's views and macros as the connection's own database holds them
+    (TEMP ones left out), as DuckDB prints them back."""
+    rows = con.execute(sql_text("defined_objects"), [list(MACROS)]).fetchall()
+    return hashlib.sha256(repr(rows).encode()).hexdigest()
+
+
+@functools.cache
+def _this_versions_digest() -> str:
+    """`_definitions_digest` of a database holding exactly this version's definitions (made once per process)."""
+    con = duckdb.connect(":memory:")
     try:
-        return con.execute(f"SELECT {DIGEST_MACRO}()").fetchall()[0][0]  # all: no result left open
-    except duckdb.CatalogException:
-        return None
+        con.execute(sql_text("schema"))
+        _create_definitions(con, temporary=False)
+        return _definitions_digest(con)
+    finally:
+        con.close()
 
 
-def install_macros(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> None:
-    """Create every view and macro of this featstore version. Write connections persist them in the file (a
-    plain DuckDB client can call them); read-only ones create them as TEMP objects, which shadow whatever an
-    older featstore left in the file, so every client of one version runs the same definitions. Binding them
-    takes ~0.3 s, so a file whose persisted definitions carry this version's digest is left as it is."""
-    if installed_digest(con) == MACROS_DIGEST:
-        return
+def _create_definitions(con: duckdb.DuckDBPyConnection, temporary: bool) -> None:
     for name in MACROS:
         text = sql_text(name)
         if temporary:
             text = _DEFINITION.sub(lambda m: f"CREATE OR REPLACE TEMP {m.group(1)} {m.group(2)}", text, count=1)
         con.execute(text)
-    if not temporary:  # last: a job killed before here leaves no digest, so the next connection installs again
-        con.execute(f"CREATE OR REPLACE MACRO {DIGEST_MACRO}() AS '{MACROS_DIGEST}'")
+
+
+def in_memory(*names: str) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB holding the named views and macros of sql/ (in the order given): for a figure that reads
+    a definition without any database."""
+    con = duckdb.connect(":memory:")
+    for name in names:
+        con.execute(sql_text(name))
+    return con
+
+
+def install_macros(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> None:
+    """Create every view and macro of this featstore version. Write connections persist them in the file (a
+    plain DuckDB client can call them); read-only ones create them as TEMP objects, which shadow whatever an
+    older featstore (or another client) left in the file, so every client of one version runs the same
+    definitions. Binding them takes ~0.3 s, so where the file already holds exactly these definitions (compared as
+    DuckDB prints them back, ~0.05 s) nothing is created."""
+    if _definitions_digest(con) == _this_versions_digest():
+        return
+    _create_definitions(con, temporary)
 
 
 def schema_tables() -> tuple[str, ...]:

@@ -79,27 +79,30 @@ def test_a_duckdb_file_that_is_not_featstores(dbs, tmp_path):
     assert snapshot(tmp_path) == before
 
 
-def test_definitions_are_bound_once_per_version_and_an_older_files_are_shadowed(tmp_path):
-    """A file this version wrote carries its definitions' digest, so a read-only connection binds none of them
-    again; a file holding other definitions (as an older featstore left it: a view of other columns, no digest)
-    is read through this version's, as TEMP objects that shadow the file's."""
+def test_definitions_are_bound_once_per_version_and_other_ones_are_shadowed(tmp_path):
+    """A file holding exactly this version's views and macros is read through them, with no TEMP copy bound again;
+    a file holding another definition (an older featstore's, or one another client wrote: here a view of other
+    columns) is read through this version's as TEMP objects that shadow the file's, and a write connection puts
+    this version's back into the file."""
     db = tmp_path / "f.duckdb"
     fsdb.connect(db).close()
     con = fsdb.connect(db, read_only=True)
-    assert fsdb.installed_digest(con) == fsdb.MACROS_DIGEST
-    assert con.execute("SELECT count(*) FROM duckdb_functions() WHERE database_name = 'temp'").fetchone() == (0,)
+    temporary = ("SELECT (SELECT count(*) FROM duckdb_functions() WHERE database_name = 'temp') + "
+                 "(SELECT count(*) FROM duckdb_views() WHERE temporary AND NOT internal)")
+    assert con.execute(temporary).fetchall() == [(0,)]
     columns = [c for (c, *_) in con.execute("DESCRIBE SELECT * FROM timelines").fetchall()]
     con.close()
     raw = duckdb.connect(str(db))
-    raw.execute(f"DROP MACRO {fsdb.DIGEST_MACRO}")
     raw.execute("CREATE OR REPLACE VIEW timelines AS SELECT 1 AS old_column")
     raw.close()
     con = fsdb.connect(db, read_only=True)
     assert [c for (c, *_) in con.execute("DESCRIBE SELECT * FROM timelines").fetchall()] == columns
+    assert con.execute(temporary).fetchall()[0][0] == len(fsdb.MACROS)
     con.close()
-    con = fsdb.connect(db)  # a write connection puts this version's definitions and digest back into the file
-    con.close()
+    fsdb.connect(db).close()
     raw = duckdb.connect(str(db), read_only=True)
     assert [c for (c, *_) in raw.execute("DESCRIBE SELECT * FROM timelines").fetchall()] == columns
-    assert raw.execute(f"SELECT {fsdb.DIGEST_MACRO}()").fetchone() == (fsdb.MACROS_DIGEST,)
     raw.close()
+    con = fsdb.connect(db, read_only=True)
+    assert con.execute(temporary).fetchall() == [(0,)]
+    con.close()
