@@ -19,7 +19,7 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from featstore.analytics.db import connect, connect_several, sql_text
+from featstore.analytics.db import connect, connect_several, in_memory
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
 from featstore.analytics.scopes import SCOPES
 from featstore.errors import FeatstoreError
@@ -254,11 +254,9 @@ def band_limits(t: int) -> BandLimits:
     """Where the early and late bands of anchors 0..t begin and end (sql/band_limits.sql), for the figures and
     notes that show them: read from decision_band itself, so that no band bound is written a second time in
     Python. Needs no database (an in-memory DuckDB)."""
-    con = duckdb.connect(":memory:")
+    con = in_memory("decision_band", "band_limits")
     try:
-        for name in ("decision_band", "band_limits"):
-            con.execute(sql_text(name))
-        return BandLimits(*con.execute("SELECT last_early, first_late FROM band_limits(?)", [t]).fetchone())
+        return BandLimits(*con.execute("SELECT last_early, first_late FROM band_limits(?)", [t]).fetchall()[0])
     finally:
         con.close()
 
@@ -280,6 +278,31 @@ def timelines(db: Db, run_id: str | None = None) -> pl.DataFrame:
 
 def runs(db: Db) -> pl.DataFrame:
     return query(db, "SELECT * FROM runs ORDER BY run_id")
+
+
+def circuit_runs(db: Db) -> pl.DataFrame:
+    return query(db, "SELECT * FROM circuit_runs ORDER BY run_id")
+
+
+def run_ids_among(db: Db, run_ids: Sequence[str]) -> set[str]:
+    """Which of `run_ids` the database holds."""
+    return set(query(db, "SELECT run_id FROM runs WHERE list_contains(?, run_id)", [list(run_ids)])["run_id"])
+
+
+def models_of_runs(db: Db, run_ids: Sequence[str]) -> list[str]:
+    """The models the runs `run_ids` probe, in name order."""
+    return query(db, "SELECT DISTINCT model FROM runs WHERE list_contains(?, run_id) ORDER BY model",
+                 [list(run_ids)])["model"].to_list()
+
+
+def label_count(db: Db) -> int | None:
+    """1 + the largest label of the database's images (None: no image yet)."""
+    return query(db, "SELECT max(label) + 1 AS n FROM images")["n"][0]
+
+
+def cost_settings(db: Db, model: str) -> pl.DataFrame:
+    """The (batch_size, device) pairs a model's anchor costs were measured at, in order."""
+    return query(db, "SELECT DISTINCT batch_size, device FROM anchor_costs WHERE model = ? ORDER BY 1, 2", [model])
 
 
 def unconverged_probes(db: Db) -> pl.DataFrame:

@@ -74,7 +74,7 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
             ks = sorted({*ks, *q.stability_windows(con, [k])})
         out.mkdir(parents=True, exist_ok=True)
         runs = q.runs(con)
-        circuit_runs = q.query(con, "SELECT * FROM circuit_runs ORDER BY run_id")
+        circuit_runs = q.circuit_runs(con)
         if runs.is_empty() and circuit_runs.is_empty():
             raise FeatstoreError(f"database {db} has no probe or circuit runs yet; run `featstore probe --db {db}` "
                                  f"or `featstore circuits --db {db}` first")
@@ -281,8 +281,7 @@ def _k_sensitivity(figs: _Figures, sweep: pl.DataFrame, run_id: str) -> str:
 def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
     """Accuracy vs mean latency of every realisable exit policy with their Pareto front; the oracle (which
     needs the label) is drawn apart as an upper bound, if costs were measured."""
-    sizes = q.query(con, "SELECT DISTINCT batch_size, device FROM anchor_costs WHERE model = ? ORDER BY 1, 2",
-                    [run["model"]])
+    sizes = q.cost_settings(con, run["model"])
     if sizes.is_empty():
         return (f"<p>Early exit: no costs of {html.escape(run['model'])} measured yet "
                 f"(<code>featstore cost --model {html.escape(run['model'])} --db …</code>).</p>")

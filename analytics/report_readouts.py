@@ -33,13 +33,9 @@ def readout_sections(con, run_ids: Sequence[str], out: str | Path | None = None,
 
 
 def _models(con, run_ids: Sequence[str]) -> list[str]:
-    from featstore.analytics.queries import query
+    from featstore.analytics.queries import models_of_runs
 
-    if not run_ids:
-        return []
-    frame = query(con, "SELECT DISTINCT model FROM runs WHERE list_contains(?, run_id) ORDER BY model",
-                  [list(run_ids)])
-    return frame["model"].to_list()
+    return models_of_runs(con, run_ids) if run_ids else []
 
 
 def _anchor_ticks(ax, names: Sequence[str], axis: str = "x") -> None:

@@ -1,14 +1,18 @@
 -- merge_conflicts: with a source database attached as `src`, each result the target also holds under the same key
 -- but with other content: (what, key). `featstore merge` refuses a source with any, unless --replace.
--- Content: a run's row (all but created_at) and its predictions; a circuit run's row and its edges; a model's
--- outputs per view; a measurement's costs; a zoo row; a stored graph distance; a run's learned gate and its scores;
--- a model's anchor CKA matrix per view and estimator.
+-- Content: a run's row (all but created_at and the probe identity columns, which migrate_runs derives from params,
+-- so that a source written before they existed compares by the same content) and its predictions; a circuit run's
+-- row and its edges; a model's outputs per view; a measurement's costs; a zoo row; a stored graph distance; a run's
+-- learned gate and its scores; a model's anchor CKA matrix per view and estimator.
 WITH digests AS (
     SELECT side, what, key, bit_xor(digest) AS digest FROM (
         SELECT 'target' AS side, 'run' AS what, r.run_id AS key, hash(r) AS digest
-        FROM (SELECT * EXCLUDE (created_at) FROM runs) r
+        FROM (SELECT COLUMNS(lambda c: c NOT IN ('created_at', 'probe_id', 'probe_name', 'probe_version'))
+              FROM runs) r
         UNION ALL SELECT 'target', 'run', p.run_id, hash(p) FROM predictions p
-        UNION ALL SELECT 'source', 'run', r.run_id, hash(r) FROM (SELECT * EXCLUDE (created_at) FROM src.runs) r
+        UNION ALL SELECT 'source', 'run', r.run_id, hash(r)
+        FROM (SELECT COLUMNS(lambda c: c NOT IN ('created_at', 'probe_id', 'probe_name', 'probe_version'))
+              FROM src.runs) r
         UNION ALL SELECT 'source', 'run', p.run_id, hash(p) FROM src.predictions p
         UNION ALL SELECT 'target', 'circuit run', c.run_id, hash(c)
         FROM (SELECT * EXCLUDE (created_at) FROM circuit_runs) c

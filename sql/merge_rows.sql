@@ -3,12 +3,18 @@
 -- the target lacks are added. Run inside the merge's one transaction, after merge_conflicts and merge_disagreements.
 -- A learned gate belongs to its run's predictions: the target's goes when the source brings a gate for that run,
 -- or brings the run with other content (--replace; that gate learnt the old predictions).
+-- (A run's content leaves out created_at and the identity columns, as in merge_conflicts; the caller runs
+-- migrate_runs afterwards, which fills those columns for the runs of a source written before they existed.)
 DELETE FROM gate_scores WHERE run_id IN (SELECT run_id FROM src.gates) OR run_id IN (
-    SELECT s.run_id FROM (SELECT * EXCLUDE (created_at) FROM src.runs) s
-    JOIN (SELECT * EXCLUDE (created_at) FROM runs) t USING (run_id) WHERE hash(s) <> hash(t));
+    SELECT s.run_id FROM (SELECT COLUMNS(lambda c: c NOT IN ('created_at', 'probe_id', 'probe_name', 'probe_version'))
+                          FROM src.runs) s
+    JOIN (SELECT COLUMNS(lambda c: c NOT IN ('created_at', 'probe_id', 'probe_name', 'probe_version'))
+          FROM runs) t USING (run_id) WHERE hash(s) <> hash(t));
 DELETE FROM gates WHERE run_id IN (SELECT run_id FROM src.gates) OR run_id IN (
-    SELECT s.run_id FROM (SELECT * EXCLUDE (created_at) FROM src.runs) s
-    JOIN (SELECT * EXCLUDE (created_at) FROM runs) t USING (run_id) WHERE hash(s) <> hash(t));
+    SELECT s.run_id FROM (SELECT COLUMNS(lambda c: c NOT IN ('created_at', 'probe_id', 'probe_name', 'probe_version'))
+                          FROM src.runs) s
+    JOIN (SELECT COLUMNS(lambda c: c NOT IN ('created_at', 'probe_id', 'probe_name', 'probe_version'))
+          FROM runs) t USING (run_id) WHERE hash(s) <> hash(t));
 DELETE FROM predictions WHERE run_id IN (SELECT run_id FROM src.runs);
 DELETE FROM decisions WHERE run_id IN (SELECT run_id FROM src.runs);
 DELETE FROM folds WHERE run_id IN (SELECT run_id FROM src.runs);

@@ -171,3 +171,30 @@ def test_compare_and_timeline_commands(world):
     assert "mean" in run_cli("timeline", "--db", world.path, "--min-conf", "0.5").output
     assert "--min-conf" in fails("timeline", "--db", world.path, "--min-conf", "1.5")
     assert "no run 'm/clean/nope'" in fails("compare", "--db", world.path, "--runs", "m/clean/nope")
+
+
+def test_average_rank_is_scipys_and_band_limits_are_the_bands_ends():
+    """average_rank (the one Spearman rank of css_grid, zoo_stats, definition_agreement) equals scipy's rankdata
+    with ties averaged, per partition of one or two columns; band_limits(t) equals the bands of docs/design.md §7
+    computed by a plain loop."""
+    import duckdb
+    from scipy.stats import rankdata
+
+    rng = np.random.default_rng(4)
+    x, a, b = rng.integers(0, 6, 90), rng.integers(0, 3, 90), rng.integers(0, 2, 90)  # many ties
+    con = duckdb.connect()
+    for name in ("average_rank", "decision_band", "band_limits"):
+        con.execute(fsdb.sql_text(name))
+    con.execute("CREATE TABLE t AS SELECT unnest(?::INT[]) AS i, unnest(?::INT[]) AS x, unnest(?::INT[]) AS a, "
+                "unnest(?::INT[]) AS b", [list(range(90)), x.tolist(), a.tolist(), b.tolist()])
+    one = dict(con.execute("SELECT i, average_rank(x, a) FROM t").fetchall())
+    two = dict(con.execute("SELECT i, average_rank(x, (a, b)) FROM t").fetchall())
+    for got, groups in ((one, a), (two, a * 2 + b)):
+        for g in np.unique(groups):
+            rows = np.flatnonzero(groups == g)
+            assert [got[int(i)] for i in rows] == rankdata(x[rows]).tolist(), g
+    for t in range(1, 40):
+        early = [layer for layer in range(t + 1) if layer < 0.3 * t]
+        late = [layer for layer in range(t + 1) if layer >= 0.7 * t]
+        assert con.execute("SELECT * FROM band_limits(?)", [t]).fetchall() == [(max(early, default=None), min(late))]
+    con.close()

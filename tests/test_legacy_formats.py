@@ -3,12 +3,15 @@ and queried (tests/data/README.md says what wrote them)."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tarfile
 from pathlib import Path
 
+import duckdb
 import pytest
 
+from featstore.analytics import db as fsdb
 from featstore.analytics.queries import query
 from featstore.store.reader import FeatureStore
 
@@ -54,3 +57,23 @@ def test_a_format1_database_queries_and_takes_new_runs(legacy):
     assert query(db, "SELECT count(*) AS n FROM runs")["n"][0] == 3
     shutil.rmtree(legacy / "report", ignore_errors=True)
     assert "wrote" in run_cli("report", "--db", db, "--out", legacy / "report").output
+
+
+def test_a_database_from_before_the_identity_columns_reads_them_from_params(legacy):
+    """A format1 file keeps the probes' identity only inside runs.params: read-only, the columns come from a
+    migrated TEMP copy (the file's bytes unchanged); a write connection adds them to the file."""
+    db = legacy / "format1" / "featstore.duckdb"
+    expected = [(run_id, "linear:max_epochs=3", "linear:max_epochs=3@clean", "v20261201T122948-c7f10cc6")
+                for run_id in ("resnet18/clean/linear:max_epochs=3",
+                               "resnet18/gaussian_noise-1/linear:max_epochs=3/train=clean")]
+    raw = duckdb.connect(str(db), read_only=True)
+    assert "probe_id" not in {c for (c, *_) in raw.execute("DESCRIBE runs").fetchall()}
+    raw.close()
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    sql = "SELECT run_id, probe_id, probe_name, probe_version FROM runs ORDER BY run_id"
+    assert query(db, sql).rows() == expected
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    fsdb.connect(db).close()
+    raw = duckdb.connect(str(db), read_only=True)
+    assert raw.execute(sql).fetchall() == expected
+    raw.close()

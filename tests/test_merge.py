@@ -5,6 +5,7 @@ as one without merging; `featstore export` writes Parquet that Polars reads back
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -21,7 +22,8 @@ SEEDS = (0, 1, 2)
 # every column of each table that two separate invocations of the same job write alike (not when, not which
 # stored weights version: that is a fresh id per invocation)
 COMPARED = {
-    "runs": "SELECT * EXCLUDE (created_at, params), json_remove(params, '$.probe_version') AS params FROM runs",
+    "runs": "SELECT * EXCLUDE (created_at, params, probe_version), json_remove(params, '$.probe_version') AS params "
+            "FROM runs",
     "predictions": "SELECT * FROM predictions", "decisions": "SELECT * FROM decisions", "folds": "SELECT * FROM folds",
     "probe_fits": "SELECT * EXCLUDE (info) FROM probe_fits", "model_outputs": "SELECT * FROM model_outputs",
     "images": "SELECT * FROM images", "anchors": "SELECT * FROM anchors",
@@ -214,3 +216,28 @@ def test_merge_carries_the_anchor_cka_matrices(parallel, tmp_path):
     assert read(target) == want
     run_cli("merge", "--db", target, second, "--replace")
     assert read(target) == sorted(read(first) + read(second))
+
+
+IDENTITY = "SELECT run_id, probe_id, probe_name, probe_version FROM runs ORDER BY run_id"
+
+
+def test_a_source_written_before_the_identity_columns_merges_as_the_same_runs(parallel, tmp_path):
+    """A source whose runs hold the probes' identity only inside params (every database written before runs had
+    the columns) is no conflict beside the same runs in the target, and its runs get the columns from params."""
+    root, _ = parallel
+    old = shutil.copyfile(root / "job0.duckdb", tmp_path / "old.duckdb")
+    con = duckdb.connect(str(old))
+    expected = con.execute(IDENTITY).fetchall()
+    assert all(probe_id and name and version for _, probe_id, name, version in expected)
+    for column in ("probe_id", "probe_name", "probe_version"):
+        con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    con.close()
+    target = shutil.copyfile(root / "job0.duckdb", tmp_path / "target.duckdb")
+    before = digest(target)
+    run_cli("merge", "--db", target, old)
+    assert digest(target) == before  # the same runs: nothing to fold in
+    fresh = tmp_path / "fresh.duckdb"
+    run_cli("merge", "--db", fresh, old)
+    con = duckdb.connect(str(fresh), read_only=True)
+    assert con.execute(IDENTITY).fetchall() == expected
+    con.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from featstore.analytics import db as fsdb
+from featstore.analytics.queries import anchor_names
 from featstore.compute.similarity import DEFAULT_BUDGET, CkaResult, anchor_cka, check_view
 from featstore.probing.run import check_complete
 from featstore.store.reader import FeatureStore, model_key
@@ -24,8 +25,7 @@ def compute_cka(store: str | Path, model: str, db: str | Path, view: str = "clea
     result = anchor_cka(fs, key, view, unbiased, memory_budget, threads, progress)
     con = fsdb.connect(db, wait_s=fsdb.WRITE_WAIT_S)
     try:
-        known = con.execute("SELECT count(*) FROM anchors WHERE model = ?", [key]).fetchone()[0]
-        if not known:
+        if not anchor_names(con, key):
             fsdb.register_anchors(con, key, fs.anchors(key))
         fsdb.replace_anchor_cka(con, key, view, result.estimator, result.matrix, result.n_images)
     finally:

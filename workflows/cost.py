@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from featstore.analytics import db as fsdb
+from featstore.analytics import queries as q
 from featstore.compute.prefix_costs import ModelCost, measure_costs
 from featstore.errors import FeatstoreError
 from featstore.nets.anchors import resolve_anchors
@@ -36,12 +37,11 @@ def measure_model(key: str, db: str | Path, store: str | Path | None = None, dev
             crop = image_size or cfg.preprocessing.crop
             head, probe_classes = cfg.num_classes, len(fs.image_attrs().get("class_names", [])) or cfg.num_classes
         else:
-            names = [n for (n,) in con.execute("SELECT name FROM anchors WHERE model = ? ORDER BY anchor",
-                                               [key]).fetchall()]
+            names = q.anchor_names(con, key)
             if not names:
                 raise FeatstoreError(f"database {db} has no anchors of {key!r}; pass --store, or probe the model first")
             name, pool_kind, head = key, "cls", None
-            probe_classes = con.execute("SELECT max(label) + 1 FROM images").fetchone()[0] or 1000
+            probe_classes = q.label_count(con) or 1000
             crop = None
         if store is not None and "/" not in name:  # the library the store was built with (convnext_tiny: both have it)
             name = f"{cfg.library}/{name}"

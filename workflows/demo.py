@@ -225,7 +225,7 @@ def run_demo(out: Path, dataset: str = "layouts", epochs: int | None = None, lim
     timed("probe", lambda: probe(ProbeConfig(store=store, model="resnet18", db=db, view="all", run=run)))
     for variant in CLEAN_ONLY_VARIANTS:
         timed("probe", lambda v=variant: probe(ProbeConfig(store=store, model="resnet18", db=db, variant=v, run=run)))
-    clean_runs = q.query(db, "SELECT run_id FROM runs WHERE view = 'clean' ORDER BY run_id")["run_id"].to_list()
+    clean_runs = q.runs(db).filter(pl.col("view") == "clean")["run_id"].to_list()
     timed("gate", lambda: [train_gate(db, run) for run in clean_runs])
     record_image_source(db, data, discover(data).class_names)
     timed("cost", lambda: measure_model("resnet18", db, store, device="cpu", batch_sizes=(1,), repeats=5,

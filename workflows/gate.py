@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from featstore.analytics import db as fsdb
-from featstore.analytics.queries import query
+from featstore.analytics.queries import query, run_ids_among
 from featstore.errors import FeatstoreError
 from featstore.records import Gate, GateScores
 
@@ -126,7 +126,7 @@ def train_gate(db: str | Path, run_id: str, split: str = "train", c: float = 1.0
     called once the input is checked, before the work (the CLI says what it does then, not before a refusal)."""
     if split not in ("train", "val", "test"):
         raise FeatstoreError(f"--split {split!r}: the gate learns from one split: train, val or test")
-    if query(db, "SELECT count(*) AS n FROM runs WHERE run_id = ?", [run_id])["n"][0] == 0:
+    if not run_ids_among(db, [run_id]):
         raise FeatstoreError(f"no run {run_id!r} in {db}; list them with featstore sql --db {db} "
                              f"\"SELECT run_id FROM runs\"")
     if on_start is not None:

@@ -92,4 +92,5 @@ def _fold(con: duckdb.DuckDBPyConnection, source: Path, replace: bool) -> list[s
         raise FeatstoreError(f"source {source} holds {conflicts[0]}{more} with other content than the target; "
                              f"pass --replace to keep the source's, or leave that source out")
     con.execute(fsdb.sql_text("merge_rows"))
+    con.execute(fsdb.sql_text("migrate_runs"))  # a source older than the identity columns brought runs without them
     return conflicts

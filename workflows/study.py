@@ -21,7 +21,7 @@ import duckdb
 import polars as pl
 
 from featstore.analytics import db as fsdb
-from featstore.analytics.queries import paper_table_spread, population
+from featstore.analytics.queries import paper_table_spread, population, run_ids_among
 from featstore.analytics.report import write_report
 from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 from featstore.errors import FeatstoreError
@@ -282,12 +282,7 @@ def _probed(cfg: ProbeConfig) -> bool:
     if not cfg.db.is_file() or not StoreLocation.parse(cfg.store).has_store():
         return False
     runs = planned_run_ids(cfg)
-    con = duckdb.connect(str(cfg.db), read_only=True)
-    try:
-        found = {r for (r,) in con.execute("SELECT run_id FROM runs WHERE list_contains(?, run_id)", [runs]).fetchall()}
-    finally:
-        con.close()
-    return found == set(runs)
+    return run_ids_among(cfg.db, runs) == set(runs)
 
 
 def run_study(path: str | Path, data: str | Path | None = None, out: str | Path | None = None,
