@@ -215,6 +215,7 @@ def predict_view(data: ProbeData, fits: list[Fit], view: str, progress: bool = F
             pred[where], conf[where] = predict(source, fit.probes, fit.predicted, bar)
     finally:
         if bar is not None:
+            bar.refresh()  # the last count shows, however soon after the one before
             bar.close()
     fold = None
     if data.settings.cross_fit:
