@@ -73,10 +73,8 @@ def _definitions_digest(con: duckdb.DuckDBPyConnection) -> str:
 @functools.cache
 def _this_versions_digest() -> str:
     """`_definitions_digest` of a database holding exactly this version's definitions (made once per process)."""
-    con = duckdb.connect(":memory:")
+    con = in_memory("schema", *MACROS)
     try:
-        con.execute(sql_text("schema"))
-        _create_definitions(con, temporary=False)
         return _definitions_digest(con)
     finally:
         con.close()
@@ -589,9 +587,8 @@ def _replace_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
     })
     for table in ("predictions", "decisions", "folds", "probe_fits", "gate_scores", "gates", "runs"):
         con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])  # a gate learnt the old predictions
-    params = rows.run.params
-    _insert_records(con, "runs", [rows.run], probe_id=params.get("probe_id", rows.run.probe),
-                    probe_name=params.get("probe_name"), probe_version=params.get("probe_version"))
+    _insert_records(con, "runs", [rows.run])
+    con.execute(sql_text("migrate_runs"))  # the identity columns, from params by the one rule older files get
     _insert(con, "predictions", predictions)
     if rows.fold is not None:
         _insert(con, "folds", pa.table({"run_id": pa.array([run_id] * n),

@@ -7,12 +7,10 @@
 WITH digests AS (
     SELECT side, what, key, bit_xor(digest) AS digest FROM (
         SELECT 'target' AS side, 'run' AS what, r.run_id AS key, hash(r) AS digest
-        FROM (SELECT COLUMNS(lambda c: c NOT IN ('created_at', 'probe_id', 'probe_name', 'probe_version'))
-              FROM runs) r
+        FROM run_content('runs') r
         UNION ALL SELECT 'target', 'run', p.run_id, hash(p) FROM predictions p
         UNION ALL SELECT 'source', 'run', r.run_id, hash(r)
-        FROM (SELECT COLUMNS(lambda c: c NOT IN ('created_at', 'probe_id', 'probe_name', 'probe_version'))
-              FROM src.runs) r
+        FROM run_content('src.runs') r
         UNION ALL SELECT 'source', 'run', p.run_id, hash(p) FROM src.predictions p
         UNION ALL SELECT 'target', 'circuit run', c.run_id, hash(c)
         FROM (SELECT * EXCLUDE (created_at) FROM circuit_runs) c

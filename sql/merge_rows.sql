@@ -6,15 +6,11 @@
 -- (A run's content leaves out created_at and the identity columns, as in merge_conflicts; the caller runs
 -- migrate_runs afterwards, which fills those columns for the runs of a source written before they existed.)
 DELETE FROM gate_scores WHERE run_id IN (SELECT run_id FROM src.gates) OR run_id IN (
-    SELECT s.run_id FROM (SELECT COLUMNS(lambda c: c NOT IN ('created_at', 'probe_id', 'probe_name', 'probe_version'))
-                          FROM src.runs) s
-    JOIN (SELECT COLUMNS(lambda c: c NOT IN ('created_at', 'probe_id', 'probe_name', 'probe_version'))
-          FROM runs) t USING (run_id) WHERE hash(s) <> hash(t));
+    SELECT s.run_id FROM run_content('src.runs') s
+    JOIN run_content('runs') t USING (run_id) WHERE hash(s) <> hash(t));
 DELETE FROM gates WHERE run_id IN (SELECT run_id FROM src.gates) OR run_id IN (
-    SELECT s.run_id FROM (SELECT COLUMNS(lambda c: c NOT IN ('created_at', 'probe_id', 'probe_name', 'probe_version'))
-                          FROM src.runs) s
-    JOIN (SELECT COLUMNS(lambda c: c NOT IN ('created_at', 'probe_id', 'probe_name', 'probe_version'))
-          FROM runs) t USING (run_id) WHERE hash(s) <> hash(t));
+    SELECT s.run_id FROM run_content('src.runs') s
+    JOIN run_content('runs') t USING (run_id) WHERE hash(s) <> hash(t));
 DELETE FROM predictions WHERE run_id IN (SELECT run_id FROM src.runs);
 DELETE FROM decisions WHERE run_id IN (SELECT run_id FROM src.runs);
 DELETE FROM folds WHERE run_id IN (SELECT run_id FROM src.runs);
