@@ -31,6 +31,14 @@ LOGIT_BYTES = 256 * 2**20  # a row chunk's logits stay below this
 Objective = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+def strengths(l2: float | torch.Tensor, z: torch.Tensor, which: torch.Tensor) -> torch.Tensor:
+    """[g, 1, 1] float64 penalty strength of the anchors `which` of rows z [G, n, D], from one strength for every
+    anchor or one per anchor [G]."""
+    l2 = torch.as_tensor(l2, dtype=torch.float64, device=z.device).reshape(-1)
+    l2 = l2.expand(z.shape[0]) if l2.numel() == 1 else l2
+    return l2.index_select(0, which)[:, None, None]
+
+
 @dataclass
 class SoftmaxObjective:
     """f(W) = mean CE(z W[:D] + W[D], y) + l2 |W[:D]|^2 / 2 for G anchors; W: [G, D+1, C], z: [G, n, D]; y labels
@@ -44,11 +52,6 @@ class SoftmaxObjective:
     l2: float | torch.Tensor
     dtype: torch.dtype = torch.float32
 
-    def strengths(self, which: torch.Tensor) -> torch.Tensor:
-        """[g, 1, 1] penalty strength of the anchors `which`."""
-        l2 = torch.as_tensor(self.l2, dtype=torch.float64, device=self.z.device).reshape(-1)
-        l2 = l2.expand(self.z.shape[0]) if l2.numel() == 1 else l2
-        return l2.index_select(0, which)[:, None, None]
 
     def __call__(self, w: torch.Tensor, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss [g] and gradient [g, D+1, C] of the anchors `which` (indices into z's first axis); a subset is
@@ -70,7 +73,7 @@ class SoftmaxObjective:
             p = targets.subtract_(logp.exp_(), yc)
             grad[:, :d].baddbmm_(zc.transpose(1, 2), p)
             grad[:, d:] += p.sum(dim=1, keepdim=True)
-        l2 = self.strengths(which)
+        l2 = strengths(self.l2, self.z, which)
         grad /= n
         grad[:, :d].add_(w[:, :d] * l2.to(w.dtype))
         loss = loss / n + 0.5 * (l2[:, 0, 0] * w[:, :d].double().pow(2).sum(dim=(1, 2)))
@@ -99,9 +102,9 @@ class SolverState:
 
 def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, memory: int = 10,
              on_evaluation: Callable[[], None] | None = None) -> tuple[torch.Tensor, list[SolverState]]:
-    resolution = RESOLUTION.get(w.dtype, RESOLUTION[torch.float32])
     """Minimise every anchor's objective from `w` [G, ...]; returns the minimisers and each anchor's state.
     `on_evaluation()` hears of every batched evaluation, one pass over the rows (for a progress bar)."""
+    resolution = RESOLUTION.get(w.dtype, RESOLUTION[torch.float32])
     w = w.clone()
     states = [SolverState() for _ in range(w.shape[0])]
     f, grad = objective(w, torch.arange(w.shape[0], device=w.device))

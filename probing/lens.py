@@ -11,7 +11,7 @@ unembedding) and the target is the model's softmax at temperature 1.
 
 Named `lens` before issue 35; `lens` is now the translator read through the model's own head
 (`probing/translator.py`). A database's `lens` runs written before then are this map: their `runs.params` hold
-this variant's parameters (C, lr_low, ...), the translator's hold l2 and no C, and its `probe_fits.info` says
+this variant's parameters (C, lr_low, ...); the translator's hold no lr_low, and its `probe_fits.info` says
 "map": "translator"."""
 
 from __future__ import annotations

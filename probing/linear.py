@@ -34,7 +34,16 @@ import torch
 
 from featstore.probing import targets
 from featstore.probing.base import AnchorContext, LinearFit, Plan, ProbeGroup, ProbeVariant, register
-from featstore.probing.strength import StrengthGrid, Tolerances, choose_and_solve
+from featstore.probing.strength import (
+    Softmax,
+    StrengthGrid,
+    Tolerances,
+    check_grid,
+    choose_and_solve,
+    grid_of,
+    strength_parameters,
+    tolerances_of,
+)
 from featstore.schema import Int, Real
 
 PRECONDITION_ABOVE = 8.0  # top eigenvalue / mean eigenvalue beyond which an anchor is preconditioned
@@ -87,20 +96,12 @@ class Linear(ProbeVariant):
         "decay": Real(4.0, gt=1, help="step-size divisor at a plateau or a rise"),
         "decays": Int(3, ge=0, help="step-size cuts before a plateau means converged"),
         "full_batch": Int(1, ge=0, le=1, help="1: full-batch L-BFGS on resident rows; 0: SGD throughout"),
-        "C": Real(0.0, gt=0, also=(0,), help="L2 strength, scikit-learn's C (penalty |W|^2 / 2CN); 0: chosen per "
-                                               "anchor on the val rows from C_low..C_high"),
-        "C_low": Real(1e-3, gt=0, help="the searched grid's smallest C (strongest penalty)"),
-        "C_high": Real(1e2, gt=0, help="the searched grid's largest C"),
-        "C_per_decade": Int(2, ge=1, le=10, help="grid values per factor of 10 (2: 1e-3, 3.2e-3, 1e-2, ...)"),
-        "search_gtol": Real(1e-5, gt=0, help="full_batch: the C path's gradient test (train rows, float32)"),
-        "gtol": Real(1e-6, gt=0, help="full_batch: largest gradient entry at which the refit stops"),
-        "max_iterations": Int(1000, ge=1, help="full_batch: L-BFGS iterations of each solve at most"),
+        **strength_parameters("|W|^2", solve="full_batch: "),
     }
 
     @classmethod
     def relations(cls, params: dict) -> None:
-        if params["C_low"] > params["C_high"]:
-            raise ValueError(f"C_low={params['C_low']:g} exceeds C_high={params['C_high']:g}; give C_low <= C_high")
+        check_grid(params)
         low, high = params["lr_low"], params["lr_high"]
         if low > high:
             raise ValueError(f"lr_low={low:g} exceeds lr_high={high:g}; give lr_low <= lr_high")
@@ -119,10 +120,8 @@ class Linear(ProbeVariant):
 
     def make_group(self, ctxs) -> ProbeGroup:
         p = self.params
-        grid = StrengthGrid(p["C_low"], p["C_high"], p["C_per_decade"], p["C"])
         return LinearGroup(ctxs, candidate_rates(p["lr_low"], p["lr_high"]), p["momentum"], p["tol"], p["decay"],
-                           p["decays"], FullBatch(bool(p["full_batch"]), grid,
-                                                  Tolerances(p["search_gtol"], p["gtol"], p["max_iterations"])))
+                           p["decays"], FullBatch(bool(p["full_batch"]), grid_of(p), tolerances_of(p)))
 
 
 @dataclass(frozen=True)
@@ -262,12 +261,8 @@ class LinearGroup(ProbeGroup):
         retire, converged unless an iteration cap stopped them."""
         g, d = self.w.shape[0], self.w.shape[1]
         self.chosen = [-1] * g  # no learning rate: one head, solved
-        n_train = int((~is_val).sum())
-        if bool(is_val[:n_train].any()):  # train rows first, as the path reads them (views, no copy)
-            order = torch.argsort(is_val.to(torch.int8), stable=True)
-            x, y = x.index_select(1, order), y[order]
-        tol = self.full_batch.tol
-        solved = choose_and_solve(x, y, n_train, self.c, self.full_batch.grid, tol, on_pass)
+        family = Softmax(self.c, g, d, x.device)
+        solved = choose_and_solve(x, y, is_val, family, self.full_batch.grid, self.full_batch.tol, on_pass)
         self.w, self.b = solved.w[:, :d].contiguous(), solved.w[:, d:].contiguous()
         self.vw, self.vb, self.lr = torch.zeros_like(self.w), torch.zeros_like(self.b), self.lr[:, :, : self.c]
         self.loss_sum = self.loss_sum[:, :1].clone()

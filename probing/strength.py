@@ -1,9 +1,13 @@
-"""A linear probe's L2 strength chosen on held-out rows, then the probe solved at that strength to its optimum.
+"""A penalised probe's L2 strength chosen on held-out rows, then the probe solved at that strength to its optimum.
 
-scikit-learn's convention: C is the inverse strength, the objective mean cross-entropy + |W|^2 / (2 C n) (bias
-not penalised). C = 1 on thousands of rows and hundreds of classes is barely regularised, and a solver stopped
-early only looks better than that optimum because the optimum is under-regularised; linear evaluation practice
-(scikit-learn's LogisticRegressionCV, DINOv2/VISSL) chooses C on held-out rows and solves to the optimum. So:
+The families solved here (`Family`): `linear`'s softmax regression (weights pulled towards 0) and the `lens`
+translator read through the model's head (its map pulled towards its initialisation). scikit-learn's convention:
+C is the inverse strength, the objective mean cross-entropy + |W - W0|^2 / (2 C n) (bias not penalised). C = 1 on
+thousands of rows and hundreds of classes is barely regularised (the translator's unpenalised map is not even
+unique: on a 64-wide anchor its D x D_head map has more directions than the data pins down, and where L-BFGS
+stopped moved its predictions with the float association of its products), and a solver stopped early only looks
+better than that optimum because the optimum is under-regularised; linear evaluation practice (scikit-learn's
+LogisticRegressionCV, DINOv2/VISSL) chooses C on held-out rows and solves to the optimum. So:
 
 1. The path: for every C of the grid, from the strongest penalty up, every anchor is solved on the train rows
    (float32 L-BFGS to `search_gtol`, or 0.1 x the penalty strength if smaller), warm-started from its solution
@@ -24,13 +28,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from featstore.errors import FeatstoreError
 from featstore.probing import targets
-from featstore.probing.lbfgs import SoftmaxObjective, SolverState, minimise
+from featstore.probing.lbfgs import Objective, SoftmaxObjective, SolverState, minimise
+from featstore.schema import Int, Real, Value
 
 PATH_PATIENCE = 1  # grid values in a row worse than the best before an anchor leaves the path (measured:
 # 2 chose the same C at every anchor of the demo and cost its probes 12.6 s instead of 8.1 s)
@@ -62,6 +68,70 @@ class Tolerances:
     search_gtol: float = 1e-5
     gtol: float = 1e-6
     max_iterations: int = 1000
+    memory: int = 10  # L-BFGS curvature pairs per anchor
+
+
+class Family(Protocol):
+    """What the search needs of a penalised probe: its objective on some rows at some strength, its logits, and
+    the solution its path starts from (where the penalty is centred)."""
+
+    def objective(self, x: torch.Tensor, y: torch.Tensor, l2: float | torch.Tensor,
+                  dtype: torch.dtype = torch.float32) -> Objective: ...
+
+    def logits(self, x: torch.Tensor, w: torch.Tensor, a: int) -> torch.Tensor:
+        """Anchor a's logits [m, C] on rows x [m, D] for its solution w [D+1, K]."""
+        ...
+
+    def start(self) -> torch.Tensor:
+        """[G, D+1, K] float32."""
+        ...
+
+
+@dataclass(frozen=True)
+class Softmax:
+    """`linear`'s family: softmax regression over `num_classes`, weights pulled towards 0."""
+
+    num_classes: int
+    g: int
+    d: int
+    device: torch.device | str = "cpu"
+
+    def objective(self, x, y, l2, dtype=torch.float32) -> SoftmaxObjective:
+        return SoftmaxObjective(x, y, self.num_classes, l2, dtype)
+
+    def logits(self, x, w, a):
+        return torch.addmm(w[self.d :], x, w[: self.d])
+
+    def start(self) -> torch.Tensor:
+        return torch.zeros(self.g, self.d + 1, self.num_classes, device=self.device)
+
+
+def strength_parameters(penalty: str, solve: str = "") -> dict[str, Value]:
+    """The search's parameters, declared once for every family that uses it: `penalty` names what C scales
+    (e.g. "|W|^2"), `solve` prefixes the solver's helps (e.g. "full_batch: ")."""
+    return {
+        "C": Real(0.0, gt=0, also=(0,), help=f"L2 strength, scikit-learn's C (penalty {penalty} / 2CN); 0: chosen "
+                                              f"per anchor on the val rows from C_low..C_high"),
+        "C_low": Real(1e-3, gt=0, help="the searched grid's smallest C (strongest penalty)"),
+        "C_high": Real(1e2, gt=0, help="the searched grid's largest C"),
+        "C_per_decade": Int(2, ge=1, le=10, help="grid values per factor of 10 (2: 1e-3, 3.2e-3, 1e-2, ...)"),
+        "search_gtol": Real(1e-5, gt=0, help=f"{solve}the C path's gradient test (train rows, float32)"),
+        "gtol": Real(1e-6, gt=0, help=f"{solve}largest gradient entry at which the refit stops"),
+        "max_iterations": Int(1000, ge=1, help=f"{solve}L-BFGS iterations of each solve at most"),
+    }
+
+
+def check_grid(params: dict) -> None:
+    if params["C_low"] > params["C_high"]:
+        raise ValueError(f"C_low={params['C_low']:g} exceeds C_high={params['C_high']:g}; give C_low <= C_high")
+
+
+def grid_of(params: dict) -> StrengthGrid:
+    return StrengthGrid(params["C_low"], params["C_high"], params["C_per_decade"], params["C"])
+
+
+def tolerances_of(params: dict) -> Tolerances:
+    return Tolerances(params["search_gtol"], params["gtol"], params["max_iterations"], params.get("memory", 10))
 
 
 @dataclass
@@ -79,17 +149,21 @@ class Solved:
     gtol: float = math.nan  # the refit's gradient test
 
 
-def choose_and_solve(x: torch.Tensor, y: torch.Tensor, n_train: int, num_classes: int, grid: StrengthGrid,
+def choose_and_solve(x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, family: Family, grid: StrengthGrid,
                      tol: Tolerances, on_pass: Callable[[], None] | None = None) -> Solved:
-    """x: [G, n, D] prepared rows, the first `n_train` the train rows and the rest the val rows; y: [n] labels or
-    [n, C] target distributions."""
-    g, n, d = x.shape
+    """x: [G, n, D] prepared fit rows, y: [n] labels or [n, C] target distributions, is_val: [n] which rows are
+    val rows (the path learns from the others and is scored on these; the refit learns from all)."""
+    n_train = int((~is_val).sum())
+    if bool(is_val[:n_train].any()):  # train rows first, as the path reads them (views, no copy)
+        order = torch.argsort(is_val.to(torch.int8), stable=True)
+        x, y = x.index_select(1, order), y[order]
+    g, n, _ = x.shape
     n_val = n - n_train
     cs = grid.values()
     if n_val == 0 and len(cs) > 1:
         raise FeatstoreError(f"no val rows to choose the probe's L2 strength on ({n} fit rows); raise --val-frac, "
-                             f"or pin it with --variant linear:C=1")
-    w = torch.zeros(g, d + 1, num_classes, device=x.device)
+                             f"or pin it with C=1 (e.g. --variant linear:C=1)")
+    w = family.start()
     best_w = w.clone()
     best_loss = [math.inf] * g
     chosen = [cs[0]] * g
@@ -99,20 +173,21 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, n_train: int, num_classes
     passes = [0] * g
     active = list(range(g))
     train, val = x[:, :n_train], x[:, n_train:]
+    floor = targets.entropy(y[n_train:])  # the margin is on the KL, the part of the val loss a probe can change
     for c in cs if n_val else ():
         idx = torch.tensor(active, device=x.device)
         l2 = 1.0 / (c * n_train)
-        objective = SoftmaxObjective(train, y[:n_train], num_classes, l2)
+        objective = family.objective(train, y[:n_train], l2)
         # warm-started, the previous solution already meets an absolute test when the penalty changes little in
         # absolute terms (l2 w): the test scales with the penalty, or weak penalties would all look alike
         gtol = min(tol.search_gtol, SEARCH_RELATIVE * l2)
-        solved, states = _minimise_subset(objective, w, idx, gtol, tol.max_iterations, on_pass)
+        solved, states = _minimise_subset(objective, w, idx, gtol, tol, on_pass)
         w[idx] = solved
-        losses, accs = _scores(val, y[n_train:], w, idx)
+        losses, accs = _scores(family, val, y[n_train:], w, idx)
         for j, a in enumerate(active):
             passes[a] += states[j].evaluations
             path[a][format(c, "g")] = losses[j]
-            if losses[j] < best_loss[a] * (1 - CHOICE_MARGIN) or not math.isfinite(best_loss[a]):
+            if losses[j] - floor < (best_loss[a] - floor) * (1 - CHOICE_MARGIN) or not math.isfinite(best_loss[a]):
                 best_loss[a], chosen[a], val_loss[a], val_acc[a], worse[a] = losses[j], c, losses[j], accs[j], 0
                 best_w[a] = w[a]
             else:
@@ -123,14 +198,14 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, n_train: int, num_classes
     l2 = torch.tensor([1.0 / (c * n) for c in chosen], dtype=torch.float64, device=x.device)
     # one gradient test for the group: the tightest anchor's (the others only get closer to their optimum)
     gtol = min(tol.gtol, REFIT_RELATIVE * float(l2.min()))
-    w32, states = minimise(SoftmaxObjective(x, y, num_classes, l2), best_w, gtol, tol.max_iterations,
+    w32, states = minimise(family.objective(x, y, l2), best_w, gtol, tol.max_iterations, tol.memory,
                            on_evaluation=on_pass)
     precision = ["float32"] * g
     rest = [a for a in range(g) if states[a].stop != "gradient"]
     if rest:  # float32's floor: finish in float64
         idx = torch.tensor(rest, device=x.device)
-        objective = SoftmaxObjective(x, y, num_classes, l2, dtype=torch.float64)
-        w64, finals = _minimise_subset(objective, w32.double(), idx, gtol, tol.max_iterations, on_pass)
+        objective = family.objective(x, y, l2, dtype=torch.float64)
+        w64, finals = _minimise_subset(objective, w32.double(), idx, gtol, tol, on_pass)
         w32[idx] = w64.float()
         for j, a in enumerate(rest):
             finals[j].evaluations += states[a].evaluations
@@ -140,33 +215,33 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, n_train: int, num_classes
     return Solved(w32, chosen, val_loss, val_acc, path, states, passes, precision, gtol)
 
 
-def _minimise_subset(objective: SoftmaxObjective, w: torch.Tensor, idx: torch.Tensor, gtol: float, max_iter: int,
+def _minimise_subset(objective, w: torch.Tensor, idx: torch.Tensor, gtol: float, tol: Tolerances,
                      on_pass: Callable[[], None] | None) -> tuple[torch.Tensor, list[SolverState]]:
     """Minimise the anchors `idx` of an objective over every anchor: their rows are read as views, not copied."""
     if len(idx) == objective.z.shape[0]:
-        return minimise(objective, w, gtol, max_iter, on_evaluation=on_pass)
+        return minimise(objective, w, gtol, tol.max_iterations, tol.memory, on_evaluation=on_pass)
     mapped = _Subset(objective, idx)
-    return minimise(mapped, w.index_select(0, idx), gtol, max_iter, on_evaluation=on_pass)
+    return minimise(mapped, w.index_select(0, idx), gtol, tol.max_iterations, tol.memory, on_evaluation=on_pass)
 
 
 @dataclass
 class _Subset:
     """The objective of some anchors of a larger one, indexed from 0 as `minimise` indexes them."""
 
-    objective: SoftmaxObjective
+    objective: Objective
     idx: torch.Tensor
 
     def __call__(self, w: torch.Tensor, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.objective(w, self.idx.index_select(0, which))
 
 
-def _scores(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, idx: torch.Tensor) -> tuple[list[float], list[float]]:
+def _scores(family: Family, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+            idx: torch.Tensor) -> tuple[list[float], list[float]]:
     """Cross-entropy (float64 sums) and accuracy on rows x [G, m, D] of the anchors `idx`."""
-    d = x.shape[2]
     hard = targets.hard(y)
     losses, accs = [], []
     for a in idx.tolist():
-        logits = torch.addmm(w[a, d:], x[a], w[a, :d])
+        logits = family.logits(x[a], w[a], a)
         losses.append(float(targets.nll(torch.log_softmax(logits.double(), dim=-1)[None], y).mean()))
         accs.append(float((logits.argmax(dim=-1) == hard).double().mean()))
     return [loss if math.isfinite(loss) else math.inf for loss in losses], accs

@@ -16,6 +16,15 @@ def hard(y: torch.Tensor) -> torch.Tensor:
     return y.argmax(dim=-1) if is_soft(y) else y
 
 
+def entropy(y: torch.Tensor) -> float:
+    """The targets' mean entropy (float64; 0 for labels): the part of their cross-entropy no probe can remove, so
+    cross-entropy minus it is the KL a probe leaves."""
+    if not is_soft(y) or len(y) == 0:
+        return 0.0
+    y = y.double()
+    return float(-torch.special.xlogy(y, y).sum(dim=-1).mean())
+
+
 def _shaped(y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Targets of the rows of `like` [G, n, ..., C] (rows on its second axis), broadcastable against it."""
     middle = [1] * (like.dim() - 3)

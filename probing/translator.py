@@ -5,31 +5,34 @@
   head: logits = W_head u + b_head. W_head, b_head are the classifier's weights, kept in the store by
   `featstore build` (`FeatureStore.read_head`); a store built before they were kept is refused in one line (rerun
   the same build to add them, or use `lens-direct`). Nothing reruns the network.
-- The objective: KL(head || lens), mean over the train rows, with the head's softmax over the stored logits of
+- The objective: KL(head || lens), mean over the fit rows, with the head's softmax over the stored logits of
   the training view as the target distribution (as the tuned lens trains on the final layer's distribution), plus
-  l2/2 |A - A0|^2 (A in standardised coordinates, A0 its initialisation; 0 by default: no penalty).
+  the map's move from its initialisation A0 in the head's Fisher metric at the train rows' marginal prediction
+  (`head_basis`), |V|^2 / (2 C n) with A = A0 + V basis^T: the change of the logits the map makes is penalised,
+  whatever the head's scale, and the directions the head cannot see stay at the start. C is chosen per anchor on
+  the val rows and the map refitted on train + val at it, as `linear`'s (`probing/strength.py`); `lens:C=0.1`
+  pins it. Unpenalised (before this), the map had more directions than the rows pin down, and its predictions
+  were where L-BFGS stopped.
 - The initialisation: where the anchor's width equals the head input's, the identity (A = I, b = 0: the head's
   own input maps to itself, so at the head's input anchor the lens starts as the head and its KL is ~0). Other
   widths: A = 0 and b the least-squares solution of W_head b = log(mean target distribution) - b_head, the
-  head's marginal prediction, from which the solve learns the map.
+  head's marginal prediction over the train rows, from which the solve learns the map.
 - The solve: full batch on the fit rows in memory, the features standardised (the identity then reads
   A' = diag(std), b' = mean), with `probing/lbfgs.py`'s L-BFGS (the curvature pairs of every anchor of a width
-  batched) in float32, then float64 to `gtol` where it is below float32's floor. The map is full rank: D x D_head
-  weights per anchor (2048 x 2048 = 4.2M for ResNet-50's widest) and L-BFGS keeps 10 pairs of them, 2 x 10 x
-  4.2M x 8 bytes = 0.7 GB per anchor in the float64 finish: fine for the widths featstore stores; a low-rank map
-  would cut that, at the cost of the identity initialisation (not done).
+  batched) in float32, then float64 to `gtol` where it is below float32's floor, over V: D x r per anchor, r the
+  head's rank (at most its classes - 1), so the curvature pairs are small whatever the head input's width.
 - The stored probe: the map (`map` [D_head, D], `map_bias`) and the composition a prediction applies (`weight`
-  = W_head A [C, D], `bias`), in raw feature space; val "accuracy" is agreement with the head's argmax on the val
-  rows (not learnt from).
+  = W_head A [C, D], `bias`), in raw feature space; val loss and "accuracy" (agreement with the head's argmax)
+  are the path's at the chosen C, on val rows it did not learn from.
 
 `lens` was the direct D x C map (`lens-direct`, `probing/lens.py`) before issue 35: a database's `lens` runs
-written before then are that map; their `runs.params` hold linear's parameters (C among them), the translator's
-hold l2 and no C, and its `probe_fits.info` says "map": "translator".
+written before then are that map; their `runs.params` hold linear's parameters (C and lr_low among them). The
+translator's runs from before its penalty hold `l2` (0: unpenalised) and no C_low; every translator run's
+`probe_fits.info` says "map": "translator".
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,10 +41,17 @@ import torch
 from featstore.errors import FeatstoreError
 from featstore.probing import targets
 from featstore.probing.base import AnchorContext, LinearFit, Plan, ProbeGroup, ProbeVariant, register
-from featstore.probing.lbfgs import LOGIT_BYTES, minimise
-from featstore.schema import Int, Real
-
-FLOAT32_FLOOR = 1e-5  # largest gradient entry float32 sums resolve on hard anchors (`probing/lbfgs.py`)
+from featstore.probing.lbfgs import LOGIT_BYTES, strengths
+from featstore.probing.strength import (
+    StrengthGrid,
+    Tolerances,
+    check_grid,
+    choose_and_solve,
+    grid_of,
+    strength_parameters,
+    tolerances_of,
+)
+from featstore.schema import Int
 
 
 @dataclass
@@ -58,12 +68,14 @@ class Translator(ProbeVariant):
     name = "lens"
     learns_from = "model"
     parameters = {
-        "l2": Real(0.0, ge=0, help="penalty l2/2 |A - A0|^2 on the map's distance from its initialisation"),
-        "gtol": Real(1e-6, gt=0, help="largest gradient entry at which the solve stops (float64 below 1e-5)"),
-        "max_iterations": Int(1000, ge=1, help="L-BFGS iterations of each solve at most"),
+        **strength_parameters("|A - A0|^2 on the map's distance from its initialisation"),
         "memory": Int(10, ge=1, le=100, help="L-BFGS curvature pairs kept per anchor"),
     }
     cap_param = "max_iterations"
+
+    @classmethod
+    def relations(cls, params: dict) -> None:
+        check_grid(params)
 
     def __init__(self, **given):
         super().__init__(**given)
@@ -83,7 +95,7 @@ class Translator(ProbeVariant):
         self.head = Head(torch.from_numpy(weight), torch.from_numpy(bias), module)
 
     def plan(self, n_fit: int) -> Plan:
-        return Plan(max_epochs=1, batch_size=8192, train_on_val=False)
+        return Plan(max_epochs=1, batch_size=8192, train_on_val=True)  # the path scores val, the refit learns it
 
     def batches_anchors(self) -> bool:
         return True
@@ -94,30 +106,32 @@ class Translator(ProbeVariant):
         if not ctxs[0].resident:
             raise FeatstoreError("--variant lens: its fit rows do not fit --memory-budget and the translator solves "
                                  "on rows in memory; raise --memory-budget, or use --variant lens-direct")
-        p = self.params
-        return TranslatorGroup(ctxs, self.head, p["l2"], p["gtol"], p["max_iterations"], p["memory"])
+        return TranslatorGroup(ctxs, self.head, grid_of(self.params), tolerances_of(self.params))
 
 
 @dataclass
 class TranslatorObjective:
-    """f(W) = mean KL(y || softmax((z W[:D] + W[D]) @ head_t + head_b)) + l2/2 |W[:D] - W0[:D]|^2 for G anchors;
-    W: [G, D+1, D_head], z: [G, n, D], y: [n, C] target distributions (or labels), head_t: [D_head, C]. The
-    `probing/lbfgs.py` objective contract: loss [g] and gradient of the anchors `which`."""
+    """f(V) = mean KL(y || softmax((z W[:D] + W[D]) @ head_t + head_b)) + l2/2 |V[:D]|^2 for G anchors, where the
+    map is W = W0 + V @ basis.T: W, W0: [G, D+1, D_head], V: [G, D+1, r] its move from the start in the head's
+    whitened coordinates (`head_basis`), z: [G, n, D], y: [n, C] target distributions (or labels), head_t:
+    [D_head, C]. The `probing/lbfgs.py` objective contract: loss [g] and gradient (in V) of the anchors `which`."""
 
     z: torch.Tensor
     y: torch.Tensor
     head_t: torch.Tensor
     head_b: torch.Tensor
     w0: torch.Tensor
-    l2: float
+    basis: torch.Tensor  # [D_head, r]
+    l2: float | torch.Tensor  # one strength, or one per anchor [G]
     dtype: torch.dtype = torch.float32
     entropy: float = field(init=False)
 
     def __post_init__(self) -> None:
-        y = self.y.double()  # the targets' own entropy: cross-entropy minus it is the KL
-        self.entropy = float(-torch.special.xlogy(y, y).sum(dim=-1).mean()) if targets.is_soft(self.y) else 0.0
+        self.entropy = targets.entropy(self.y)  # cross-entropy minus it is the KL
 
-    def __call__(self, w: torch.Tensor, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, v: torch.Tensor, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        basis = self.basis.to(v.dtype)
+        w = self.w0.index_select(0, which).to(v.dtype) + v @ basis.T
         g, n, d = len(which), self.z.shape[1], self.z.shape[2]
         dh, classes = self.head_t.shape
         head_t, head_b = self.head_t.to(self.dtype), self.head_b.to(self.dtype)
@@ -157,23 +171,63 @@ class TranslatorObjective:
                 grad[:, d:] += gu.sum(dim=1, keepdim=True)
         if composed:
             grad = torch.cat([grad_m, grad_c], dim=1) @ head_t.T  # back through the head: [g, D+1, D_head]
-        grad /= n
-        moved = w[:, :d] - self.w0.index_select(0, which)[:, :d].to(w.dtype)
-        grad[:, :d].add_(moved, alpha=self.l2)
-        loss = loss / n - self.entropy + 0.5 * self.l2 * moved.double().pow(2).sum(dim=(1, 2))
+        grad = (grad / n) @ basis  # into V's coordinates
+        l2 = strengths(self.l2, self.z, which)
+        grad[:, :d].add_(v[:, :d] * l2.to(v.dtype))
+        loss = loss / n - self.entropy + 0.5 * l2[:, 0, 0] * v[:, :d].double().pow(2).sum(dim=(1, 2))
         return loss, grad
+
+
+def head_basis(weight: torch.Tensor, marginal: torch.Tensor) -> torch.Tensor:
+    """[D_head, r] whitening of the head's curvature at the marginal prediction p: H = W^T (diag p - p p^T) W, the
+    Fisher metric of the logits a change of u makes; the basis is H's eigenvectors over the square roots of their
+    eigenvalues, those above 1e-10 of the largest. A move V of the map in it changes the logits by about |V| in that
+    metric whatever the head's scale, so one L2 grid fits every head and the solve is as well conditioned as the
+    features; directions the head cannot see (its null space, the softmax's shift) are left at the start: they
+    change no prediction."""
+    w, p = weight.double(), marginal.double()
+    h = w.T @ (torch.diag(p) - torch.outer(p, p)) @ w
+    values, vectors = torch.linalg.eigh((h + h.T) / 2)
+    keep = values > 1e-10 * values.max().clamp_min(1e-300)
+    return (vectors[:, keep] / values[keep].sqrt()).float()
+
+
+@dataclass(frozen=True)
+class Translation:
+    """The translator's family for the strength search (`probing/strength.py`): its objective, its logits through
+    the head, and its start (V = 0: the map W0, where the penalty is centred)."""
+
+    head_t: torch.Tensor  # [D_head, C]
+    head_b: torch.Tensor
+    w0: torch.Tensor  # [G, D+1, D_head]
+    basis: torch.Tensor  # [D_head, r]
+
+    def objective(self, x, y, l2, dtype=torch.float32) -> TranslatorObjective:
+        return TranslatorObjective(x, y, self.head_t, self.head_b, self.w0, self.basis, l2, dtype)
+
+    def map(self, v: torch.Tensor, a: int) -> torch.Tensor:
+        """Anchor a's map W [D+1, D_head] from its move V."""
+        return self.w0[a] + v @ self.basis.T
+
+    def logits(self, x, v, a):
+        w = self.map(v, a)
+        d = x.shape[1]
+        return torch.addmm(w[d:], x, w[:d]) @ self.head_t + self.head_b
+
+    def start(self) -> torch.Tensor:
+        return torch.zeros(*self.w0.shape[:2], self.basis.shape[1], device=self.w0.device)
 
 
 class TranslatorGroup(ProbeGroup):
     """The translators of the anchors of one width, solved together on their standardised fit rows."""
 
-    def __init__(self, ctxs, head: Head, l2: float, gtol: float, max_iterations: int, memory: int):
+    def __init__(self, ctxs, head: Head, grid: StrengthGrid, tol: Tolerances):
         ctx0: AnchorContext = ctxs[0]
         dev = ctx0.device
         self.anchors = [ctx.anchor for ctx in ctxs]
         self.members = list(self.anchors)
         self.head = Head(head.weight.to(dev), head.bias.to(dev), head.module)
-        self.l2, self.gtol, self.max_iterations, self.memory = l2, gtol, max_iterations, memory
+        self.grid, self.tol = grid, tol
         self.mean = torch.stack([ctx.stats.mean.to(dev) for ctx in ctxs])[:, None]  # [G, 1, D]
         self.std = torch.stack([ctx.stats.std.to(dev) for ctx in ctxs])[:, None]
         self.dim, self.head_dim = ctx0.dim, int(head.weight.shape[1])
@@ -206,23 +260,24 @@ class TranslatorGroup(ProbeGroup):
         return w0, "head marginal"
 
     def finish(self, x, y, is_val, on_pass=None) -> None:
-        """Solve every anchor on the fit rows x [G, n, D] (prepared), float32 then float64 below its floor."""
-        w0, init = self.initial(y)
-        head_t = self.head.weight.T.contiguous()
-        objective = TranslatorObjective(x, y, head_t, self.head.bias, w0, self.l2)
-        first = max(self.gtol, FLOAT32_FLOOR)
-        w, states = minimise(objective, w0, first, self.max_iterations, self.memory, on_pass)
-        precision = "float32"
-        if self.gtol < first:
-            objective.dtype = torch.float64
-            w, states = minimise(objective, w.double(), self.gtol, self.max_iterations, self.memory, on_pass)
-            precision = "float64"
-        for i, (a, st) in enumerate(zip(self.members, states, strict=True)):
-            info = {"map": "translator", "init": init, "l2": self.l2, "head_module": self.head.module,
-                    "solver": "lbfgs", "cap": "max_iterations", "lbfgs_iterations": st.iterations,
-                    "lbfgs_stop": st.stop, "max_gradient": st.max_gradient, "gtol": self.gtol,
-                    "precision": precision, "kl": st.loss}
-            self.done[a] = (w[i].float(), info, st.converged(self.gtol), st.loss)
+        """Choose each anchor's C on the val rows and solve it at that C on all fit rows x [G, n, D] (prepared),
+        float32 then float64 below its floor (`probing/strength.py`). The start is made from the train rows."""
+        train_y = y[~is_val]
+        w0, init = self.initial(train_y)
+        marginal = train_y.double().mean(dim=0) if targets.is_soft(y) else torch.bincount(
+            train_y, minlength=self.head.weight.shape[0]).double() / len(train_y)
+        family = Translation(self.head.weight.T.contiguous(), self.head.bias, w0,
+                             head_basis(self.head.weight, marginal))
+        solved = choose_and_solve(x, y, is_val, family, self.grid, self.tol, on_pass)
+        for i, (a, st) in enumerate(zip(self.members, solved.states, strict=True)):
+            info = {"map": "translator", "init": init, "C": solved.c[i],
+                    "C_chosen_on": "pinned" if self.grid.pinned else "val loss", "val_loss_per_C": solved.path[i],
+                    "head_module": self.head.module, "solver": "lbfgs", "cap": "max_iterations",
+                    "lbfgs_iterations": st.iterations, "lbfgs_stop": st.stop, "max_gradient": st.max_gradient,
+                    "gtol": solved.gtol, "precision": solved.precision[i], "objective": st.loss,
+                    "passes": solved.passes[i]}
+            self.done[a] = (family.map(solved.w[i], i), info, st.converged(solved.gtol), st.loss,
+                            (solved.val_loss[i], solved.val_accuracy[i]))
         self.anchors = []
 
     def fitted(self, val_x, val_y) -> dict[int, TranslatorFit]:
@@ -230,18 +285,15 @@ class TranslatorGroup(ProbeGroup):
         for i, a in enumerate(self.members):
             if a not in self.done:
                 raise FeatstoreError("--variant lens: the translator was never solved (its rows were not resident)")
-            w, info, converged, loss = self.done[a]
+            w, info, converged, loss, (val_loss, val_accuracy) = self.done[a]
             d, mean, std = self.dim, self.mean[i, 0], self.std[i, 0]
             a_t = w[:d] / std[:, None]  # raw space: u = x A^T + b
             b = w[d] - mean / std @ w[:d]
+            # val loss and agreement are the path's at the chosen C, on val rows it did not learn from
             fit = TranslatorFit(weight=(a_t @ self.head.weight.T).T.contiguous(),
                                 bias=b @ self.head.weight.T + self.head.bias, map_t=a_t, map_bias=b, info=info,
-                                epochs=1, converged=converged, train_loss=loss)
-            logits = val_x[a] @ fit.weight.T + fit.bias
-            logp = torch.log_softmax(logits, dim=-1)
-            fit.val_loss = float(targets.nll(logp[None], val_y).mean()) if len(val_y) else math.nan
-            fit.val_accuracy = (float((logits.argmax(dim=-1) == targets.hard(val_y)).float().mean())
-                                if len(val_y) else math.nan)
+                                epochs=info["passes"], converged=converged, train_loss=loss, val_loss=val_loss,
+                                val_accuracy=val_accuracy)
             out[a] = fit
         return out
 
