@@ -261,8 +261,7 @@ class LinearGroup(ProbeGroup):
         retire, converged unless an iteration cap stopped them."""
         g, d = self.w.shape[0], self.w.shape[1]
         self.chosen = [-1] * g  # no learning rate: one head, solved
-        family = Softmax(self.c, g, d, x.device)
-        solved = choose_and_solve(x, y, is_val, family, self.full_batch.grid, self.full_batch.tol, on_pass)
+        solved = choose_and_solve(x, y, is_val, Softmax(self.c), self.full_batch.grid, self.full_batch.tol, on_pass)
         self.w, self.b = solved.w[:, :d].contiguous(), solved.w[:, d:].contiguous()
         self.vw, self.vb, self.lr = torch.zeros_like(self.w), torch.zeros_like(self.b), self.lr[:, :, : self.c]
         self.loss_sum = self.loss_sum[:, :1].clone()

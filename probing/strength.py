@@ -82,8 +82,8 @@ class Family(Protocol):
         """Anchor a's logits [m, C] on rows x [m, D] for its solution w [D+1, K]."""
         ...
 
-    def start(self) -> torch.Tensor:
-        """[G, D+1, K] float32."""
+    def start(self, x: torch.Tensor) -> torch.Tensor:
+        """[G, D+1, K] float32, for the rows x [G, n, D]."""
         ...
 
 
@@ -92,18 +92,16 @@ class Softmax:
     """`linear`'s family: softmax regression over `num_classes`, weights pulled towards 0."""
 
     num_classes: int
-    g: int
-    d: int
-    device: torch.device | str = "cpu"
 
     def objective(self, x, y, l2, dtype=torch.float32) -> SoftmaxObjective:
         return SoftmaxObjective(x, y, self.num_classes, l2, dtype)
 
     def logits(self, x, w, a):
-        return torch.addmm(w[self.d :], x, w[: self.d])
+        d = x.shape[1]
+        return torch.addmm(w[d:], x, w[:d])
 
-    def start(self) -> torch.Tensor:
-        return torch.zeros(self.g, self.d + 1, self.num_classes, device=self.device)
+    def start(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(x.shape[0], x.shape[2] + 1, self.num_classes, device=x.device)
 
 
 def strength_parameters(penalty: str, solve: str = "") -> dict[str, Value]:
@@ -131,7 +129,8 @@ def grid_of(params: dict) -> StrengthGrid:
 
 
 def tolerances_of(params: dict) -> Tolerances:
-    return Tolerances(params["search_gtol"], params["gtol"], params["max_iterations"], params.get("memory", 10))
+    memory = params.get("memory", Tolerances.memory)  # a family without the parameter keeps the default
+    return Tolerances(params["search_gtol"], params["gtol"], params["max_iterations"], memory)
 
 
 @dataclass
@@ -163,7 +162,7 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, fam
     if n_val == 0 and len(cs) > 1:
         raise FeatstoreError(f"no val rows to choose the probe's L2 strength on ({n} fit rows); raise --val-frac, "
                              f"or pin it with C=1 (e.g. --variant linear:C=1)")
-    w = family.start()
+    w = family.start(x)
     best_w = w.clone()
     best_loss = [math.inf] * g
     chosen = [cs[0]] * g

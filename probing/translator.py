@@ -214,7 +214,7 @@ class Translation:
         d = x.shape[1]
         return torch.addmm(w[d:], x, w[:d]) @ self.head_t + self.head_b
 
-    def start(self) -> torch.Tensor:
+    def start(self, x: torch.Tensor) -> torch.Tensor:
         return torch.zeros(*self.w0.shape[:2], self.basis.shape[1], device=self.w0.device)
 
 
@@ -245,15 +245,16 @@ class TranslatorGroup(ProbeGroup):
     def ready_to_finish(self) -> bool:
         return self.resident and bool(self.anchors)
 
-    def initial(self, y: torch.Tensor) -> tuple[torch.Tensor, str]:
-        """[G, D+1, D_head] starting maps in standardised coordinates, and what they are."""
+    def initial(self, marginal: torch.Tensor) -> tuple[torch.Tensor, str]:
+        """[G, D+1, D_head] starting maps in standardised coordinates (from the head's marginal distribution
+        [C], float64), and what they are."""
         g, d = len(self.members), self.dim
         w0 = torch.zeros(g, d + 1, self.head_dim, device=self.mean.device)
         if d == self.head_dim:  # u = x = z * std + mean: the identity in raw space
             w0[:, :d] = torch.diag_embed(self.std[:, 0])
             w0[:, d] = self.mean[:, 0]
             return w0, "identity"
-        logp = y.double().mean(dim=0).clamp_min(1e-30).log()  # the head's marginal distribution over the rows
+        logp = marginal.clamp_min(1e-30).log()
         rhs = (logp - logp.mean() - self.head.bias.double())[:, None]
         b = torch.linalg.lstsq(self.head.weight.double(), rhs).solution[:, 0]
         w0[:, d] = b.float()
@@ -262,10 +263,8 @@ class TranslatorGroup(ProbeGroup):
     def finish(self, x, y, is_val, on_pass=None) -> None:
         """Choose each anchor's C on the val rows and solve it at that C on all fit rows x [G, n, D] (prepared),
         float32 then float64 below its floor (`probing/strength.py`). The start is made from the train rows."""
-        train_y = y[~is_val]
-        w0, init = self.initial(train_y)
-        marginal = train_y.double().mean(dim=0) if targets.is_soft(y) else torch.bincount(
-            train_y, minlength=self.head.weight.shape[0]).double() / len(train_y)
+        marginal = y[~is_val].double().mean(dim=0)  # the head's mean distribution over the train rows
+        w0, init = self.initial(marginal)
         family = Translation(self.head.weight.T.contiguous(), self.head.bias, w0,
                              head_basis(self.head.weight, marginal))
         solved = choose_and_solve(x, y, is_val, family, self.grid, self.tol, on_pass)

@@ -185,6 +185,6 @@ def test_the_solver_itself_refuses_a_search_without_val_rows():
 
     x, y, no_val = torch.randn(1, 20, 3), torch.arange(20) % 2, torch.zeros(20, dtype=torch.bool)
     with pytest.raises(FeatstoreError, match="no val rows to choose the probe's L2 strength on.*linear:C=1"):
-        choose_and_solve(x, y, no_val, Softmax(2, 1, 3), StrengthGrid(), Tolerances())
-    solved = choose_and_solve(x, y, no_val, Softmax(2, 1, 3), StrengthGrid(pinned=1.0), Tolerances())
+        choose_and_solve(x, y, no_val, Softmax(2), StrengthGrid(), Tolerances())
+    solved = choose_and_solve(x, y, no_val, Softmax(2), StrengthGrid(pinned=1.0), Tolerances())
     assert solved.c == [1.0] and solved.states[0].stop == "gradient"
