@@ -85,3 +85,21 @@ def test_verify_quick_and_unknown_model(built, tmp_path):
     assert "intact" in run_cli("verify", store, "--quick", "--model", "resnet18").output
     assert "no model 'resnet50'" in fails("verify", store, "--model", "resnet50")
     assert "no featstore store" in fails("verify", tmp_path / "nope.zarr")
+
+
+def test_info_reads_each_metadata_once_within_a_call_and_afresh_across_calls(built, tmp_path):
+    """`info` opens a view's group and arrays once per call (`one_reading`), yet one handle kept across calls sees
+    what changed on disk in between: a deleted chunk file, a done flag cleared by another job."""
+    store, _ = damaged_copy(built, tmp_path)
+    handle = FeatureStore(store)
+    first = handle.info()["models"]["resnet18"]["views"]["clean"]
+    assert (first["chunks_done"], first["damaged_chunks"]) == (2, [])
+    (store / "resnet18" / "clean" / "anchors" / "layer1.0" / "c" / "1" / "0").unlink()
+    assert handle.info()["models"]["resnet18"]["views"]["clean"]["damaged_chunks"] == [1]
+    done = zarr.open_array(str(store / "resnet18" / "clean" / "done"), mode="r+")
+    done[0] = False
+    again = handle.info()["models"]["resnet18"]["views"]["clean"]
+    assert (again["chunks_done"], again["damaged_chunks"]) == (1, [1])
+    with handle.one_reading():
+        assert handle.view_group("resnet18", "clean") is handle.view_group("resnet18", "clean")
+    assert handle.view_group("resnet18", "clean") is not handle.view_group("resnet18", "clean")

@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import zarr
@@ -64,6 +64,7 @@ class ChunkProblem:
         return f"{self.model}/{self.view}/{self.array} chunk {self.chunk}: {self.what}"
 
 
+T = TypeVar("T")
 IMAGE_ARRAYS = ("image_id", "label", "path")
 REWRITE_IMAGES = "featstore build rewrites it from --data"
 REMAKE_VIEW = "featstore build makes the view again"
@@ -74,6 +75,7 @@ class FeatureStore:
     """A featstore Zarr store, on local disk or object storage (`path`: a folder, file:// or s3://... URL)."""
 
     _mode = "r"  # the writer's is "a": it may create the store
+    _memo: dict | None = None  # what `one_reading` has read, while it lasts
 
     def __init__(self, path: str | Path | StoreLocation):
         mode = self._mode
@@ -179,9 +181,31 @@ class FeatureStore:
         with self.damage_is_one_line("the store's listing"):
             return [k for k in self.listed("") if k != "images"]
 
+    @contextmanager
+    def one_reading(self) -> Iterator[None]:
+        """Within it, the model listing, a model's attributes and a view's group are read once: a summary (`info`)
+        asks for them dozens of times, each a metadata read (about a millisecond on local disk, a round trip on
+        object storage). Outside it every call reads afresh, as a store another job is writing must be read."""
+        self._memo = {}
+        try:
+            yield
+        finally:
+            self._memo = None
+
+    def _once(self, what: tuple, read: Callable[[], T]) -> T:
+        if self._memo is None:
+            return read()
+        if what not in self._memo:
+            self._memo[what] = read()
+        return self._memo[what]
+
     def model_attrs(self, key: str) -> dict:
-        if key not in self.models():
-            have = ", ".join(self.models()) or "none"
+        return dict(self._once(("attrs", key), lambda: self._read_model_attrs(key)))
+
+    def _read_model_attrs(self, key: str) -> dict:
+        models = self._once(("models",), self.models)
+        if key not in models:
+            have = ", ".join(models) or "none"
             raise FeatstoreError(f"store {self.location} has no model {key!r} (it has: {have}); "
                                  f"build it with `featstore build --model {key}`")
         with self.damage_is_one_line(f"{key}/zarr.json"):
@@ -221,6 +245,13 @@ class FeatureStore:
         return bool(sync(self.root.store.exists(f"{path}/zarr.json")))
 
     def view_group(self, key: str, view: str) -> zarr.Group:
+        return self._once(("view", key, view), lambda: self._open_view(key, view))
+
+    def _view_array(self, key: str, view: str, g: zarr.Group, name: str) -> zarr.Array:
+        """Array `name` ("logits", "anchors/<anchor>") of view group g, opened once within `one_reading`."""
+        return self._once(("array", key, view, name), lambda: g[name])
+
+    def _open_view(self, key: str, view: str) -> zarr.Group:
         self.model_attrs(key)
         with self.damage_is_one_line(f"view {view!r} of {key!r}"):
             if view not in self.root[key] or "done" not in self.root[key][view]:
@@ -234,6 +265,9 @@ class FeatureStore:
 
     def done(self, key: str, view: str) -> np.ndarray:
         """The commit bitmap; an entry whose file cannot be decoded counts as not done (it is made again)."""
+        return self._once(("done", key, view), lambda: self._read_done(key, view)).copy()
+
+    def _read_done(self, key: str, view: str) -> np.ndarray:
         bitmap = self.view_group(key, view)["done"]
         try:
             return np.asarray(bitmap[:], dtype=bool)
@@ -250,8 +284,8 @@ class FeatureStore:
         g = self.view_group(key, view)
         rows, n = self.chunk_rows(key), self.num_images
         with self.damage_is_one_line(f"the arrays of view {view!r} of {key!r}"):
-            arrays = [(f"anchors/{a.name}", g["anchors"][a.name]) for a in self.anchors(key)]
-            arrays.append(("logits", g["logits"]))
+            names = [f"anchors/{a.name}" for a in self.anchors(key)] + ["logits"]
+            arrays = [(name, self._view_array(key, view, g, name)) for name in names]
             present = {arr.path: self.location.keys(f"{arr.path}/") for _, arr in arrays}
         sums = self._checksums(g, len(arrays) + 1) if deep else None
         problems: list[ChunkProblem] = []
@@ -356,7 +390,7 @@ class FeatureStore:
         damage = []
         for name, want in expected.items():
             try:
-                arr = g[name]
+                arr = self._view_array(key, view, g, name)
                 found = (tuple(arr.shape), tuple(arr.chunks))
             except KeyError:
                 damage.append(Damage(f"{base}/{name}", "missing", REMAKE_VIEW))
@@ -444,6 +478,10 @@ class FeatureStore:
 
     def info(self) -> dict:
         """What the store holds: images, and per model its anchors and each view's completeness."""
+        with self.one_reading():
+            return self._info()
+
+    def _info(self) -> dict:
         out: dict = {"path": str(self.location), "images": None, "models": {}}
         damage = self.check_images_table()
         if damage:  # what `verify` would say first, in place of what cannot be read
