@@ -128,9 +128,11 @@ def generate_images(root: Path, s: Sizes) -> dict:
 def run_build(data: Path, store: Path, model: str, s: Sizes, device: str, limit: int | None = None,
               **overrides) -> dict:
     """One in-process `featstore build`; img/s over the chunk loop (decode -> forward -> pool -> write)."""
+    # on a CPU the forward's float sums differ in the last bits across thread counts (docs/build.md), and the
+    # policy picks the count from the load: pinned, a resumed build can be compared bit for bit with another
+    run = RunOptions(device=device, batch_size=s.batch, progress=False, threads=1 if device == "cpu" else None)
     cfg = BuildConfig(model=ModelSpec(model, "none", s.crop), images=ImageSource(data, limit=limit), store=store,
-                      chunk_rows=s.chunk_rows, run=RunOptions(device=device, batch_size=s.batch, progress=False),
-                      **overrides)
+                      chunk_rows=s.chunk_rows, run=run, **overrides)
     start = time.perf_counter()
     result = build(cfg)
     wall = time.perf_counter() - start
@@ -350,7 +352,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     agree_args = ["--model", cnn, "--weights", "none", "--limit", str(s.agreement_images), "--chunk-rows",
                   str(s.agreement_chunk), "--batch-size", str(s.batch), "--decode", "gpu", "--device", str(device),
-                  "--no-progress"] + (["--image-size", str(s.crop)] if s.crop else [])
+                  "--no-progress"] + (["--image-size", str(s.crop)] if s.crop else []) + \
+        (["--threads", "1"] if str(device) == "cpu" else [])  # as run_build pins it
     sizes_agree = Sizes(**{**s.__dict__, "chunk_rows": s.agreement_chunk})
 
     def precision() -> dict:
