@@ -94,7 +94,7 @@ class SoftmaxObjective:
             add_row_products_(grad_m, zc, p)
             grad_b += p.sum(dim=1, keepdim=True)
         l2 = strengths(self.l2, self.z, which)
-        grad = torch.cat([grad_m, grad_b], dim=1) / n
+        grad = torch.cat([grad_m, grad_b], dim=1).div_(n)
         grad[:, :d].add_(w[:, :d] * l2.to(w.dtype))
         loss = loss / n + 0.5 * (l2[:, 0, 0] * w[:, :d].double().pow(2).sum(dim=(1, 2)))
         return loss, grad

@@ -147,13 +147,13 @@ class TranslatorObjective:
         classes = self.head_t.shape[1]
         rows = max(256, LOGIT_BYTES // max(1, 4 * g * classes))
         loss = torch.zeros(g, dtype=torch.float64, device=self.z.device)
-        basis = self.basis.to(v.dtype)
         if self.composed is not None:
             m0, c0, through = self.composed
             m = class_major(m0.index_select(0, which) + v[:, :d] @ through)  # [g, D, C]
             c = c0.index_select(0, which) + v[:, d:] @ through  # [g, 1, C]
             grad_m, grad_c = torch.zeros_like(m), torch.zeros_like(c)
         else:
+            basis = self.basis.to(v.dtype)
             w = self.w0.index_select(0, which).to(v.dtype) + v @ basis.T
             head_t, head_b = self.head_t.to(self.dtype), self.head_b.to(self.dtype)
             grad = torch.zeros_like(w)
@@ -180,7 +180,7 @@ class TranslatorObjective:
                 grad[:, :d].baddbmm_(zc.transpose(1, 2), gu)
                 grad[:, d:] += gu.sum(dim=1, keepdim=True)
         if self.composed is not None:  # back through the head into V's coordinates: [g, D+1, r]
-            grad = torch.cat([grad_m, grad_c], dim=1) @ through.T / n
+            grad = (torch.cat([grad_m, grad_c], dim=1) @ through.T).div_(n)
         else:
             grad = (grad / n) @ basis
         l2 = strengths(self.l2, self.z, which)

@@ -101,5 +101,8 @@ def test_info_reads_each_metadata_once_within_a_call_and_afresh_across_calls(bui
     again = handle.info()["models"]["resnet18"]["views"]["clean"]
     assert (again["chunks_done"], again["damaged_chunks"]) == (1, [1])
     with handle.one_reading():
-        assert handle.view_group("resnet18", "clean") is handle.view_group("resnet18", "clean")
+        group = handle.view_group("resnet18", "clean")
+        with handle.one_reading():  # nested: the outer reading's lasts past the inner one
+            assert handle.view_group("resnet18", "clean") is group
+        assert handle.view_group("resnet18", "clean") is group
     assert handle.view_group("resnet18", "clean") is not handle.view_group("resnet18", "clean")

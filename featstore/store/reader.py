@@ -183,9 +183,13 @@ class FeatureStore:
 
     @contextmanager
     def one_reading(self) -> Iterator[None]:
-        """Within it, the model listing, a model's attributes and a view's group are read once: a summary (`info`)
-        asks for them dozens of times, each a metadata read (about a millisecond on local disk, a round trip on
-        object storage). Outside it every call reads afresh, as a store another job is writing must be read."""
+        """Within it, the model listing, a model's attributes, a view's group, its arrays and its done bitmap are
+        read once: a summary (`info`) asks for them dozens of times, each a metadata read (about a millisecond on
+        local disk, a round trip on object storage). Outside it every call reads afresh, as a store another job
+        is writing must be read. Nested, the outer reading's lasts."""
+        if self._memo is not None:
+            yield
+            return
         self._memo = {}
         try:
             yield
@@ -247,10 +251,6 @@ class FeatureStore:
     def view_group(self, key: str, view: str) -> zarr.Group:
         return self._once(("view", key, view), lambda: self._open_view(key, view))
 
-    def _view_array(self, key: str, view: str, g: zarr.Group, name: str) -> zarr.Array:
-        """Array `name` ("logits", "anchors/<anchor>") of view group g, opened once within `one_reading`."""
-        return self._once(("array", key, view, name), lambda: g[name])
-
     def _open_view(self, key: str, view: str) -> zarr.Group:
         self.model_attrs(key)
         with self.damage_is_one_line(f"view {view!r} of {key!r}"):
@@ -259,6 +259,10 @@ class FeatureStore:
                 raise FeatstoreError(f"store {self.location} has no view {view!r} of {key!r} (it has: {have}); "
                                      f"build it with `featstore build --views {view}`")
             return self.root[key][view]
+
+    def _view_array(self, key: str, view: str, g: zarr.Group, name: str) -> zarr.Array:
+        """Array `name` ("logits", "anchors/<anchor>") of view group g, opened once within `one_reading`."""
+        return self._once(("array", key, view, name), lambda: g[name])
 
     def chunk_rows(self, key: str) -> int:
         return self.config(key).chunk_rows
