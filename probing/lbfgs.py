@@ -27,27 +27,32 @@ MAX_EVALUATIONS = 20  # per line search
 RESOLUTION = {torch.float32: 1e-6, torch.float64: 1e-14}  # relative loss decrease each precision cannot resolve
 PATIENCE = 3
 LOGIT_BYTES = 256 * 2**20  # a row chunk's logits stay below this
-# at most this many classes, the probe's weights and their gradient are held class-major ([g, C, D] in memory):
-# CPU batched products with a narrow last axis are MKL's slow case (840 rows x 512 wide x 10 classes: the
-# gradient's z^T P 3.7 ms vs 0.49 ms as (P^T z)^T, the logits 2.5 vs 1.3 ms); at 100-1000 classes the two
-# layouts were within 10% of each other, at 1000 the row-major one the faster
+# at most this many classes, the probe's weights are held class-major ([g, C, D] in memory) for the logits z @ M:
+# CPU batched products with a narrow last axis are MKL's slow case (840 rows x 512 wide x 10 classes: 2.5 vs
+# 1.3 ms); at 100-1000 classes the two layouts were within 10% of each other, at 1000 the row-major one the faster
 FEW_CLASSES = 128
 
 Objective = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def class_major(m: torch.Tensor) -> torch.Tensor:
-    """Weights M [g, D, C], laid out for the row products z @ M and z^T P (`add_row_products_`); the same values."""
+    """Weights M [g, D, C], laid out for the logits z @ M; the same values."""
     return m.mT.contiguous().mT if m.shape[2] <= FEW_CLASSES else m
 
 
 def add_row_products_(grad: torch.Tensor, z: torch.Tensor, p: torch.Tensor) -> None:
-    """grad += z^T p for rows z [g, r, D] and logit gradients p [g, r, C]; a class-major grad [g, D, C] (a view
-    of [g, C, D], as `torch.zeros_like(class_major(m))` makes) is filled as its transpose, p^T z."""
-    if grad.mT.is_contiguous():
-        grad.mT.baddbmm_(p.mT, z)
-    else:
-        grad.baddbmm_(z.mT, p)
+    """grad += z^T p for rows z [g, r, D] and logit gradients p [g, r, C], into a row-major grad [g, D, C].
+
+    Always this product, never its transpose p^T z into class-major memory, although that is 5-7x faster at 10
+    classes: MKL splits p^T z's sum over the rows differently at 1 and 2 threads (its last bits differ, measured
+    at 840-1437 rows x 64-512 wide x 10 classes on an AMD EPYC), and the solver's path then stops elsewhere and
+    can choose another C; z^T p came out bit-identical at those shapes (docs/threads.md)."""
+    grad.baddbmm_(z.mT, p)
+
+
+def row_major_zeros(m: torch.Tensor) -> torch.Tensor:
+    """A zero gradient for weights m [g, D, C], row-major whatever m's layout (`add_row_products_`)."""
+    return torch.zeros(m.shape, dtype=m.dtype, device=m.device)
 
 
 def strengths(l2: float | torch.Tensor, z: torch.Tensor, which: torch.Tensor) -> torch.Tensor:
@@ -80,7 +85,7 @@ class SoftmaxObjective:
         rows = max(256, LOGIT_BYTES // max(1, 4 * g * self.num_classes))
         loss = torch.zeros(g, dtype=torch.float64, device=self.z.device)
         m, bias = class_major(w[:, :d]), w[:, d:]
-        grad_m, grad_b = torch.zeros_like(m), torch.zeros_like(bias)
+        grad_m, grad_b = row_major_zeros(m), torch.zeros_like(bias)
         picks = None if everyone else [int(i) for i in which]
         for start in range(0, n, rows):
             yc = self.y[start : start + rows]

@@ -41,7 +41,7 @@ import torch
 from featstore.errors import FeatstoreError
 from featstore.probing import targets
 from featstore.probing.base import AnchorContext, LinearFit, Plan, ProbeGroup, ProbeVariant, register
-from featstore.probing.lbfgs import LOGIT_BYTES, add_row_products_, class_major, strengths
+from featstore.probing.lbfgs import LOGIT_BYTES, add_row_products_, class_major, row_major_zeros, strengths
 from featstore.probing.strength import (
     StrengthGrid,
     Tolerances,
@@ -151,7 +151,7 @@ class TranslatorObjective:
             m0, c0, through = self.composed
             m = class_major(m0.index_select(0, which) + v[:, :d] @ through)  # [g, D, C]
             c = c0.index_select(0, which) + v[:, d:] @ through  # [g, 1, C]
-            grad_m, grad_c = torch.zeros_like(m), torch.zeros_like(c)
+            grad_m, grad_c = row_major_zeros(m), torch.zeros_like(c)
         else:
             basis = self.basis.to(v.dtype)
             w = self.w0.index_select(0, which).to(v.dtype) + v @ basis.T
