@@ -41,6 +41,24 @@ def test_loss_and_gradient_match_autograd():
     assert abs(float(one[0]) - float(loss[1])) < 1e-6
 
 
+def test_the_gradient_at_the_digits_shape_is_the_same_at_one_and_two_threads():
+    """The shape of the digits store's widest anchors (1,437 fit rows x 512 x 10 classes): loss and gradient equal
+    to the last bit at 1 and 2 threads (docs/threads.md, "Which products"), so a solve's path cannot part. The
+    transposed product P^T z, 5-7x faster here, differed on the machine this was measured on."""
+    gen = torch.Generator().manual_seed(0)
+    z, labels = torch.randn(1, 1437, 512, generator=gen), torch.randint(0, 10, (1437,), generator=gen)
+    w = torch.randn(1, 513, 10, generator=gen) * 0.01
+    saved, out = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out.append(SoftmaxObjective(z, labels, 10, l2=1e-3)(w, torch.arange(1)))
+    finally:
+        torch.set_num_threads(saved)
+    (loss1, grad1), (loss2, grad2) = out
+    assert torch.equal(loss1, loss2) and torch.equal(grad1, grad2), float((grad1 - grad2).abs().max())
+
+
 def test_minimum_matches_sklearn_solved_tightly():
     """Same objective as LogisticRegression(C=1) on the same rows: the same minimum (loss within 1e-5, every
     prediction equal), reached from zero by the gradient criterion."""
