@@ -168,13 +168,20 @@ def one_k(ks: list[int]) -> int:
 
 
 def _runs_created(db: Path) -> dict[str, str]:
-    """Run id -> when it was written, of the runs already in `db` (none when it does not exist yet)."""
+    """Run id -> when it was written, of the runs already in `db` (none when it does not exist yet). Read without
+    waiting for a lock: a database another process writes is refused at once (the job would refuse it too), not
+    after `featstore sql`'s 30 s wait for a probe's final transaction."""
+    from featstore.analytics.db import connect
     from featstore.analytics.queries import runs
 
     if not Path(db).is_file():
         return {}
-    return {r["run_id"]: f"{r['created_at']:%Y-%m-%d %H:%M}" if r["created_at"] else "earlier"
-            for r in runs(db).iter_rows(named=True)}
+    con = connect(db, read_only=True)
+    try:
+        return {r["run_id"]: f"{r['created_at']:%Y-%m-%d %H:%M}" if r["created_at"] else "earlier"
+                for r in runs(con).iter_rows(named=True)}
+    finally:
+        con.close()
 
 
 def _probe_summary(db: Path, run_id: str):
