@@ -282,7 +282,7 @@ class FeatureStore:
         """Done chunks that cannot be trusted: a file missing, undecodable, values that differ from those its
         commit wrote (the chunk's checksums), or non-finite values in rows not marked skipped.
 
-        `deep=False` only looks for missing files (one listing per array, through the Zarr store, so it holds
+        `deep=False` only looks for missing files (one listing of the view, through the Zarr store, so it holds
         on object storage too); `deep=True` also reads every done chunk once (a chunk's arrays all at once).
         Chunks not marked done are not looked at: a build writes them anyway."""
         g = self.view_group(key, view)
@@ -290,14 +290,21 @@ class FeatureStore:
         with self.damage_is_one_line(f"the arrays of view {view!r} of {key!r}"):
             names = [f"anchors/{a.name}" for a in self.anchors(key)] + ["logits"]
             arrays = [(name, self._view_array(key, view, g, name)) for name in names]
-            present = {arr.path: self.location.keys(f"{arr.path}/") for _, arr in arrays}
+            listed = self.location.keys(f"{g.path}/")
+            present = {arr.path: {k for k in listed if k.startswith(f"{arr.path}/")} for _, arr in arrays}
+            skipped_array = self._view_array(key, view, g, "skipped")
+        try:  # every row at once; a damaged chunk is found below, chunk by chunk
+            skipped_rows = np.asarray(skipped_array[:], dtype=bool)
+        except Exception:
+            skipped_rows = None
         sums = self._checksums(g, len(arrays) + 1) if deep else None
         problems: list[ChunkProblem] = []
         for chunk in np.flatnonzero(self.done(key, view)).tolist():
             start, stop = chunk * rows, min(n, (chunk + 1) * rows)
             recorded = sums[chunk] if sums is not None else None
             try:
-                skipped = np.asarray(g["skipped"][start:stop], dtype=bool)
+                skipped = (skipped_rows[start:stop] if skipped_rows is not None
+                           else np.asarray(skipped_array[start:stop], dtype=bool))
             except Exception as e:
                 problems.append(ChunkProblem(key, view, "skipped", chunk, f"cannot be decoded ({_brief(e)})"))
                 continue
@@ -440,7 +447,8 @@ class FeatureStore:
         return self.view_group(key, view)["logits"][rows]
 
     def read_skipped(self, key: str, view: str) -> np.ndarray:
-        return np.asarray(self.view_group(key, view)["skipped"][:], dtype=bool)
+        g = self.view_group(key, view)
+        return np.asarray(self._view_array(key, view, g, "skipped")[:], dtype=bool)
 
     # -- the model's head ---------------------------------------------------------------------------
 
