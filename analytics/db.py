@@ -465,6 +465,13 @@ def run_weights(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str, str, str
                        "ORDER BY run_id").fetchall()
 
 
+def run_params(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, tuple[str, str, str]]:
+    """Run id -> (params JSON, probe name, stored-weights version) of those of `run_ids` the database holds."""
+    rows = con.execute("SELECT run_id, params, probe_name, probe_version FROM runs WHERE list_contains(?, run_id)",
+                       [run_ids]).fetchall()
+    return {run_id: (params, name, version) for run_id, params, name, version in rows}
+
+
 def _set_meta(con: duckdb.DuckDBPyConnection, items: dict[str, str]) -> None:
     con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(items.items()))
 

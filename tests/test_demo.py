@@ -79,8 +79,14 @@ def test_demo_runs_offline_end_to_end_and_caches_the_network(demo, tmp_path):
     fs = FeatureStore(out / "layouts" / "store.zarr")
     assert fs.model_attrs("resnet18")["config"]["weights_id"].startswith("file:resnet18-e5.pth")
     assert sorted(fs.views("resnet18")) == ["clean", "gaussian_blur-1", "gaussian_noise-2"]
+    runs_before = q.runs(out / "layouts" / "featstore.duckdb").select("run_id", "probe_version", "created_at")
     again = run_cli("demo", "--out", out, "--no-progress").output
     assert "train" not in again.split("time:")[1].split("\n")[0]  # the network is cached
+    # the probe runs already landed are kept as they were (same weights version, same time written), so the
+    # printed sweep is the first run's
+    runs_after = q.runs(out / "layouts" / "featstore.duckdb").select("run_id", "probe_version", "created_at")
+    assert runs_after.equals(runs_before) and len(runs_after) == 6
+    assert again.split("Where the clean")[1].split("time:")[0] == text.split("Where the clean")[1].split("time:")[0]
 
 
 def test_the_demos_lens_knn_gate_and_comparison(demo):

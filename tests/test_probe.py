@@ -193,6 +193,43 @@ def test_rerun_replaces_rows_and_views_use_clean_probes(clusters, tmp_path):
     assert ("noisy",) in con.execute("SELECT train_view FROM runs WHERE run_id = 'synthetic/noisy/linear'").fetchall()
 
 
+def test_keep_landed_keeps_a_jobs_runs_only_while_nothing_about_them_changed(clusters, tmp_path, monkeypatch):
+    """`ProbeConfig(keep_landed=True)` (the demo's rerun): the same job again keeps its runs (same weights version);
+    a job of another featstore version, or one whose weights were deleted from the store, fits again."""
+    from featstore.compute.specs import RunOptions
+    from featstore.workflows import probe as probe_job
+
+    src, _, _ = clusters
+    store = tmp_path / "s.zarr"
+    shutil.copytree(src, store)  # the weights are saved into the store: a copy of the module's
+    db = tmp_path / "f.duckdb"
+    cfg = probe_job.ProbeConfig(store=store, model="synthetic", db=db, view="all", keep_landed=True,
+                                run=RunOptions(progress=False))
+
+    def versions() -> dict:
+        con = duckdb.connect(str(db), read_only=True)
+        try:
+            return dict(con.execute("SELECT run_id, probe_version FROM runs").fetchall())
+        finally:
+            con.close()
+
+    first = probe_job.probe(cfg)
+    landed = versions()
+    assert sorted(first) == sorted(landed) == ["synthetic/clean/linear", "synthetic/noisy/linear/train=clean"]
+    assert probe_job.probe(cfg) == first and versions() == landed  # kept: nothing fitted or written
+    monkeypatch.setattr(probe_job, "__version__", "0.0.0+other")
+    probe_job.probe(cfg)
+    refitted = versions()
+    assert all(refitted[r] != landed[r] for r in landed)  # another version's parameters: fitted again
+    monkeypatch.undo()
+    probe_job.probe(cfg)  # back to this version: fitted again (its params differ from the other version's)
+    current = versions()
+    name, version = "linear@clean", current["synthetic/clean/linear"]
+    shutil.rmtree(store / "synthetic" / "probes" / name / version)
+    probe_job.probe(cfg)
+    assert versions()["synthetic/clean/linear"] != version  # its weights gone from the store: fitted again
+
+
 def test_paper_variant_stops_with_patience_and_projected_folds_back(clusters, tmp_path):
     store, _, _ = clusters
     db = tmp_path / "f.duckdb"

@@ -222,9 +222,12 @@ def run_demo(out: Path, dataset: str = "layouts", epochs: int | None = None, lim
     timed("build", lambda: build(BuildConfig(model=ModelSpec("resnet18", str(weights), IMAGE_SIZE),
                                              images=ImageSource(data), store=store, views=VIEWS, chunk_rows=256,
                                              run=run)))
-    timed("probe", lambda: probe(ProbeConfig(store=store, model="resnet18", db=db, view="all", run=run)))
+    # a rerun (or one after an interruption) keeps the probe runs already landed from this store as they are
+    timed("probe", lambda: probe(ProbeConfig(store=store, model="resnet18", db=db, view="all", run=run,
+                                             keep_landed=True)))
     for variant in CLEAN_ONLY_VARIANTS:
-        timed("probe", lambda v=variant: probe(ProbeConfig(store=store, model="resnet18", db=db, variant=v, run=run)))
+        timed("probe", lambda v=variant: probe(ProbeConfig(store=store, model="resnet18", db=db, variant=v, run=run,
+                                                           keep_landed=True)))
     clean_runs = q.runs(db).filter(pl.col("view") == "clean")["run_id"].to_list()
     timed("gate", lambda: [train_gate(db, run) for run in clean_runs])
     record_image_source(db, data, discover(data).class_names)

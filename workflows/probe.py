@@ -11,6 +11,7 @@ no others: two jobs of one probe name (other databases, or one view each) keep e
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -63,6 +64,10 @@ class ProbeConfig:
     val_frac: float = VAL_FRAC
     memory_budget: str = MEMORY_BUDGET
     run: RunOptions = field(default_factory=RunOptions)
+    # keep the runs when the database already holds every one of them from this job (the same run ids and
+    # parameters, featstore's version among them, their weights in the store): a rerun of the demo, or one after
+    # an interruption, does not fit them again
+    keep_landed: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "db", Path(self.db))  # callers may pass a string
@@ -164,6 +169,10 @@ def probe(cfg: ProbeConfig) -> list[str]:
     params = {**variant.params, "probe_id": probe_id, "probe_name": probe_name, "probe_version": version,
               "split_seed": cfg.split_seed, "val_frac": cfg.val_frac, "streamed": job.streamed,
               "featstore": __version__, "weights_id": store.config(key).weights_id}
+    if cfg.keep_landed and Path(cfg.db).exists():
+        planned = [job.run_id(view) for view in views]
+        if _landed(cfg.db, store, key, planned, params):
+            return planned
     outputs = []
     with ThreadPolicy(cfg.run.threads, data.device) as threads:  # the reads and predictions too, not only the fits
         fits = fit_all(data, variant, train_view, cfg.run.progress, cfg.run.threads)
@@ -208,6 +217,20 @@ def probe(cfg: ProbeConfig) -> list[str]:
     finally:
         con.close()
     return [rows.run.run_id for rows, _ in outputs]
+
+
+def _landed(db: Path, store: FeatureStore, key: str, run_ids: list[str], params: dict) -> bool:
+    """Whether `db` holds every one of `run_ids` with these parameters (all but the weights' version) and the
+    store still holds the weights each names."""
+    con = fsdb.connect(db, read_only=True)
+    try:
+        held = fsdb.run_params(con, run_ids)
+    finally:
+        con.close()
+    wanted = json.loads(json.dumps({k: v for k, v in params.items() if k != "probe_version"}))
+    return len(held) == len(run_ids) and all(
+        {k: v for k, v in json.loads(p).items() if k != "probe_version"} == wanted
+        and store.probe_version_exists(key, name, version) for p, name, version in held.values())
 
 
 def missing_weights(store: str | Path, dbs: list[Path]) -> list[str]:
