@@ -80,3 +80,40 @@ def test_a_held_model_lock_refuses_and_a_killed_holder_leaves_none(big_image_dir
         holder.wait()
     assert "0 chunk(s) written" in run_cli("build", "--data", big_image_dir, "--store", store, *SMALL).output
     assert_same(store, reference)
+
+
+def test_a_lock_let_go_while_its_holder_is_looked_up_is_taken_not_refused(tmp_path, monkeypatch):
+    """The race CI met (test_two_builds_racing_on_one_store): the second build's attempt failed, and by the time
+    it read /proc/locks the first had let go, so it refused naming "another process". Now it tries again; a
+    holder that stays is still named."""
+    import fcntl
+
+    from featstore.errors import FeatstoreError
+    from featstore.store import locks
+
+    real_flock, calls = fcntl.flock, []
+
+    def busy_once(fd, op):
+        calls.append(op)
+        if len(calls) == 1:
+            raise BlockingIOError("held")
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(locks.fcntl, "flock", busy_once)
+    monkeypatch.setattr(locks, "lock_holder", lambda path: locks.UNKNOWN_HOLDER)
+    with locks.locked(tmp_path, wait=False, what="model 'm'"):
+        pass
+    assert len(calls) == 2  # refused once, taken on the second attempt
+
+    def always_busy(fd, op):
+        raise BlockingIOError("held")
+
+    monkeypatch.setattr(locks.fcntl, "flock", always_busy)
+    monkeypatch.setattr(locks, "lock_holder", lambda path: "pid 7 on host h")
+    with pytest.raises(FeatstoreError, match="being written by pid 7 on host h"):
+        with locks.locked(tmp_path, wait=False, what="model 'm'"):
+            pass
+    monkeypatch.setattr(locks, "lock_holder", lambda path: locks.UNKNOWN_HOLDER)
+    with pytest.raises(FeatstoreError, match="being written by another process"):  # nobody named, still held
+        with locks.locked(tmp_path, wait=False, what="model 'm'"):
+            pass

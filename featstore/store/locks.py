@@ -15,6 +15,9 @@ from pathlib import Path
 
 from featstore.errors import FeatstoreError
 
+UNKNOWN_HOLDER = "another process"
+LOOKS = 3  # attempts at a lock whose holder /proc/locks does not show (it may have just let go)
+
 
 def lock_holder(path: Path) -> str:
     """'pid N on host H' of the process holding a lock on `path`, from /proc/locks when it can say."""
@@ -27,7 +30,7 @@ def lock_holder(path: Path) -> str:
                 return f"pid {fields[fields.index(inode) - 1]} on host {socket.gethostname()}"
     except (OSError, ValueError, IndexError):
         pass
-    return "another process"
+    return UNKNOWN_HOLDER
 
 
 @contextmanager
@@ -36,11 +39,17 @@ def locked(path: Path, wait: bool, what: str, instead: str = "or use another --s
     what else the refusal suggests)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError as e:
-            raise FeatstoreError(f"{what} is being written by {lock_holder(path)}; wait for that featstore "
-                                 f"command to finish (a rerun then resumes), {instead}") from e
+        for attempt in range(LOOKS):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                break
+            except BlockingIOError as e:
+                holder = lock_holder(path)
+                # nobody in /proc/locks: the holder let go between our attempt and the look; try again
+                if holder == UNKNOWN_HOLDER and attempt + 1 < LOOKS:
+                    continue
+                raise FeatstoreError(f"{what} is being written by {holder}; wait for that featstore command to "
+                                     f"finish (a rerun then resumes), {instead}") from e
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
