@@ -156,23 +156,23 @@ def probe(cfg: ProbeConfig) -> list[str]:
     info = DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store),
                        cfg.split_seed, cfg.val_frac)
     source = store.source(key)
-    if Path(cfg.db).exists():  # read-only beside `featstore sql`'s readers; a writer holding it is refused now
-        con = fsdb.connect(cfg.db, read_only=True)
-        try:
-            fsdb.check_dataset(con, cfg.db, info)
-            fsdb.check_source(con, cfg.db, source)
-        finally:
-            con.close()
-
     probe_id, seed, probe_name = variant.canonical_id, cfg.run.seed, job.probe_name
     version = time.strftime("v%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8]
     params = {**variant.params, "probe_id": probe_id, "probe_name": probe_name, "probe_version": version,
               "split_seed": cfg.split_seed, "val_frac": cfg.val_frac, "streamed": job.streamed,
               "featstore": __version__, "weights_id": store.config(key).weights_id}
-    if cfg.keep_landed and Path(cfg.db).exists():
-        planned = [job.run_id(view) for view in views]
-        if _landed(cfg.db, store, key, planned, params):
-            return planned
+    planned, held = [job.run_id(view) for view in views], {}
+    if Path(cfg.db).exists():  # read-only beside `featstore sql`'s readers; a writer holding it is refused now
+        con = fsdb.connect(cfg.db, read_only=True)
+        try:
+            fsdb.check_dataset(con, cfg.db, info)
+            fsdb.check_source(con, cfg.db, source)
+            if cfg.keep_landed:
+                held = fsdb.run_params(con, planned)
+        finally:
+            con.close()
+    if cfg.keep_landed and _landed(held, planned, params, store, key):
+        return planned
     outputs = []
     with ThreadPolicy(cfg.run.threads, data.device) as threads:  # the reads and predictions too, not only the fits
         fits = fit_all(data, variant, train_view, cfg.run.progress, cfg.run.threads)
@@ -219,14 +219,10 @@ def probe(cfg: ProbeConfig) -> list[str]:
     return [rows.run.run_id for rows, _ in outputs]
 
 
-def _landed(db: Path, store: FeatureStore, key: str, run_ids: list[str], params: dict) -> bool:
-    """Whether `db` holds every one of `run_ids` with these parameters (all but the weights' version) and the
-    store still holds the weights each names."""
-    con = fsdb.connect(db, read_only=True)
-    try:
-        held = fsdb.run_params(con, run_ids)
-    finally:
-        con.close()
+def _landed(held: dict[str, tuple[str, str, str]], run_ids: list[str], params: dict, store: FeatureStore,
+            key: str) -> bool:
+    """Whether the runs a database holds (`fsdb.run_params`) are every one of `run_ids`, with these parameters
+    (all but the weights' version), and the store still holds the weights each names."""
     wanted = json.loads(json.dumps({k: v for k, v in params.items() if k != "probe_version"}))
     return len(held) == len(run_ids) and all(
         {k: v for k, v in json.loads(p).items() if k != "probe_version"} == wanted
