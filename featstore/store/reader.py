@@ -183,10 +183,10 @@ class FeatureStore:
 
     @contextmanager
     def one_reading(self) -> Iterator[None]:
-        """Within it, the model listing, a model's attributes, a view's group, its arrays and its done bitmap are
-        read once: a summary (`info`) asks for them dozens of times, each a metadata read (about a millisecond on
-        local disk, a round trip on object storage). Outside it every call reads afresh, as a store another job
-        is writing must be read. Nested, the outer reading's lasts."""
+        """Within it, the model listing, a model's attributes, a view's group, its arrays, done bitmap and skipped
+        rows are read once: a summary (`info`) asks for them dozens of times, each a metadata read (about a
+        millisecond on local disk, a round trip on object storage). Outside it every call reads afresh, as a
+        store another job is writing must be read. Nested, the outer reading's lasts."""
         if self._memo is not None:
             yield
             return
@@ -294,7 +294,7 @@ class FeatureStore:
             present = {arr.path: {k for k in listed if k.startswith(f"{arr.path}/")} for _, arr in arrays}
             skipped_array = self._view_array(key, view, g, "skipped")
         try:  # every row at once; a damaged chunk is found below, chunk by chunk
-            skipped_rows = np.asarray(skipped_array[:], dtype=bool)
+            skipped_rows = self.read_skipped(key, view)
         except Exception:
             skipped_rows = None
         sums = self._checksums(g, len(arrays) + 1) if deep else None
@@ -447,8 +447,10 @@ class FeatureStore:
         return self.view_group(key, view)["logits"][rows]
 
     def read_skipped(self, key: str, view: str) -> np.ndarray:
+        """Which rows of a view were skipped (read once within `one_reading`: `info` and `check_view` both ask)."""
         g = self.view_group(key, view)
-        return np.asarray(self._view_array(key, view, g, "skipped")[:], dtype=bool)
+        return self._once(("skipped", key, view),
+                          lambda: np.asarray(self._view_array(key, view, g, "skipped")[:], dtype=bool)).copy()
 
     # -- the model's head ---------------------------------------------------------------------------
 
