@@ -7,13 +7,10 @@
 -- the first to reach the windows k beyond what the earlier ones reach, answer every k at once. (Columns are named apart from k: a macro calling this one with a parameter k
 -- would substitute it for any bare column k.)
 CREATE OR REPLACE MACRO joint_decisions(min_conf := 0) AS TABLE
-WITH p AS (
-    SELECT run_id, image_id, anchor, pred, conf,
-           anchor - row_number() OVER (PARTITION BY run_id, image_id, pred ORDER BY anchor) AS island
-    FROM predictions WHERE min_conf > 0),
+WITH p AS (SELECT * FROM prediction_islands(NULL) WHERE min_conf > 0),  -- every run's stretches
 stretches AS (
-    SELECT run_id, image_id, pred, max(anchor) AS stop,
-           min(anchor) FILTER (WHERE conf >= min_conf::REAL) AS first_sure
+    SELECT run_id, image_id, pred, max(pos) AS stop,
+           min(pos) FILTER (WHERE conf >= min_conf::REAL) AS first_sure
     FROM p GROUP BY run_id, image_id, pred, island),
 finals AS (
     SELECT s.run_id, s.image_id, s.pred AS final_pred, r.n_anchors - 1 AS t
