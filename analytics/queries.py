@@ -187,12 +187,16 @@ def decision_summary(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0)
     return _per_k("decision_summary", db, k, scope, min_conf)
 
 
-def k_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
+def k_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = "auto", min_conf: float = 0.0,
+            runs: Sequence[str] | None = None) -> pl.DataFrame:
+    """decision_sweep at the windows ks, of every run or of the runs named (each must exist)."""
     check_scope(scope)
+    chosen = known_runs(db, runs) if runs else None
     ks = stability_windows(db, ks)
     frame = query(db, "SELECT * FROM decision_sweep(?, scope := ?, min_conf := ?)",
                   [max(ks), scope, check_min_conf(min_conf)])
-    return frame.filter(pl.col("k").is_in(list(ks)))
+    frame = frame.filter(pl.col("k").is_in(list(ks)))
+    return frame if chosen is None else frame.filter(pl.col("run_id").is_in(chosen))
 
 
 def decision_mass(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
@@ -465,15 +469,21 @@ class Comparison:
         return pl.DataFrame({"definition": [f"#{i + 1} {n}" for i, n in enumerate(names)], **columns})
 
 
+def known_runs(db: Db, runs: Sequence[str]) -> list[str]:
+    """The runs as given, once each, every one of them in the database (else the --run error naming it)."""
+    known = query(db, "SELECT run_id FROM runs")["run_id"].to_list()
+    missing = [r for r in runs if r not in known]
+    if missing:
+        raise FeatstoreError(f"--run: no run {missing[0]!r} in the database; list them with featstore sql "
+                             f"\"SELECT run_id FROM runs\"")
+    return list(dict.fromkeys(runs))
+
+
 def comparison_runs(db: Db, runs: Sequence[str] | None = None) -> list[str]:
     """The runs to compare: as given (each must exist), or every clean run in the database."""
-    known = query(db, "SELECT run_id, view FROM runs ORDER BY run_id")
     if runs:
-        missing = [r for r in runs if r not in known["run_id"].to_list()]
-        if missing:
-            raise FeatstoreError(f"--run: no run {missing[0]!r} in the database; list them with featstore sql "
-                                 f"\"SELECT run_id FROM runs\"")
-        return list(dict.fromkeys(runs))
+        return known_runs(db, runs)
+    known = query(db, "SELECT run_id, view FROM runs ORDER BY run_id")
     clean = known.filter(pl.col("view") == "clean")["run_id"].to_list()
     if not clean:
         raise FeatstoreError("the database has no clean runs to compare; pass --run")

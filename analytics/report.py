@@ -430,11 +430,16 @@ def _gallery(figs: _Figures, con, run: dict, k: int, scope: str, names: Sequence
             + f"<p>Per-image timelines of these images: {links}</p>")
 
 
-def image_timeline(db, image_id: int, k: int = 2) -> pl.DataFrame:
-    """One image's timeline in every run (sql/image_timeline.sql); refuses an id no run predicted."""
+def image_timeline(db, image_id: int, k: int = 2, runs: Sequence[str] | None = None) -> pl.DataFrame:
+    """One image's timeline in every run, or in the runs named (sql/image_timeline.sql); refuses an unknown run
+    and an id none of them predicted."""
+    chosen = q.known_runs(db, runs) if runs else None
     frame = q.query(db, "SELECT * FROM image_timeline(?, k := ?)", [image_id, k])
+    if chosen is not None:
+        frame = frame.filter(pl.col("run_id").is_in(chosen))
     if frame.is_empty():
-        raise FeatstoreError(f"--image {image_id}: no run of this database predicted an image of that id")
+        which = f"run {', '.join(chosen)}" if chosen else "run of this database"
+        raise FeatstoreError(f"--image {image_id}: no {which} predicted an image of that id")
     return frame
 
 

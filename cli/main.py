@@ -155,6 +155,12 @@ def only_run(db: Path, given: str | None) -> str:
     return have[0]
 
 
+def run_list(given: str | None) -> list[str] | None:
+    """--run's comma list as run ids (None: the command's default runs)."""
+    chosen = [r.strip() for r in given.split(",") if r.strip()] if given else []
+    return chosen or None
+
+
 def one_k(ks: list[int]) -> int:
     """The one stability window of a command that uses one: the one --k given, else 2 (with the default list)."""
     from featstore.analytics.exit_policies import DEFAULT_POLICIES
@@ -313,17 +319,20 @@ def export(db: Path, out: Path) -> None:
 
 @cli.command()
 @option("--db", "read")
-@options(option("--k"), option("--min-conf"), option("--scope"), option("--format"), option("--image"))
+@options(option("--run", "any"), option("--k"), option("--min-conf"), option("--scope"), option("--format"),
+         option("--image"))
 @user_errors
-def timeline(db: Path, ks: list[int], min_conf: float, scope: str, fmt: str, image_id: int | None) -> None:
+def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope: str, fmt: str,
+             image_id: int | None) -> None:
     """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong
-    (--image ID: that image's class and confidence at every anchor of every run instead)."""
+    (--image ID: that image's class and confidence at every anchor of every run instead; --run: only those runs)."""
     from featstore.analytics.queries import k_sweep, runs
     from featstore.analytics.report import image_timeline, image_timeline_table, late_caveat
 
+    chosen = run_list(run_id)
     if image_id is not None:
         k = ks[0] if len(ks) == 1 else 2 if 2 in ks else ks[0]  # the one --k given, else 2
-        frame = image_timeline(db, image_id, k)
+        frame = image_timeline(db, image_id, k, chosen)
         first = frame.row(0, named=True)
         if fmt == "table":
             click.echo(f"image {image_id}: {first['label_name'] or first['label']} ({first['path']}, {first['split']});"
@@ -332,7 +341,7 @@ def timeline(db: Path, ks: list[int], min_conf: float, scope: str, fmt: str, ima
         else:
             print_frame(frame, fmt)
         return
-    frame = k_sweep(db, ks, scope, min_conf)
+    frame = k_sweep(db, ks, scope, min_conf, chosen)
     print_frame(frame.drop("model", "view", "probe"), fmt)
     shown = runs(db)
     lengths = sorted(set(shown.filter(shown["run_id"].is_in(frame["run_id"].to_list()))["n_anchors"]))
@@ -353,7 +362,7 @@ def compare(db: Path, run_id: str | None, ks: list[int], min_conf: float, per_pa
     from featstore.analytics.queries import compare as run_compare
 
     k = one_k(ks)
-    result = run_compare(db, [r.strip() for r in run_id.split(",") if r.strip()] if run_id else None, k, min_conf,
+    result = run_compare(db, run_list(run_id), k, min_conf,
                          scope, per_pair).shortened()
     if fmt != "table" or part:
         print_frame(getattr(result, part or "agreement"), fmt)

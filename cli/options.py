@@ -204,8 +204,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                              "it out.")),
     },
     "--image": {"": (("image_id",), dict(type=click.IntRange(min=0), help="Print this image's timeline instead: "
-                                         "class and confidence at every anchor of every run, l*(k) marked "
-                                         "(k: the one --k given, else 2)."))},
+                                         "class and confidence at every anchor of every run (or of --run's), "
+                                         "l*(k) marked (k: the one --k given, else 2)."))},
     "--full": {"": ((), dict(is_flag=True, help="Show every row and whole lists (timelines) in the table format."))},
     # compare
     "--per-pair": {"": ((), dict(default=4, type=click.IntRange(min=0), help="Disagreeing images listed per pair."))},
@@ -279,6 +279,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
         "one": (("run_id",), dict(help="A run id (see `featstore sql \"SELECT run_id FROM runs\"`) [default: the "
                                   "database's only run].")),
         "several": (("run_id",), dict(help="A run id, or a comma list of them [default: every clean run].")),
+        "any": (("run_id",), dict(help="A run id, or a comma list of them [default: every run].")),
     },
     "--thresholds": {"": ((), dict(default=_thresholds_text(DEFAULT_POLICIES.thresholds),
                                    callback=_threshold_parser,

@@ -124,6 +124,28 @@ def test_the_demos_suggested_query_counts_each_test_image_once(demo):
     assert total == _rows(db, "SELECT count(*) FROM images WHERE split = 'test'")[0][0]
 
 
+def test_timeline_run_keeps_the_sweep_and_the_image_to_the_runs_named(demo):
+    out, printed = demo
+    db = next(x for x in printed.splitlines() if x.startswith("try:")).split("--db ")[1].split(" ", 1)[0]
+    runs = [r for (r,) in _rows(db, "SELECT run_id FROM runs ORDER BY run_id")]
+    picked = runs[1:3]
+    whole = list(csv.DictReader(io.StringIO(run_cli("timeline", "--db", db, "--format", "csv").stdout)))
+    some = list(csv.DictReader(io.StringIO(run_cli("timeline", "--db", db, "--format", "csv", "--run",
+                                                   ",".join(picked)).stdout)))
+    assert {row["run_id"] for row in whole} == set(runs) and {row["run_id"] for row in some} == set(picked)
+    assert some == [row for row in whole if row["run_id"] in picked]
+    (image_id,) = _rows(db, "SELECT image_id FROM images WHERE split = 'test' ORDER BY 1 LIMIT 1")[0]
+    image = list(csv.DictReader(io.StringIO(run_cli("timeline", "--db", db, "--image", image_id, "--run", picked[1],
+                                                    "--format", "csv").stdout)))
+    expected = _rows(db, "SELECT anchor, pred FROM predictions WHERE run_id = ? AND image_id = ? ORDER BY anchor",
+                     [picked[1], image_id])
+    assert {row["run_id"] for row in image} == {picked[1]}
+    assert [(int(row["anchor"]), int(row["pred"])) for row in image] == expected
+    for argv in ((), ("--image", image_id)):
+        line = fails("timeline", "--db", db, "--run", f"{picked[0]},resnet18/clean/nope", *argv)
+        assert "--run" in line and "'resnet18/clean/nope'" in line
+
+
 def test_info_omits_the_pool_of_a_cnn_and_keeps_its_old_spellings(probed):
     store, _, _ = probed
     text = run_cli("info", "--store", store).stdout
