@@ -26,7 +26,12 @@ WOLFE_CURVATURE = 0.9  # curvature condition (its gtol)
 MAX_EVALUATIONS = 20  # per line search
 RESOLUTION = {torch.float32: 1e-6, torch.float64: 1e-14}  # relative loss decrease each precision cannot resolve
 PATIENCE = 3
-LOGIT_BYTES = 256 * 2**20  # a row chunk's logits stay below this
+# a chunk of rows' logits: on a CPU small enough to stay in cache through log_softmax, exp and both products (one
+# evaluation at 7,000 rows x 2 anchors 32 wide x 1,000 classes in float64: 225 ms in one chunk, 124 ms in 8 MiB
+# ones; at 512 wide 391 -> 361 ms; at 10 classes one chunk either way); elsewhere (a GPU) few large launches
+LOGIT_BYTES = {"cpu": 8 * 2**20}
+LOGIT_BYTES_ELSEWHERE = 256 * 2**20
+MIN_CHUNK_ROWS = 256
 # at most this many classes, the probe's weights are held class-major ([g, C, D] in memory) for the logits z @ M:
 # CPU batched products with a narrow last axis are MKL's slow case (840 rows x 512 wide x 10 classes: 2.5 vs
 # 1.3 ms); at 100-1000 classes the two layouts were within 10% of each other, at 1000 the row-major one the faster
@@ -48,6 +53,15 @@ def add_row_products_(grad: torch.Tensor, z: torch.Tensor, p: torch.Tensor) -> N
     at 840-1437 rows x 64-512 wide x 10 classes on an AMD EPYC), and the solver's path then stops elsewhere and
     can choose another C; z^T p came out bit-identical at those shapes (docs/threads.md)."""
     grad.baddbmm_(z.mT, p)
+
+
+def chunk_rows(anchors: int, classes: int, dtype: torch.dtype, device: torch.device) -> int:
+    """Rows per chunk of an evaluation over `anchors` anchors' logits to `classes` classes (`LOGIT_BYTES`). It
+    depends on the shapes, the precision and the device type only, never the thread count: the chunks' sums are
+    added in one order at any thread count."""
+    budget = LOGIT_BYTES.get(torch.device(device).type, LOGIT_BYTES_ELSEWHERE)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return max(MIN_CHUNK_ROWS, budget // max(1, itemsize * anchors * classes))
 
 
 def row_major_zeros(m: torch.Tensor) -> torch.Tensor:
@@ -82,7 +96,7 @@ class SoftmaxObjective:
         read as views of z, never copied."""
         g, n, d = len(which), self.z.shape[1], self.z.shape[2]
         everyone = g == self.z.shape[0] and bool((which == torch.arange(g, device=which.device)).all())
-        rows = max(256, LOGIT_BYTES // max(1, 4 * g * self.num_classes))
+        rows = chunk_rows(g, self.num_classes, self.dtype, self.z.device)
         loss = torch.zeros(g, dtype=torch.float64, device=self.z.device)
         m, bias = class_major(w[:, :d]), w[:, d:]
         grad_m, grad_b = row_major_zeros(m), torch.zeros_like(bias)
@@ -93,9 +107,8 @@ class SoftmaxObjective:
                 zc = self.z[:, start : start + rows].to(self.dtype)
             else:
                 zc = torch.stack([self.z[i, start : start + rows] for i in picks]).to(self.dtype)
-            logp = torch.log_softmax(torch.baddbmm(bias, zc, m), dim=-1)
-            loss += targets.nll(logp, yc).sum(dim=1).double()
-            p = targets.subtract_(logp.exp_(), yc)
+            nll, p = targets.nll_and_gradient_(torch.baddbmm(bias, zc, m), yc)
+            loss += nll.sum(dim=1).double()
             add_row_products_(grad_m, zc, p)
             grad_b += p.sum(dim=1, keepdim=True)
         l2 = strengths(self.l2, self.z, which)

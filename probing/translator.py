@@ -41,7 +41,7 @@ import torch
 from featstore.errors import FeatstoreError
 from featstore.probing import targets
 from featstore.probing.base import AnchorContext, LinearFit, Plan, ProbeGroup, ProbeVariant, register
-from featstore.probing.lbfgs import LOGIT_BYTES, add_row_products_, class_major, row_major_zeros, strengths
+from featstore.probing.lbfgs import add_row_products_, chunk_rows, class_major, row_major_zeros, strengths
 from featstore.probing.strength import (
     StrengthGrid,
     Tolerances,
@@ -145,7 +145,7 @@ class TranslatorObjective:
     def __call__(self, v: torch.Tensor, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         g, n, d = len(which), self.z.shape[1], self.z.shape[2]
         classes = self.head_t.shape[1]
-        rows = max(256, LOGIT_BYTES // max(1, 4 * g * classes))
+        rows = chunk_rows(g, classes, self.dtype, self.z.device)
         loss = torch.zeros(g, dtype=torch.float64, device=self.z.device)
         if self.composed is not None:
             m0, c0, through = self.composed
@@ -169,9 +169,8 @@ class TranslatorObjective:
                 logits = torch.baddbmm(c, zc, m)
             else:
                 logits = torch.baddbmm(w[:, d:], zc, w[:, :d]) @ head_t + head_b  # via u [g, r, D_head]
-            logp = torch.log_softmax(logits, dim=-1)
-            loss += targets.nll(logp, yc).sum(dim=1).double()
-            gl = targets.subtract_(logp.exp_(), yc)  # d loss / d logits, [g, r, C]
+            nll, gl = targets.nll_and_gradient_(logits, yc)  # gl: d loss / d logits, [g, r, C]
+            loss += nll.sum(dim=1).double()
             if self.composed is not None:
                 add_row_products_(grad_m, zc, gl)
                 grad_c += gl.sum(dim=1, keepdim=True)
