@@ -55,17 +55,22 @@ def standardised(x: np.ndarray, fit: np.ndarray) -> np.ndarray:
     return StandardScaler().fit(x[fit].astype(np.float64)).transform(x.astype(np.float64))
 
 
+# scikit-learn's Newton-CG solver: at tol 1e-8 it reaches the optimum L-BFGS reaches, with the same predictions on
+# every test image at the anchors measured, in 2-10x less time (0.15-0.35 s vs 0.3-2.1 s on the digits' anchors)
+EXACT = dict(tol=1e-8, max_iter=10_000, solver="newton-cg")
+
+
 def exact(z: np.ndarray, labels: np.ndarray, rows: np.ndarray, c: float) -> LogisticRegression:
     """scikit-learn solved to tol 1e-8: the independent exact optimum of the same objective."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        return LogisticRegression(C=c, tol=1e-8, max_iter=10_000).fit(z[rows], labels[rows])
+        return LogisticRegression(C=c, **EXACT).fit(z[rows], labels[rows])
 
 
 def exact_path(z: np.ndarray, labels: np.ndarray, rows: np.ndarray, cs: list[float]) -> dict[float, LogisticRegression]:
     """`exact` at each C, solved in ascending C, each solve starting at the last one's optimum (scikit-learn's
     warm_start): the same optima to tol 1e-8 (the objective is strictly convex), in fewer iterations."""
-    model, out = LogisticRegression(tol=1e-8, max_iter=10_000, warm_start=True), {}
+    model, out = LogisticRegression(warm_start=True, **EXACT), {}
     for c in sorted(cs):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
