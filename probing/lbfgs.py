@@ -26,11 +26,11 @@ WOLFE_CURVATURE = 0.9  # curvature condition (its gtol)
 MAX_EVALUATIONS = 20  # per line search
 RESOLUTION = {torch.float32: 1e-6, torch.float64: 1e-14}  # relative loss decrease each precision cannot resolve
 PATIENCE = 3
-# a chunk of rows' logits: on a CPU small enough to stay in cache through log_softmax, exp and both products (one
-# evaluation at 7,000 rows x 2 anchors 32 wide x 1,000 classes in float64: 225 ms in one chunk, 124 ms in 8 MiB
-# ones; at 512 wide 391 -> 361 ms; at 10 classes one chunk either way); elsewhere (a GPU) few large launches
-LOGIT_BYTES = {"cpu": 8 * 2**20}
-LOGIT_BYTES_ELSEWHERE = 256 * 2**20
+# a chunk of rows' logits: on a CPU small enough to stay in cache through the softmax passes and both products
+# (one evaluation at 7,000 rows x 2 anchors 32 wide x 1,000 classes in float64: 225 ms in one chunk, 124 ms in
+# 8 MiB ones; at 512 wide 391 -> 361 ms; at 10 classes one chunk either way); elsewhere (a GPU) few large launches
+CPU_LOGIT_BYTES = 8 * 2**20
+LOGIT_BYTES = 256 * 2**20
 MIN_CHUNK_ROWS = 256
 # at most this many classes, the probe's weights are held class-major ([g, C, D] in memory) for the logits z @ M:
 # CPU batched products with a narrow last axis are MKL's slow case (840 rows x 512 wide x 10 classes: 2.5 vs
@@ -56,12 +56,11 @@ def add_row_products_(grad: torch.Tensor, z: torch.Tensor, p: torch.Tensor) -> N
 
 
 def chunk_rows(anchors: int, classes: int, dtype: torch.dtype, device: torch.device) -> int:
-    """Rows per chunk of an evaluation over `anchors` anchors' logits to `classes` classes (`LOGIT_BYTES`). It
-    depends on the shapes, the precision and the device type only, never the thread count: the chunks' sums are
-    added in one order at any thread count."""
-    budget = LOGIT_BYTES.get(torch.device(device).type, LOGIT_BYTES_ELSEWHERE)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return max(MIN_CHUNK_ROWS, budget // max(1, itemsize * anchors * classes))
+    """Rows per chunk of an evaluation over `anchors` anchors' logits to `classes` classes (`CPU_LOGIT_BYTES`,
+    `LOGIT_BYTES`). It depends on the shapes, the precision and the device type only, never the thread count: the
+    chunks' sums are added in one order at any thread count."""
+    budget = CPU_LOGIT_BYTES if torch.device(device).type == "cpu" else LOGIT_BYTES
+    return max(MIN_CHUNK_ROWS, budget // max(1, dtype.itemsize * anchors * classes))
 
 
 def row_major_zeros(m: torch.Tensor) -> torch.Tensor:
