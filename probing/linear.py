@@ -10,7 +10,9 @@ The objective is scikit-learn's LogisticRegression(C) on standardised features: 
   on train + val at that C and solves to `gtol` (float64 at the end), where the predictions no longer move: they
   equal scikit-learn's at tol 1e-8 and do not depend on the thread count (docs/probes.md). `linear:C=1` pins the
   strength and skips the search. `probe_fits.info` records the chosen "C", the val loss of every C tried, and the
-  solver's end; `val_accuracy` is the path's at the chosen C, on val rows it did not learn from.
+  solver's end; `val_accuracy` is the path's at the chosen C, on val rows it did not learn from. A class with no
+  fit row (ten ImageNet classes under a 1,000-way head) is left out of the solve, its bias -inf: the limit the
+  full objective only tends to (`classes_with_rows`); the info counts them as "classes_without_rows".
 - Rows streamed from the store (more than `--memory-budget`), or `full_batch=0`: mini-batch SGD with momentum at
   the pinned C (C = 1 when none is pinned: there is no search). Pooled activations are often strongly correlated
   (top eigenvalue of the standardised covariance tens of times the mean), and SGD then crawls along all other
@@ -81,6 +83,18 @@ def candidate_rates(low: float, high: float, ratio: float = 4.0) -> tuple[float,
     while rates[-1] * ratio <= high * (1 + 1e-9):
         rates.append(rates[-1] * ratio)
     return tuple(rates)
+
+
+def classes_with_rows(y: torch.Tensor, num_classes: int) -> torch.Tensor | None:
+    """The classes hard labels `y` name, sorted, where some of the `num_classes` have no row (None where every
+    class has one, and for target distributions). The objective has no optimum then: it only tends to its infimum
+    as an absent class's bias goes to -inf, which L-BFGS chases to its iteration cap (a 1,000-way probe on ten
+    ImageNet classes). The solve is that limit instead: over the classes present, as scikit-learn's, which knows
+    only the classes in y."""
+    if y.dim() != 1:
+        return None
+    present = torch.unique(y)
+    return None if len(present) == num_classes else present
 
 
 @register
@@ -261,7 +275,15 @@ class LinearGroup(ProbeGroup):
         retire, converged unless an iteration cap stopped them."""
         g, d = self.w.shape[0], self.w.shape[1]
         self.chosen = [-1] * g  # no learning rate: one head, solved
-        solved = choose_and_solve(x, y, is_val, Softmax(self.c), self.full_batch.grid, self.full_batch.tol, on_pass)
+        present = classes_with_rows(y, self.c)
+        fit_y = y if present is None else torch.searchsorted(present, y)
+        solved = choose_and_solve(x, fit_y, is_val, Softmax(self.c if present is None else len(present)),
+                                  self.full_batch.grid, self.full_batch.tol, on_pass)
+        if present is not None:  # the limit of the full objective: an absent class's logit is -inf, never predicted
+            full = torch.zeros(g, d + 1, self.c, device=solved.w.device)
+            full[:, d] = -math.inf
+            full[:, :, present] = solved.w
+            solved.w = full
         self.w, self.b = solved.w[:, :d].contiguous(), solved.w[:, d:].contiguous()
         self.vw, self.vb, self.lr = torch.zeros_like(self.w), torch.zeros_like(self.b), self.lr[:, :, : self.c]
         self.loss_sum = self.loss_sum[:, :1].clone()
@@ -273,7 +295,8 @@ class LinearGroup(ProbeGroup):
                               "C_chosen_on": "pinned" if self.full_batch.grid.pinned else "val loss",
                               "val_loss_per_C": solved.path[i], "lbfgs_iterations": st.iterations,
                               "lbfgs_stop": st.stop, "max_gradient": st.max_gradient, "gtol": solved.gtol,
-                              "precision": solved.precision[i]}
+                              "precision": solved.precision[i],
+                              "classes_without_rows": 0 if present is None else self.c - len(present)}
         for i in reversed(range(g)):
             self._retire(i, converged=solved.states[i].converged(solved.gtol))
 

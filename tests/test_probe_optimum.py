@@ -168,6 +168,31 @@ def test_a_pinned_strength_skips_the_search(tmp_path):
         assert np.isfinite(val_accuracy[a])
 
 
+def test_classes_without_fit_rows_are_left_out_as_scikit_learn_leaves_them(tmp_path):
+    """A 40-way store whose images are of 6 classes (a 1,000-way head on ten ImageNet classes): the solve is over
+    the classes present, as scikit-learn's, which knows only the classes in y; the others are never predicted,
+    their probability is 0, and the fit record counts them."""
+    import featstore as fs
+
+    feats, labels = class_clusters(1200, 6, [16, 48], seed=7)
+    present = np.array([0, 3, 9, 17, 25, 39])
+    named = present[labels]
+    store = write_feature_store(tmp_path / "s.zarr", feats, named, 40, chunk_rows=512)
+    db = tmp_path / "f.duckdb"
+    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--no-progress")
+    ours, ids, fits, _ = _run(db, "synthetic/clean/linear")
+    split = make_split(np.arange(len(labels)))
+    fit, test = np.isin(split, ["train", "val"]), split == "test"
+    loaded = fs.load_probe(store, "synthetic", "synthetic/clean/linear", db=db)
+    for a, x in enumerate(feats):
+        assert fits[a]["classes_without_rows"] == 34
+        z = standardised(x, fit)
+        assert (ours[test, a] == exact(z, named, fit, fits[a]["C"]).predict(z[test])).mean() >= 0.995, a
+        proba = loaded.predict_proba(a, x[ids])
+        assert proba.shape == (len(ids), 40) and not proba[:, np.setdiff1d(np.arange(40), present)].any()
+        assert np.allclose(proba.sum(axis=1), 1, atol=1e-5)
+
+
 def test_no_val_rows_to_choose_on_is_one_line(tmp_path):
     """Five images leave no val row: the search (and a pinned C's held-out figure) is refused in one line before
     anything is written."""
