@@ -74,7 +74,7 @@ def test_default_anchors_for_a_model_without_preset(image_dir, tmp_path):
 
 
 def test_demo_digits_preset_runs_offline_end_to_end(tmp_path):
-    out = run_cli("demo", "--dataset", "digits", "--out", tmp_path / "demo", "--limit", "400", "--epochs", "1",
+    out = run_cli("demo", "--dataset", "digits", "--out", tmp_path / "demo", "--limit", "200", "--epochs", "1",
                   "--no-progress").output
     assert "Where the clean test images decide" in out and "gaussian_noise-2" in out
     report = tmp_path / "demo" / "digits" / "report"
