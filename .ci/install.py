@@ -7,7 +7,11 @@ README's whole install (`--dry-run --report`) and installs the rest of it, `--no
 resolved. The two sets are disjoint (the second leaves out every package the first's requirements can reach,
 extras as requested, other markers counted as true), so no package is written twice. README's own command, run
 next, finds the same set and installs featstore itself (editable). Nothing here names a package: the
-requirements are read from README's test command."""
+requirements are read from README's test command.
+
+Both compile to bytecode, as pip does by default; never `--no-compile`: where PYTHONDONTWRITEBYTECODE is set (it is
+on these machines) no process writes .pyc files when it imports, and every test process then imports torch,
+torchvision and timm from source, 14.7 s of CPU instead of 4.8 s (measured: the suite 833 s instead of ~760 s)."""
 
 from __future__ import annotations
 
@@ -70,7 +74,7 @@ def reach(report: dict, roots: list[str]) -> set[str]:
 def main() -> None:
     requirements = readme_requirements()
     named = [r for r in requirements if not r.startswith(("-", "."))]  # torch==..., torchvision==...
-    first = subprocess.Popen([*PIP, "--no-compile", *named], cwd=ROOT)
+    first = subprocess.Popen([*PIP, *named], cwd=ROOT)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "report.json"
         # --ignore-installed: the first process is writing packages meanwhile, which pip must not read half-written
@@ -80,7 +84,7 @@ def main() -> None:
     taken = reach(report, named)
     rest = [f"{item['metadata']['name']}=={item['metadata']['version']}" for item in report["install"]
             if canonical(item["metadata"]["name"]) not in taken and "dir_info" not in item.get("download_info", {})]
-    second = subprocess.run([*PIP, "--no-deps", "--no-compile", *rest], cwd=ROOT).returncode if rest else 0
+    second = subprocess.run([*PIP, "--no-deps", *rest], cwd=ROOT).returncode if rest else 0
     if first.wait() != 0 or second != 0:
         sys.exit("ci: a pip install failed (above)")
 
