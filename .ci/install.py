@@ -55,20 +55,18 @@ def reach(report: dict, roots: list[str]) -> set[str]:
     """Every package of the report that the requirements `roots` can need (a superset: markers other than extras
     count as true)."""
     items = {canonical(item["metadata"]["name"]): item["metadata"] for item in report["install"]}
-    seen: set[str] = set()
-    visited: set[tuple[str, frozenset[str]]] = set()
+    visited: set[tuple[str, frozenset[str]]] = set()  # a package again with other extras can need more
     todo = [parse(r)[:2] for r in roots]
     while todo:
         name, extras = todo.pop()
         if name not in items or (name, frozenset(extras)) in visited:
             continue
-        seen.add(name)
         visited.add((name, frozenset(extras)))
         for requirement in items[name].get("requires_dist", []):
             dep, dep_extras, under = parse(requirement)
             if not under or under & extras:
                 todo.append((dep, dep_extras))
-    return seen
+    return {name for name, _ in visited}
 
 
 def main() -> None:
