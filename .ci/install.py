@@ -6,8 +6,14 @@ one installs the packages README names (torch, torchvision) with everything they
 README's whole install (`--dry-run --report`) and installs the rest of it, `--no-deps`, every version pinned as
 resolved. The two sets are disjoint (the second leaves out every package the first's requirements can reach,
 extras as requested, other markers counted as true), so no package is written twice. README's own command, run
-next, finds the same set and installs featstore itself (editable). Nothing here names a package: the
-requirements are read from README's test command.
+next, finds the same set and installs featstore itself (editable). The requirements are read from README's test
+command; the one package named here is pip itself.
+
+First the venv's pip goes from the machine's 23.2.1 to `PIP_VERSION` (pinned, so that CI installs the same way
+every run): 23.2.1 spends most of its time matching wheel tags for every file of every index page (resolving
+README's install: 40 s of CPU; 26.3: 15 s, the same 134 packages), and every pip run of CI's resolves (both here,
+then README's). With it this script took 88.8 s and README's command after it 4.5 s, where 23.2.1 took 118 s
+here. A failed upgrade leaves the old pip to do the same work, slower.
 
 Both compile to bytecode, as pip does by default; never `--no-compile`: where PYTHONDONTWRITEBYTECODE is set (it is
 on these machines) no process writes .pyc files when it imports, and every test process then imports torch,
@@ -25,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PIP = [str(ROOT / ".venv" / "bin" / "python"), "-m", "pip", "install", "-q"]
+PIP_VERSION = "pip==26.3"
 REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?[^;]*(?:;(.*))?")
 
 
@@ -70,6 +77,8 @@ def reach(report: dict, roots: list[str]) -> set[str]:
 
 
 def main() -> None:
+    if subprocess.run([*PIP, PIP_VERSION], cwd=ROOT).returncode != 0:
+        print(f"ci: could not install {PIP_VERSION}; the venv's own pip installs (slower)", file=sys.stderr)
     requirements = readme_requirements()
     named = [r for r in requirements if not r.startswith(("-", "."))]  # torch==..., torchvision==...
     first = subprocess.Popen([*PIP, *named], cwd=ROOT)
