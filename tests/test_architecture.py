@@ -427,3 +427,12 @@ def test_the_cli_build_and_probe_call_the_public_api():
         assert ("featstore.api", command) in imported, command
         assert not any(module in ("featstore.workflows.build", "featstore.workflows.probe") and name == command
                        for module, name in imported), command
+
+
+def test_the_suites_longest_first_list_names_test_files_that_exist():
+    """conftest's scheduling hint names real files (a renamed file would silently drop to the back)."""
+    from conftest import LONGEST_FIRST
+
+    here = Path(__file__).resolve().parent
+    assert [name for name in LONGEST_FIRST if not (here / name).is_file()] == []
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
