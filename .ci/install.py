@@ -11,7 +11,7 @@ command; the one package named here is pip itself.
 
 First the venv's pip goes from the machine's 23.2.1 to `PIP_VERSION` (pinned, so that CI installs the same way
 every run): 23.2.1 spends most of its time matching wheel tags for every file of every index page (resolving
-README's install: 40 s of CPU; 26.3: 15 s, the same 134 packages), and every pip run of CI's resolves (both here,
+README's install: 39 s of CPU; 26.3: 17 s, the same 134 packages), and every pip run of CI's resolves (both here,
 then README's). With it this script took 88.8 s and README's command after it 4.5 s, where 23.2.1 took 118 s
 here. A failed upgrade leaves the old pip to do the same work, slower.
 

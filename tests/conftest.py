@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import time
 from collections.abc import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download weights
@@ -130,6 +133,22 @@ def s3_url(s3, request) -> str:
     """A fresh prefix of the session's bucket: s3://featstore-test/<test name>-<n>."""
     s3_url.count = getattr(s3_url, "count", 0) + 1
     return f"s3://featstore-test/{request.node.name.replace('[', '-').strip(']')}-{s3_url.count}"
+
+
+def kill_after_next_chunk(proc: subprocess.Popen, chunks: Callable[[], int], then: float = 0.0) -> bool:
+    """SIGKILL a build process `then` seconds after it commits a chunk beyond those `chunks()` counts now, so the
+    kill lands mid-build: its start-up (~5 s of imports) is over, where a fixed delay from Popen killed it during
+    its imports. False if it ended first (or committed nothing in 90 s: then it is killed all the same)."""
+    before = chunks()
+    deadline = time.monotonic() + 90
+    while proc.poll() is None and time.monotonic() < deadline and chunks() <= before:
+        time.sleep(0.01)
+    time.sleep(then)
+    if proc.poll() is not None:
+        return False
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return True
 
 
 def run_cli(*args: str, ok: bool = True):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from obstore.store import S3Store
 from synthetic import class_clusters, write_feature_store
 from test_probe import DIMS, assert_matches_sklearn, assert_predictions_recompute
 
-from conftest import fails, run_cli
+from conftest import fails, kill_after_next_chunk, run_cli
 
 BUILD = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--chunk-rows", "8", "--batch-size", "4",
          "--workers", "0", "--no-progress",
@@ -71,19 +70,8 @@ def test_a_killed_build_on_s3_resumes_bit_identical_to_a_local_one(big_image_dir
     kills, rng = 0, random.Random(0)
     for attempt in range(4):
         proc = build_process(big_image_dir, s3_url)
-        before = done_chunks(s3_url)
-        # every kill lands mid-build: once this run has committed a chunk (its start-up, ~5 s of imports, is over;
-        # a delay of 3-6 s from Popen killed it during its imports), the first at once, later ones a moment after
-        deadline = time.monotonic() + 90
-        while proc.poll() is None and time.monotonic() < deadline:
-            if done_chunks(s3_url) > before:
-                break
-            time.sleep(0.01)
-        if attempt > 0:
-            time.sleep(rng.uniform(0.0, 0.5))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+        # the first kill as soon as this run commits a chunk, later ones a random moment after
+        if kill_after_next_chunk(proc, lambda: done_chunks(s3_url), then=rng.uniform(0.0, 0.5) if attempt > 0 else 0.0):
             kills += 1
         if proc.returncode == 0:
             break

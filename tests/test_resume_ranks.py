@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import zarr
+
+from conftest import kill_after_next_chunk
 
 BUILD = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--chunk-rows", "8",
          "--batch-size", "4", "--workers", "0", "--views", "clean,gaussian_noise-1", "--no-progress",
@@ -53,19 +53,9 @@ def test_sigkill_then_resume_is_bit_identical(big_image_dir, tmp_path):
     for attempt in range(4):
         proc = subprocess.Popen(build_cmd(big_image_dir, store), env=ENV, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
-        start_done = done_chunks(store) if store.exists() else 0
-        # every kill lands mid-build: once this run's first chunk has landed (its start-up, ~5 s of imports, is
-        # over; a fixed delay from Popen killed it before), the first at once, later ones a random moment after
-        deadline = time.monotonic() + 60
-        while proc.poll() is None and time.monotonic() < deadline:
-            if store.exists() and done_chunks(store) > start_done:
-                break
-            time.sleep(0.005)
-        if attempt > 0:
-            time.sleep(rng.uniform(0.0, 0.5))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+        # the first kill as soon as this run commits a chunk, later ones a random moment after
+        if kill_after_next_chunk(proc, lambda: done_chunks(store) if store.exists() else 0,
+                                 then=rng.uniform(0.0, 0.5) if attempt > 0 else 0.0):
             kills += 1
             assert done_chunks(store) < n_chunks or attempt > 0
         if proc.returncode == 0:
