@@ -85,7 +85,7 @@ def cli() -> None:
 @options(option("--views"), option("--anchors"), option("--taps"), option("--pool"), option("--chunk-rows"))
 @run_options("batch_size", "device", "workers", "seed", "threads", "progress")
 @options(option("--precision"), option("--store-dtype"), option("--decode"), option("--skip-bad"),
-         option("--rebuild-changed"), option("--name"))
+         option("--rebuild-changed"), option("--name"), option("--compile"))
 @user_errors
 def build(**given) -> None:
     """Extract pooled anchor activations (and logits) of MODEL over DATA into STORE; resumable."""

@@ -247,6 +247,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                         "the chunks holding them, in every model and view of the store [default: "
                                         "refuse, naming the file]."))},
     "--name": {"": ((), dict(help="Store group for this model config [default: the model name]."))},
+    "--compile": {"": ((), dict(is_flag=True, help="Run the tapped forward under torch.compile (faster on a GPU after "
+                                "a compile of a minute or so; recorded, so a resume must use it too)."))},
     # probe
     "--view": {
         "predict": ((), dict(default="clean", type=checked("view"),

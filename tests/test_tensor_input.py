@@ -42,10 +42,10 @@ def imagenet_sized(tmp_path_factory):
 
 def _both_paths(images, prep, views):
     plan = [list(range(len(images)))]
-    (rows, tensor_views, errors), = list(TensorBatches(images, prep, views, plan, CPU, workers=0))
+    batch, = list(TensorBatches(images, prep, views, plan, CPU, workers=0))
     ds = ViewDataset(images, prep, views)
-    _, pil_views, pil_errors = collate([ds[r] for r in rows])
-    return tensor_views, pil_views, errors, pil_errors
+    _, pil_views, pil_errors = collate([ds[r] for r in batch.rows])
+    return batch.views, pil_views, batch.errors, pil_errors
 
 
 # Measured on these files: bilinear max 1 level (mean 0.18), bicubic max 8 levels (mean 0.20). The decode
@@ -66,20 +66,19 @@ def test_batched_views_equal_the_per_image_views(imagenet_sized):
     prep = Preprocessing(73, 64, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
     crops = torch.stack([ViewDataset(images, prep, VIEWS[:1])[r][1][0] for r in range(len(images))])
     ids = [int(i) for i in images.image_ids]
-    noise = EncodedDataset(images, prep, VIEWS).collate([(r, None, None, None) for r in range(len(images))]).noise
     for v in VIEWS:
         per_image = torch.stack([v.apply(c, i) for c, i in zip(crops, ids, strict=True)])
         assert torch.equal(v.apply_batch(crops, ids), per_image), v.name
-        assert torch.equal(v.apply_batch(crops, ids, noise.get(v.name)), per_image), v.name  # workers' draws
 
 
 def test_tensor_views_equal_the_pil_views_applied_to_the_tensor_crop(imagenet_sized):
     """Every view of the tensor path is the per-image view of its own clean crop, in batch order."""
     images = discover(imagenet_sized / "set1")
     prep = Preprocessing(73, 64, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-    (rows, stacked, _), = list(TensorBatches(images, prep, VIEWS, [[3, 0, 2]], CPU, workers=2))
-    for v, x in zip(VIEWS, stacked, strict=True):
-        expected = torch.stack([v.apply(stacked[0][k], int(images.image_ids[r])) for k, r in enumerate(rows)])
+    batch, = list(TensorBatches(images, prep, VIEWS, [[3, 0, 2]], CPU, workers=2))
+    for v, x in zip(VIEWS, batch.views, strict=True):
+        expected = torch.stack([v.apply(batch.views[0][k], int(images.image_ids[r]))
+                                for k, r in enumerate(batch.rows)])
         assert torch.equal(x, expected), v.name
 
 
@@ -104,14 +103,15 @@ def test_fallback_files_take_the_pil_path_and_bad_files_are_errors(odd_files):
     images = discover(odd_files)
     assert [device_decodable((odd_files / p).read_bytes()) for p in images.paths] == [
         True, True, False, False, False, False, True]  # the truncated file's header is fine: its decode fails
-    ds = EncodedDataset(images, Preprocessing(73, 64, (0.5,) * 3, (0.5,) * 3), VIEWS[:1])
-    kinds = [("bytes" if b is not None else "pil" if c is not None else "error") for _, b, c, _ in map(ds.__getitem__,
-                                                                                                       range(7))]
+    ds = EncodedDataset(images, Preprocessing(73, 64, (0.5,) * 3, (0.5,) * 3))
+    items = [ds[r] for r in range(7)]
+    kinds = [("bytes" if i.data is not None else "pil" if i.crop is not None else "error") for i in items]
     assert kinds == ["bytes", "bytes", "pil", "pil", "pil", "error", "bytes"]
 
     prep = Preprocessing(73, 64, (0.5,) * 3, (0.5,) * 3)
     batches = TensorBatches(images, prep, VIEWS[:2], [list(range(7))], CPU, workers=0)
-    (_, (clean, noisy), errors), = list(batches)
+    batch, = list(batches)
+    (clean, noisy), errors = batch.views, batch.errors
     assert batches.counts == {"device": 2, "pil": 3, "bad": 2}
     assert [e is not None for e in errors] == [False] * 5 + [True, True]
     assert (clean[5:] == 0).all() and (noisy[5:] == 0).all()

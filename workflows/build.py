@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 import platform
-import queue
-import threading
 import time
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
@@ -22,9 +20,8 @@ import torch
 
 from featstore import __version__
 from featstore.compute.forward import (
-    assemble_chunk,
     chunk_batches,
-    forward_batch,
+    forward_to_host,
     preferred_memory_format,
     resolve_precision,
 )
@@ -32,7 +29,7 @@ from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 from featstore.errors import FeatstoreError
 from featstore.images.datasets import ImageSet, labels_for_head
 from featstore.images.tensor_input import decoder_name, input_batches, resolve_decode
-from featstore.images.views import View, parse_views
+from featstore.images.views import View, parse_views, with_generator
 from featstore.nets.anchors import tap_anchor_names
 from featstore.nets.depth import anchor_names_for
 from featstore.nets.extraction import Tapper, default_token_pool, describe_anchors, head_arrays
@@ -51,8 +48,9 @@ from featstore.store.config import StoreConfig
 from featstore.store.location import StoreLocation
 from featstore.store.reader import model_key
 from featstore.store.repair import check_image_files, repair_images, repair_view
-from featstore.store.writer import ChunkData, StoreWriter
+from featstore.store.writer import StoreWriter
 from featstore.threads import ThreadPolicy
+from featstore.workflows.chunk_pipeline import ChunkPipeline, LaunchedBatch
 
 BATCH_SIZE = 64  # images per forward when RunOptions.batch_size is not given
 
@@ -76,6 +74,7 @@ class BuildConfig:
     skip_bad: bool = False
     rebuild_changed: bool = False  # images changed since the store was built: recompute their chunks, not refuse
     name: str | None = None
+    compile: bool = False  # the tapped forward under torch.compile (recorded: a resume must match it)
     run: RunOptions = field(default_factory=RunOptions)
 
     @property
@@ -95,6 +94,11 @@ class BuildResult:
     damaged: list[str] = field(default_factory=list)  # done chunks found untrustworthy and made again
     repaired: list[str] = field(default_factory=list)  # damaged image table or view arrays, made again
     changed_images: list[str] = field(default_factory=list)  # files changed since the build (--rebuild-changed)
+    # where the time went (bench/device_check.py): loading the model, from the call to the first chunk committed,
+    # and the CPU time of the thread that fed the forward over the chunk loop
+    model_seconds: float = 0.0
+    first_chunk_seconds: float = 0.0
+    main_cpu_seconds: float = 0.0
 
 
 @dataclass
@@ -116,10 +120,13 @@ class BuildJob:
     decode: str
     config: StoreConfig
     threads: ThreadPolicy  # CPU threads, re-decided per chunk
+    started: float  # perf_counter() when `build` was called
+    model_seconds: float  # loading the model
 
 
 def build(cfg: BuildConfig) -> BuildResult:
     """Build (or resume) one model's views in a store; see the module docstring for the guarantees."""
+    started = time.perf_counter()
     tune_allocator()
     if cfg.chunk_rows < 1:
         raise FeatstoreError(f"--chunk-rows {cfg.chunk_rows}: give a positive number of images per chunk")
@@ -133,12 +140,14 @@ def build(cfg: BuildConfig) -> BuildResult:
     views = parse_views(cfg.views)
     images = cfg.images.discover(cfg.run.seed)
     with ThreadPolicy(cfg.run.threads, device) as threads:  # every forward, the set-up's included
-        return _build(cfg, ranks, device, precision, decode, views, images, threads)
+        return _build(cfg, ranks, device, precision, decode, views, images, threads, started)
 
 
 def _build(cfg: BuildConfig, ranks: Ranks, device: torch.device, precision: str, decode: str, views: list[View],
-           images: ImageSet, threads: ThreadPolicy) -> BuildResult:
+           images: ImageSet, threads: ThreadPolicy, started: float) -> BuildResult:
+    loading = time.perf_counter()
     loaded = load_model(cfg.model.model, cfg.model.weights, cfg.run.seed, cfg.model.image_size)
+    model_seconds = time.perf_counter() - loading
     memory_format = preferred_memory_format(loaded.module)
     model = loaded.module.to(device, memory_format=memory_format)
     if cfg.taps and cfg.anchors:
@@ -156,13 +165,30 @@ def _build(cfg: BuildConfig, ranks: Ranks, device: torch.device, precision: str,
         preprocessing=loaded.preprocessing, token_pool=pool_kind, num_classes=num_classes,
         chunk_rows=cfg.chunk_rows, batch_size=cfg.batch_size, precision=precision, anchors=tuple(anchors),
         images_fingerprint=images.fingerprint(), memory_format=str(memory_format).removeprefix("torch."),
-        decoder=decoder_name(decode, device), logits_dtype=logits_dtype)
+        decoder=decoder_name(decode, device), logits_dtype=logits_dtype, compiled=cfg.compile)
     job = BuildJob(cfg, ranks, model_key(cfg.name or cfg.model.model), images, views, loaded,
-                   Tapper(model, anchors, pool_kind), device, memory_format, precision, decode, config, threads)
+                   Tapper(model, anchors, pool_kind), device, memory_format, precision, decode, config, threads,
+                   started, model_seconds)
     init_distributed(ranks, device)
     with ExitStack() as held:
         store, found = _prepare_store(job, held)
         return _build_chunks(job, store, found)
+
+
+def compiled_forward(job: BuildJob) -> torch.nn.Module:
+    """The job's model under torch.compile, compiled here for a full batch: with static shapes only (a partial last
+    batch gets a graph of its own), so the same chunk always meets the same kernels, and a resume is bit-identical.
+    The taps' hooks are traced into the graph. A failure to compile is one line."""
+    forward = torch.compile(job.tapper.model, dynamic=False)
+    crop = job.loaded.preprocessing.crop
+    batch = job.loaded.preprocessing.normalize(torch.zeros(job.cfg.batch_size, 3, crop, crop, device=job.device))
+    try:
+        with torch.inference_mode(), _autocast(job):
+            forward(batch.contiguous(memory_format=job.memory_format))
+    except Exception as e:
+        raise FeatstoreError(f"--compile: torch.compile failed on this model ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:200] if str(e) else ''}); build without --compile") from e
+    return forward
 
 
 def _build_chunks(job: BuildJob, store: StoreWriter, found: Repairs) -> BuildResult:
@@ -174,8 +200,10 @@ def _build_chunks(job: BuildJob, store: StoreWriter, found: Repairs) -> BuildRes
     todo = [c for c in range(n_chunks) if any(not done[v.name][c] for v in todo_views)]
     mine = todo[ranks.rank :: ranks.world]
     result = BuildResult(key, len(job.images), chunks_skipped=n_chunks - len(todo), damaged=found.chunks,
-                         repaired=found.parts, changed_images=found.images)
+                         repaired=found.parts, changed_images=found.images, model_seconds=job.model_seconds)
     start = time.perf_counter()
+    if mine and job.cfg.compile:
+        job.tapper.model = compiled_forward(job)
     if mine:
         _run_chunks(job, store, todo_views, done, mine, result)
     job.tapper.close()
@@ -224,7 +252,7 @@ def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[StoreWriter, Repairs
                 found.parts += repair_view(store, key, v.name)
                 store.prepare_view(key, v.to_dict(), config.anchors, config.num_classes, cfg.chunk_rows,
                                    config.logits_dtype)
-                store.add_checksums(key, v.name)
+                store.upgrade_view(key, v.name)
                 problems = store.check_view(key, v.name)
                 store.undo_chunks(key, v.name, sorted({p.chunk for p in problems}))
                 found.chunks += [str(p) for p in problems]
@@ -233,6 +261,8 @@ def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[StoreWriter, Repairs
         store = StoreWriter(location)
         store.check_images(images)
         store.prepare_model(key, config, _versions(config.library))
+    # a noise view keeps the generator its store made it with (views made before generator 2: generator 1)
+    job.views = [with_generator(v, dict(store.view_group(key, v.name).attrs)) for v in job.views]
     return store, found
 
 
@@ -264,7 +294,9 @@ def _versions(library: str) -> dict:
 
 def _run_chunks(job: BuildJob, store: StoreWriter, views: list[View], done: dict, mine: list[int],
                 result: BuildResult) -> None:
-    cfg, images, loaded, device, precision = job.cfg, job.images, job.loaded, job.device, job.precision
+    """The chunk loop: this (main) thread only reads input batches and launches their forwards; `ChunkPipeline`
+    collects, checks and commits them on threads of its own."""
+    cfg, images, device = job.cfg, job.images, job.device
     n = len(images)
 
     def rows_of_chunk(c: int) -> range:
@@ -276,83 +308,74 @@ def _run_chunks(job: BuildJob, store: StoreWriter, views: list[View], done: dict
         for b in chunk_batches(rows_of_chunk(c), cfg.batch_size):
             batches.append(b)
             chunk_of_batch.append(c)
-    batches_in = input_batches(job.decode, images, loaded.preprocessing, views, batches, device, cfg.run.workers)
-    writer = _ChunkWriter(store, job.key)
-    autocast = (torch.autocast(device.type, dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
-                if precision in ("fp16", "bf16") else nullcontext())
+    batches_in = input_batches(job.decode, images, job.loaded.preprocessing, views, batches, device, cfg.run.workers)
+    anchors = job.tapper.anchors
+    dtypes = [a.dtype for a in anchors] + [job.config.logits_dtype]
+    names = [f"anchor {a.name!r} of {job.key}" for a in anchors] + [f"the logits of {job.key}"]
+    pipeline = ChunkPipeline(store, job.key, names, dtypes, lambda row, view: f"{images.paths[row]} (view {view})")
+    autocast = _autocast(job)
     bar = _progress(job, sum(len(b) for b in batches), views)
-    buffers: dict[str, list] = {}
     current, threads = None, 0
+    cpu = time.thread_time()
     try:
-        for (rows, stacked, errors), chunk in zip(batches_in, chunk_of_batch, strict=True):
+        for batch, chunk in zip(batches_in, chunk_of_batch, strict=True):
             if chunk != current:
-                buffers = {v.name: [] for v in views}
                 current = chunk
                 threads = job.threads.update() if device.type == "cpu" else 0  # recorded with the chunk
-            bad = [i for i, e in enumerate(errors) if e is not None]
-            for i in bad:
-                path = images.root / images.paths[rows[i]]
-                if not cfg.skip_bad:
-                    raise FeatstoreError(f"cannot decode image {path} ({errors[i]}); remove or replace the "
-                                         f"file, or pass --skip-bad to record it as skipped and go on")
-                result.bad_images.append(str(path))
-            skipped = np.zeros(len(rows), dtype=bool)
-            skipped[bad] = True
-            if stacked[0] is None:  # every image of the batch is bad: forward zeros, their rows become NaN
-                crop = loaded.preprocessing.crop
-                stacked = [torch.zeros(len(rows), 3, crop, crop, dtype=torch.uint8 if v.corruption is None
-                                       else torch.float32) for v in views]
+            skipped = _skipped(job, batch.rows, batch.errors, result)
+            stacked = batch.views or _blank(job, len(batch.rows), views)
+            outputs = {}
             with torch.inference_mode(), autocast:
                 for v, x in zip(views, stacked, strict=True):
-                    where = [None if i in bad else f"{images.paths[r]} (view {v.name})" for i, r in enumerate(rows)]
-                    feats, logits = forward_batch(job.tapper, job.loaded.preprocessing.normalize, x, job.device,
-                                                  job.memory_format, job.config.logits_dtype, job.key, where)
-                    if bad:
-                        for f in feats + [logits]:
-                            f[bad] = np.nan
-                    buffers[v.name].append((feats, logits, skipped))
-            if bar is not None:
-                bar.update(len(rows))
-            if rows[-1] + 1 == rows_of_chunk(chunk).stop:  # the chunk's last batch
-                for v in views:
                     if not done[v.name][chunk]:
-                        writer.put(v.name, assemble_chunk(chunk, buffers[v.name], threads))
+                        outputs[v.name] = forward_to_host(job.tapper, job.loaded.preprocessing.normalize, x,
+                                                          job.memory_format, dtypes)
+            last = batch.rows[-1] + 1 == rows_of_chunk(chunk).stop
+            pipeline.put(LaunchedBatch(chunk, batch.rows, skipped, outputs, batch.content, last, threads))
+            if bar is not None:
+                bar.update(len(batch.rows))
+            if last:
                 result.chunks_written += 1
                 result.images_processed += len(rows_of_chunk(chunk))
     finally:
         if bar is not None:
             bar.close()
-        writer.close()
+        result.main_cpu_seconds = time.thread_time() - cpu
+        try:
+            pipeline.close()
+        finally:
+            if pipeline.first_commit is not None:
+                result.first_chunk_seconds = pipeline.first_commit - job.started
 
 
-class _ChunkWriter:
-    """Writes finished chunks on a background thread so compression and disk I/O overlap compute."""
+def _autocast(job: BuildJob):
+    """The forward's autocast context for the job's precision (none for fp32)."""
+    if job.precision not in ("fp16", "bf16"):
+        return nullcontext()
+    return torch.autocast(job.device.type, dtype=torch.float16 if job.precision == "fp16" else torch.bfloat16)
 
-    def __init__(self, store: StoreWriter, key: str, depth: int = 2):
-        self.store, self.key = store, key
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="featstore-writer", daemon=True)
-        self.thread.start()
 
-    def _run(self) -> None:
-        while (item := self.queue.get()) is not None:
-            if self.error is None:
-                try:
-                    self.store.commit_chunk(self.key, item[0], item[1])
-                except BaseException as e:  # surfaced on the main thread
-                    self.error = e
+def _skipped(job: BuildJob, rows: list[int], errors: list[str | None], result: BuildResult) -> np.ndarray:
+    """Which rows of a batch could not be read: a stop in one line, or with --skip-bad a record (their rows are
+    written as NaN and flagged skipped)."""
+    skipped = np.zeros(len(rows), dtype=bool)
+    for i, error in enumerate(errors):
+        if error is None:
+            continue
+        path = job.images.root / job.images.paths[rows[i]]
+        if not job.cfg.skip_bad:
+            raise FeatstoreError(f"cannot decode image {path} ({error}); remove or replace the file, or pass "
+                                 f"--skip-bad to record it as skipped and go on")
+        result.bad_images.append(str(path))
+        skipped[i] = True
+    return skipped
 
-    def put(self, view: str, data: ChunkData) -> None:
-        if self.error is not None:
-            raise self.error
-        self.queue.put((view, data))
 
-    def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
+def _blank(job: BuildJob, rows: int, views: list[View]) -> list[torch.Tensor]:
+    """What a batch of only unreadable images forwards (zeros, in each view's type): its rows become NaN."""
+    crop = job.loaded.preprocessing.crop
+    return [torch.zeros(rows, 3, crop, crop, device=job.device,
+                        dtype=torch.uint8 if v.corruption is None else torch.float32) for v in views]
 
 
 def _progress(job: BuildJob, total: int, views: list[View]):

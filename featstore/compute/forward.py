@@ -5,13 +5,14 @@ and a chunk's batches joined for the store. The job that reads images, prepares 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from featstore.errors import FeatstoreError
 from featstore.nets.extraction import Tapper
-from featstore.nets.stored_types import check_storable, to_host
+from featstore.nets.stored_types import row_peaks
 from featstore.schema import PRECISIONS
 from featstore.store.writer import ChunkData
 
@@ -39,27 +40,66 @@ def chunk_batches(rows: range, batch_size: int) -> list[list[int]]:
     return [list(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
 
 
-def forward_batch(tapper: Tapper, normalize: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
-                  device: torch.device, memory_format: torch.memory_format, logits_dtype: str, key: str,
-                  rows: list[str | None]) -> tuple[list[np.ndarray], np.ndarray]:
-    """One batch through the tapped model: its anchors and logits as host arrays of their stored types. `rows`
-    names each image (None for a skipped one) for the refusal of a value the store cannot hold."""
-    x = normalize(x.to(device, non_blocking=True)).contiguous(memory_format=memory_format)
+@dataclass
+class HostOutputs:
+    """One view of one batch on its way to the host: its arrays in one host tensor per stored type (pinned on CUDA,
+    where the copies run behind the next batch's forward), where each array lies in them, and `row_peaks`, what the
+    storable check reads. `arrays` waits for the copies (releasing the GIL) and returns them."""
+
+    parts: list[torch.Tensor]
+    places: list[tuple[int, int, int]]  # per array (anchors, then logits): part, first column, end column
+    peaks: torch.Tensor  # [arrays, rows] float32
+    copied: torch.cuda.Event | None = None
+
+    def arrays(self) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+        """(features per anchor, logits, peaks) as numpy arrays, once the copies have landed."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        host = [p.numpy() for p in self.parts]
+        values = [host[k][:, a:b] for k, a, b in self.places]
+        return values[:-1], values[-1], self.peaks.numpy()
+
+
+def forward_to_host(tapper: Tapper, normalize: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                    memory_format: torch.memory_format, dtypes: list[str]) -> HostOutputs:
+    """One batch through the tapped model, its anchors and logits (in `dtypes`, the anchors' then the logits'
+    stored types) on their way to the host: on CUDA nothing here waits for the device, so the caller can launch the
+    next batch while this one computes and copies."""
+    x = normalize(x).contiguous(memory_format=memory_format)
     feats, logits = tapper.forward(x)
-    # nothing its stored type cannot hold reaches a chunk (featstore.nets.stored_types)
-    dtypes = [a.dtype for a in tapper.anchors] + [logits_dtype]
-    check_storable(feats + [logits], dtypes, [f"anchor {a.name!r} of {key}" for a in tapper.anchors]
-                   + [f"the logits of {key}"], rows)
-    # one device->host copy per stored type (outside autocast: CPU autocast refuses float16 inputs to cat, which
-    # broke --precision bf16 on CPU)
-    with torch.autocast(device.type, enabled=False):
-        parts = to_host(feats + [logits], dtypes)
-    return parts[:-1], parts[-1]
+    values = feats + [logits]
+    # outside autocast: CPU autocast refuses float16 inputs to cat (which broke --precision bf16 on CPU)
+    with torch.autocast(x.device.type, enabled=False):
+        peaks = row_peaks(values)
+        parts: list[torch.Tensor] = []
+        places: list[tuple[int, int, int]] = [(0, 0, 0)] * len(values)
+        for dtype in dict.fromkeys(dtypes):  # one device->host copy per stored type
+            members = [i for i, d in enumerate(dtypes) if d == dtype]
+            part = torch.empty(len(x), sum(values[i].shape[1] for i in members), dtype=getattr(torch, dtype),
+                               device=x.device)
+            column = 0
+            for i in members:  # cast while copying into place: one pass over each array
+                places[i] = (len(parts), column, column + values[i].shape[1])
+                part[:, column : column + values[i].shape[1]].copy_(values[i])
+                column += values[i].shape[1]
+            parts.append(part)
+    if x.device.type != "cuda":
+        return HostOutputs(parts, places, peaks)
+    host = [_pinned_copy(p) for p in parts]
+    peaks_host = _pinned_copy(peaks)
+    copied = torch.cuda.Event()
+    copied.record()
+    return HostOutputs(host, places, peaks_host, copied)
 
 
-def assemble_chunk(chunk: int, pieces: list, threads: int) -> ChunkData:
+def _pinned_copy(x: torch.Tensor) -> torch.Tensor:
+    """A copy of device tensor `x` into page-locked host memory, queued on the current stream (not waited for)."""
+    return torch.empty(x.shape, dtype=x.dtype, pin_memory=True).copy_(x, non_blocking=True)
+
+
+def assemble_chunk(chunk: int, pieces: list, threads: int, content: np.ndarray | None = None) -> ChunkData:
     """A chunk's batches (anchors, logits, skipped flags) joined into the one record the store commits."""
     n_anchors = len(pieces[0][0])
     features = [np.concatenate([p[0][a] for p in pieces]) for a in range(n_anchors)]
     return ChunkData(chunk, features, np.concatenate([p[1] for p in pieces]),
-                     np.concatenate([p[2] for p in pieces]), threads)
+                     np.concatenate([p[2] for p in pieces]), threads, content)

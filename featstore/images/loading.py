@@ -21,9 +21,13 @@ from featstore.images.datasets import ViewDataset, collate
 Batch = tuple[list[int], list[torch.Tensor | None], list[str | None]]
 
 
-def default_workers(device: torch.device) -> int:
+def default_workers(device: torch.device, decode: str = "cpu") -> int:
+    """Loader workers: on CUDA, 8 to read files for the device's decoder, or every core but two (the forward's
+    and the writers' threads) to decode with PIL; on a CPU, one thread per core, taking turns with the forward."""
     cores = os.cpu_count() or 1
-    return min(8, cores) if device.type == "cuda" else cores
+    if device.type != "cuda":
+        return cores
+    return min(8, cores) if decode == "gpu" else max(1, cores - 2)
 
 
 def iterate_batches(dataset: ViewDataset, plan: list[list[int]], device: torch.device,

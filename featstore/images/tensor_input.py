@@ -1,29 +1,34 @@
-"""The tensor input path (`--decode gpu`): loader workers only read file bytes; the device does the rest.
+"""The build's input path: loader workers read each file's bytes (and checksum them); the device does the rest.
 
-Per batch, JPEGs are decoded together by `torchvision.io.decode_jpeg` on the build's device (nvJPEG on CUDA,
-libjpeg-turbo on CPU tensors), resized with the model's own interpolation (antialiased) in groups of equal
-size, centre-cropped to uint8, and every view is made batched from that crop (`View.apply_batch`).
-Normalisation follows in the build's forward, as on the PIL path.
+Per batch, with `--decode gpu`, JPEGs are decoded together by `torchvision.io.decode_jpeg` on the build's device
+(nvJPEG on CUDA, libjpeg-turbo on CPU tensors), resized with the model's own interpolation (antialiased) in groups
+of equal size and centre-cropped to uint8; with `--decode cpu` the workers decode, resize and crop with PIL and hand
+over the uint8 crop. Either way every view is then made on the device from that one crop (`View.apply_batch`,
+noise included), so per image only the encoded file (or, from PIL, the uint8 crop) crosses to the device:
+`TensorBatches.transferred` counts those bytes. Normalisation follows in the build's forward.
 
-Files the device decoder does not take go through the PIL path's own decode, per image, in the workers:
-anything that is not an 8-bit, 3-component (YCbCr) baseline or progressive JPEG, i.e. PNG, grayscale,
-CMYK and Adobe-RGB JPEGs. A JPEG whose device decode raises is retried alone and then, if it still fails,
-decoded by PIL in the main process; what PIL cannot read either becomes the batch's error string, which
-the build turns into a stop or a `--skip-bad` record exactly as on the PIL path.
+Files the device decoder does not take go through the PIL decode, per image, in the workers: anything that is not
+an 8-bit, 3-component (YCbCr) baseline or progressive JPEG, i.e. PNG, grayscale, CMYK and Adobe-RGB JPEGs. A JPEG
+whose device decode raises is retried alone and then, if it still fails, decoded by PIL; what PIL cannot read
+either becomes the batch's error string, which the build turns into a stop or a `--skip-bad` record.
 
-On CUDA a thread prepares batch i+1 on a side stream while the forward of batch i runs; the workers'
-output lands in pinned memory and is copied without blocking. On CPU the batches simply take turns with
+Each worker also checksums the bytes it read (`content_checksum`), so that the store records every file's content
+without reading it a second time.
+
+On CUDA a thread prepares batch i+1 (decode, crop, views) on a side stream while the forward of batch i runs; the
+workers' output lands in pinned memory and is copied without blocking. On CPU the batches simply take turns with
 the forward (overlapping them only slows both down).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import queue
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from PIL import Image
@@ -32,8 +37,9 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as F
 
 from featstore.errors import FeatstoreError
-from featstore.images.datasets import ImageSet, ViewDataset, to_rgb
-from featstore.images.loading import Batch, default_workers, iterate_batches
+from featstore.images.datasets import ImageSet, to_rgb
+from featstore.images.files import content_checksum, read_file
+from featstore.images.loading import default_workers
 from featstore.images.preprocessing import Preprocessing
 from featstore.images.views import View
 from featstore.schema import DECODES
@@ -55,11 +61,9 @@ def decoder_name(decode: str, device: torch.device) -> str:
 
 
 def input_batches(decode: str, images: ImageSet, prep: Preprocessing, views: Sequence[View], plan: list[list[int]],
-                  device: torch.device, workers: int | None = None) -> Iterator[Batch]:
-    """(rows, stacked views, per-image errors) per batch of `plan`, from the decoder `decode` (cpu|gpu)."""
-    if decode == "cpu":
-        return iterate_batches(ViewDataset(images, prep, views), plan, device, workers)
-    return TensorBatches(images, prep, views, plan, device, workers)
+                  device: torch.device, workers: int | None = None) -> TensorBatches:
+    """The build's `InputBatch`es over `plan`, decoded by `decode` (cpu: PIL in the workers; gpu: the device)."""
+    return TensorBatches(images, prep, views, plan, device, workers, decode)
 
 
 def device_decodable(data: bytes) -> bool:
@@ -95,11 +99,22 @@ def pil_crop(data: bytes, prep: Preprocessing) -> torch.Tensor:
 
 
 @dataclass
+class EncodedItem:
+    """One image as a worker hands it over: its bytes for the device decoder, or PIL's crop of them, or the error
+    that stopped both; and the checksum of the bytes it read (0: unread)."""
+
+    row: int
+    data: bytes | None
+    crop: torch.Tensor | None
+    error: str | None
+    content: int
+
+
+@dataclass
 class EncodedBatch:
-    """What a worker hands over for one batch, in a handful of tensors (one shared-memory file each, however
-    many images): the device-decodable files' bytes end to end with each image's span, the crops of the files
-    PIL decoded with their batch positions, per-image error strings, and the stacked noise draws of each
-    gaussian_noise view."""
+    """A batch as the workers hand it over, in a handful of tensors (one shared-memory file each, however many
+    images): the device-decodable files' bytes end to end with each image's span, the crops PIL made with their
+    batch positions, per-image error strings and content checksums."""
 
     rows: list[int]
     blob: torch.Tensor
@@ -107,7 +122,7 @@ class EncodedBatch:
     crops: torch.Tensor
     crop_index: list[int]
     errors: list[str | None]
-    noise: dict[str, torch.Tensor] = field(default_factory=dict)
+    content: list[int]
 
     def encoded(self, i: int) -> torch.Tensor:
         start, end = self.spans[i]
@@ -116,60 +131,70 @@ class EncodedBatch:
     def pin_memory(self) -> EncodedBatch:
         """Called by the DataLoader's pin-memory thread: what is copied to the device goes to pinned memory."""
         self.crops = self.crops.pin_memory()
-        self.noise = {k: v.pin_memory() for k, v in self.noise.items()}
         return self
 
 
-class EncodedDataset(torch.utils.data.Dataset):
-    """Reads each file's bytes; decodes with PIL only the files the device decoder does not take."""
+@dataclass
+class InputBatch:
+    """What the forward takes: the batch's rows, each view as uint8 (clean) or float [B,3,H,W] on the device
+    (None when no image of the batch could be read), per-image errors, and each file's content checksum."""
 
-    def __init__(self, images: ImageSet, prep: Preprocessing, views: Sequence[View]):
-        self.images, self.prep = images, prep
-        self.noise_views = [v for v in views if v.corruption == "gaussian_noise"]
+    rows: list[int]
+    views: list[torch.Tensor] | None
+    errors: list[str | None]
+    content: list[int]
+
+
+class EncodedDataset(torch.utils.data.Dataset):
+    """Reads each file's bytes once, checksums them, and decodes with PIL only what the device decoder will not
+    take (everything, with `device_decode=False`: the `--decode cpu` path)."""
+
+    def __init__(self, images: ImageSet, prep: Preprocessing, device_decode: bool = True):
+        self.root, self.paths, self.prep, self.device_decode = str(images.root), images.paths, prep, device_decode
 
     def __len__(self) -> int:
-        return len(self.images)
+        return len(self.paths)
 
-    def __getitem__(self, row: int) -> tuple[int, bytes | None, torch.Tensor | None, str | None]:
-        path = self.images.root / self.images.paths[row]
+    def __getitem__(self, row: int) -> EncodedItem:
+        data, content = None, 0
         try:
-            data = path.read_bytes()
-            if device_decodable(data):
-                return row, data, None, None
-            return row, None, pil_crop(data, self.prep), None
+            data = read_file(os.path.join(self.root, self.paths[row]))
+            content = content_checksum(data)
+            if self.device_decode and device_decodable(data):
+                return EncodedItem(row, data, None, None, content)
+            return EncodedItem(row, None, pil_crop(data, self.prep), None, content)
         except Exception as e:  # PIL raises many types for bad files
-            return row, None, None, f"{type(e).__name__}: {e}"
+            return EncodedItem(row, None, None, f"{type(e).__name__}: {e}", content)
 
-    def collate(self, items: list) -> EncodedBatch:
-        rows = [r for r, _, _, _ in items]
+    def collate(self, items: list[EncodedItem]) -> EncodedBatch:
         shape = (3, self.prep.crop, self.prep.crop)
-        noise = {v.name: torch.stack([v.noise(int(self.images.image_ids[r]), shape) for r in rows])
-                 for v in self.noise_views}
         spans: list[tuple[int, int] | None] = []
         offset = 0
-        for _, data, _, _ in items:
-            spans.append(None if data is None else (offset, offset + len(data)))
-            offset += 0 if data is None else len(data)
-        blob = torch.frombuffer(bytearray(b"".join(d for _, d, _, _ in items if d is not None)) or bytearray(1),
+        for item in items:
+            spans.append(None if item.data is None else (offset, offset + len(item.data)))
+            offset += 0 if item.data is None else len(item.data)
+        blob = torch.frombuffer(bytearray(b"".join(i.data for i in items if i.data is not None)) or bytearray(1),
                                 dtype=torch.uint8)
-        crop_index = [k for k, (_, _, crop, _) in enumerate(items) if crop is not None]
-        crops = (torch.stack([items[k][2] for k in crop_index]) if crop_index
+        crop_index = [k for k, item in enumerate(items) if item.crop is not None]
+        crops = (torch.stack([items[k].crop for k in crop_index]) if crop_index
                  else torch.zeros(0, *shape, dtype=torch.uint8))
-        return EncodedBatch(rows, blob, spans, crops, crop_index, [e for _, _, _, e in items], noise)
+        return EncodedBatch([i.row for i in items], blob, spans, crops, crop_index, [i.error for i in items],
+                            [i.content for i in items])
 
 
 class TensorBatches:
-    """Iterates (rows, stacked views on `device`, errors) over a batch plan; `counts` says how many images
-    took each decoder (device / pil) and how many were unreadable (bad)."""
+    """Iterates `InputBatch`es over a batch plan. `counts` says how many images took each decoder (device / pil)
+    and how many were unreadable (bad); `transferred` how many bytes crossed from the host to the device."""
 
     def __init__(self, images: ImageSet, prep: Preprocessing, views: Sequence[View], plan: list[list[int]],
-                 device: torch.device, workers: int | None = None):
+                 device: torch.device, workers: int | None = None, decode: str = "gpu"):
         self.images, self.prep, self.views, self.plan, self.device = images, prep, list(views), plan, device
-        self.workers = default_workers(device) if workers is None else workers
-        self.dataset = EncodedDataset(images, prep, views)
+        self.workers = default_workers(device, decode) if workers is None else workers
+        self.dataset = EncodedDataset(images, prep, device_decode=decode == "gpu")
         self.counts = {"device": 0, "pil": 0, "bad": 0}
+        self.transferred = 0
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[InputBatch]:
         if self.device.type == "cuda":
             return self._overlapped()
         return (self.to_views(b) for b in self._encoded())
@@ -186,25 +211,30 @@ class TensorBatches:
                 for rows in self.plan:
                     yield ds.collate(list(pool.map(ds.__getitem__, rows)))
 
-    def to_views(self, batch: EncodedBatch) -> Batch:
+    def to_views(self, batch: EncodedBatch) -> InputBatch:
         """Decode, resize, crop and make every view of one batch on the device."""
         crops, errors = self._crops(batch)
         bad = [i for i, e in enumerate(errors) if e is not None]
         if len(bad) == len(batch.rows):
-            return batch.rows, [None], errors
+            return InputBatch(batch.rows, None, errors, batch.content)
         ids = [int(self.images.image_ids[r]) for r in batch.rows]
-        stacked = [v.apply_batch(crops, ids, batch.noise.get(v.name)) for v in self.views]
+        stacked = [v.apply_batch(crops, ids) for v in self.views]
         if bad:
             for x in stacked:
-                x[bad] = 0  # as the PIL path's collate: a failed image is a zero image in every view
-        return batch.rows, stacked, errors
+                x[bad] = 0  # a failed image is a zero image in every view
+        return InputBatch(batch.rows, stacked, errors, batch.content)
+
+    def _to_device(self, x: torch.Tensor) -> torch.Tensor:
+        """The one place a host tensor moves to the device (counted in `transferred`)."""
+        self.transferred += x.nbytes
+        return x.to(self.device, non_blocking=True)
 
     def _crops(self, batch: EncodedBatch) -> tuple[torch.Tensor, list[str | None]]:
         n, c = len(batch.rows), self.prep.crop
         crops = torch.zeros(n, 3, c, c, dtype=torch.uint8, device=self.device)
         errors = list(batch.errors)
         if batch.crop_index:
-            crops[batch.crop_index] = batch.crops.to(self.device, non_blocking=True)
+            crops[batch.crop_index] = self._to_device(batch.crops)
         jpeg = [i for i, span in enumerate(batch.spans) if span is not None]
         decoded = self._decode([batch.encoded(i) for i in jpeg])
         by_shape: dict[tuple[int, ...], list[int]] = {}
@@ -214,7 +244,7 @@ class TensorBatches:
                 by_shape.setdefault(tuple(image.shape), []).append(i)
                 continue
             try:  # the device decoder refused it: the PIL path's decode, on the same bytes
-                crops[i] = pil_crop(batch.encoded(i).numpy().tobytes(), self.prep).to(self.device)
+                crops[i] = self._to_device(pil_crop(batch.encoded(i).numpy().tobytes(), self.prep))
                 refused.append(i)
             except Exception as e:
                 errors[i] = f"{type(e).__name__}: {e}"
@@ -233,6 +263,7 @@ class TensorBatches:
         """Batch decode; if the batch call raises, each image alone (None where that raises too)."""
         if not encoded:
             return []
+        self.transferred += sum(e.nbytes for e in encoded)  # the decoder copies the files' bytes to the device
         try:
             return list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device))
         except Exception:
@@ -244,7 +275,7 @@ class TensorBatches:
                     out.append(None)
             return out
 
-    def _overlapped(self, depth: int = 2) -> Iterator[Batch]:
+    def _overlapped(self, depth: int = 2) -> Iterator[InputBatch]:
         """A thread turns worker batches into device batches on a side stream, `depth` batches ahead."""
         side = torch.cuda.Stream(self.device)
         main = torch.cuda.current_stream(self.device)
@@ -257,10 +288,10 @@ class TensorBatches:
                     for encoded in self._encoded():
                         if stop.is_set():
                             break
-                        rows, stacked, errors = self.to_views(encoded)
+                        batch = self.to_views(encoded)
                         event = torch.cuda.Event()
                         event.record(side)
-                        ready.put(((rows, stacked, errors), event, None))
+                        ready.put((batch, event, None))
             except BaseException as e:  # surfaced on the consumer's thread
                 ready.put((None, None, e))
             ready.put(None)
@@ -273,9 +304,8 @@ class TensorBatches:
                 if error is not None:
                     raise error
                 main.wait_event(event)
-                for x in batch[1]:
-                    if x is not None:
-                        x.record_stream(main)  # the allocator must not reuse it while the forward reads it
+                for x in batch.views or []:
+                    x.record_stream(main)  # the allocator must not reuse it while the forward reads it
                 yield batch
         finally:
             stop.set()

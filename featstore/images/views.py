@@ -1,20 +1,33 @@
 """Corruption views (ImageNet-C parameters), deterministic per image id.
 
 A view is `clean` or `<corruption>-<severity>`. Each acts on the cropped image in [0,1] before
-normalisation; random ones draw from a generator seeded by (view, image id), so any chunk can be rebuilt
-alone, on any rank, and comes out bit-identical. `View.apply` takes one image (the PIL input path),
-`View.apply_batch` a batch on any device (the tensor input path): the same operations, so on the CPU the two
-agree bit for bit.
+normalisation, where the crop is (the build's device): `View.apply_batch` takes a batch on any device,
+`View.apply` one image through the same code.
+
+Gaussian noise comes from a counter-based generator (`VIEW_GENERATOR` 2): each value is a function of the view's
+name, the image id and the value's index in the [3, H, W] crop alone, computed with integer hashing (SplitMix64)
+and a table of the normal quantiles read with one multiply and one add. Every step is an integer operation or a
+correctly rounded IEEE one, so a view is bit-identical whatever the batch, worker count, chunk, resume point, thread
+count or device (CPU or CUDA), and only the crop's bytes cross to the device. Views a store made with generator 1
+(per-image draws of torch's CPU generator, before this one) keep it: the build reads the version a view records.
 """
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
 from featstore.errors import FeatstoreError
+
+VIEW_GENERATOR = 2  # how new views are made (recorded per view): 2 draws noise from the counter-based generator;
+VIEW_GENERATORS = (1, 2)  # 1 (views made before it, which record none) from per-image torch.Generator draws
+QUANTILE_BITS = 20  # the table's index bits: knots at Phi^-1(j / 2^20), the tails cut at Phi^-1(0.5 / 2^20) = 4.9
+QUANTILE_DIGEST = "0020e711b86a8b6b"  # blake2b of the knots this code computes: another table would be other noise
+# (each float64 knot lies >= 380 of its ulps from a float32 rounding tie, so any sound ndtri gives these bits)
 
 # ImageNet-C severities 1..5 (Hendrycks & Dietterich 2019).
 SEVERITIES: dict[str, tuple[float, ...]] = {
@@ -26,11 +39,13 @@ SEVERITIES: dict[str, tuple[float, ...]] = {
 
 @dataclass(frozen=True)
 class View:
-    """One way of presenting every image to the model."""
+    """One way of presenting every image to the model. `generator` says how it is made (for gaussian noise, how the
+    draws are): a store's view keeps the one it was made with."""
 
     name: str
     corruption: str | None = None
     severity: int = 0
+    generator: int = VIEW_GENERATOR
 
     @property
     def parameter(self) -> float | None:
@@ -38,31 +53,28 @@ class View:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "corruption": self.corruption, "severity": self.severity,
-                "parameter": self.parameter}
+                "parameter": self.parameter, "view_generator": self.generator}
 
     def apply(self, image: torch.Tensor, image_id: int) -> torch.Tensor:
         """uint8 [3,H,W] -> the view of it: uint8 for clean (exact), float32 in [0,1] otherwise."""
         if self.corruption is None:
             return image
-        noise = self.noise(image_id, tuple(image.shape)) if self.corruption == "gaussian_noise" else None
-        return self._corrupt(image.float().div_(255), noise)
+        return self.apply_batch(image[None], [image_id])[0]
 
-    def apply_batch(self, images: torch.Tensor, image_ids: list[int],
-                    noise: torch.Tensor | None = None) -> torch.Tensor:
-        """uint8 [B,3,H,W] on any device -> the view of each image, as `apply` gives it per image.
-
-        `noise` is the stacked `noise(image_id)` of the batch when the caller made it ahead (the loader's
-        workers do); otherwise it is drawn here, on the CPU, from the same per-image generators."""
+    def apply_batch(self, images: torch.Tensor, image_ids: list[int]) -> torch.Tensor:
+        """uint8 [B,3,H,W] on any device -> the view of each image, computed on that device."""
         if self.corruption is None:
             return images
-        if self.corruption == "gaussian_noise" and noise is None:
-            noise = torch.stack([self.noise(i, tuple(images.shape[1:])) for i in image_ids])
-        if noise is not None:
-            noise = noise.to(images.device, non_blocking=True)
+        noise = None
+        if self.corruption == "gaussian_noise":
+            if self.generator == 1:  # stores made before generator 2: their draws, on the CPU, then copied
+                noise = torch.stack([self.noise(i, tuple(images.shape[1:])) for i in image_ids]).to(images.device)
+            else:
+                noise = gaussian_field(self.name, image_ids, tuple(images.shape[1:]), images.device)
         return self._corrupt(images.float().div_(255), noise)
 
     def noise(self, image_id: int, shape: tuple[int, ...]) -> torch.Tensor:
-        """The standard normal draw of `gaussian_noise` views: CPU generator seeded by (view, image id)."""
+        """Generator 1's standard normal draw: a CPU generator seeded by (view, image id)."""
         gen = torch.Generator().manual_seed(zlib.crc32(f"{self.name}:{image_id}".encode()))
         return torch.randn(shape, generator=gen)
 
@@ -76,6 +88,66 @@ class View:
         elif self.corruption == "brightness":
             x = _add_hsv_value(x, p)
         return x.clamp_(0.0, 1.0)
+
+
+# -- generator 2: counter-based normal draws -------------------------------------------------------------------
+
+_GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's stream increment (the golden ratio in 64 bits)
+
+
+def _int64(value: int) -> int:
+    """An unsigned 64-bit constant as the signed int64 with the same bits (torch's integer type)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 values (torch's >> is arithmetic: the sign bits are masked off)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix64(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser: 64 well-mixed bits from a counter (products wrap, as two's complement does)."""
+    z = (z ^ _shr(z, 30)) * _int64(0xBF58476D1CE4E5B9)
+    z = (z ^ _shr(z, 27)) * _int64(0x94D049BB133111EB)
+    return z ^ _shr(z, 31)
+
+
+@cache
+def _quantile_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 knots Phi^-1(j / 2^20) (j = 0 at 0.5 / 2^20) for j < 2^20, and each knot's step to the next; made
+    once on the CPU in float64, symmetric about 0, then checked against the digest this code was written with."""
+    n = 1 << QUANTILE_BITS
+    u = (torch.arange(n // 2 + 1, dtype=torch.float64) / n).clamp_(min=0.5 / n)
+    lower = torch.special.ndtri(u)
+    lower[-1] = 0.0
+    knots = torch.cat([lower, -lower[:-1].flip(0)]).float()  # n + 1 knots, the last Phi^-1(1 - 0.5 / n)
+    steps = knots[1:] - knots[:-1]
+    digest = hashlib.blake2b(knots.numpy().tobytes(), digest_size=8).hexdigest()
+    if digest != QUANTILE_DIGEST:
+        raise FeatstoreError(f"this torch ({torch.__version__}) computes another normal quantile table ({digest}, "
+                             f"expected {QUANTILE_DIGEST}), so its gaussian_noise views would differ from featstore's; "
+                             f"build noise views with another torch version")
+    return knots[:-1].to(device), steps.to(device)
+
+
+def gaussian_field(view: str, image_ids: list[int], shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """float32 [B, *shape] standard normal values (generator 2), each a function of (view, image id, index) only.
+
+    Value i of image `id` hashes the counter key(view, id) + i * gamma with SplitMix64; its top 20 bits pick a
+    quantile interval, the next 24 where in it (linear between the knots): the normal distribution within 1e-6 in
+    probability, cut at +-4.9 (a share of 1e-6 of a normal draw lies beyond)."""
+    view_key = int.from_bytes(hashlib.blake2b(f"featstore-noise:{view}".encode(), digest_size=8).digest(), "little")
+    ids = torch.tensor(image_ids, dtype=torch.int64, device=device)
+    keys = _mix64(ids * _int64(_GAMMA) ^ _int64(view_key))
+    count = 1
+    for side in shape:
+        count *= side
+    counters = torch.arange(count, dtype=torch.int64, device=device) * _int64(_GAMMA)
+    bits = _mix64(keys[:, None] + counters[None, :])
+    knots, steps = _quantile_tables(torch.device(device))
+    index = _shr(bits, 64 - QUANTILE_BITS)
+    within = (_shr(bits, 40 - QUANTILE_BITS) & 0xFFFFFF).float().mul_(2.0**-24)
+    return (knots[index] + within.mul_(steps[index])).view(len(image_ids), *shape)
 
 
 def _gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -97,6 +169,17 @@ def _add_hsv_value(x: torch.Tensor, delta: float) -> torch.Tensor:
     new_value = (value + delta).clamp(0.0, 1.0)
     scaled = x * (new_value / value.clamp_min(1e-12))
     return torch.where(value > 0, scaled, new_value.expand_as(x))
+
+
+def with_generator(view: View, recorded: dict) -> View:
+    """`view` as a store recorded it: a view made before generator 2 (its attrs name none) keeps generator 1 (for
+    noise views, generator 1's draws); one made by a newer featstore's generator is refused, never mixed with this
+    one's."""
+    generator = int(recorded.get("view_generator", 1))
+    if generator not in VIEW_GENERATORS:
+        raise FeatstoreError(f"view {view.name!r} was made with view generator {generator}, which this featstore "
+                             f"does not have; build it with that featstore's version, or under another --name")
+    return View(view.name, view.corruption, view.severity, generator)
 
 
 def parse_view(name: str) -> View:

@@ -99,6 +99,8 @@ def default_token_pool(model: nn.Module, sample: torch.Tensor) -> str:
     names = (name.rpartition(".")[2] for name, _ in model.named_parameters())
     if any(n.startswith(("cls_token", "class_token")) for n in names):
         return "cls"
+    if _convolutional_only(model):  # no module of it can output tokens: no forward needed (a GPU's first costs ~3 s)
+        return "cls"
     tokens: list[bool] = []
 
     def seen(_m, _i, output) -> None:
@@ -107,6 +109,21 @@ def default_token_pool(model: nn.Module, sample: torch.Tensor) -> str:
 
     _run_hooked(model, sample, [m.register_forward_hook(seen) for name, m in model.named_modules() if name])
     return "mean" if any(tokens) else "cls"
+
+
+# Modules whose outputs keep their input's layout ([B,C,H,W] maps, or [B,D] vectors for Linear): a model built of
+# nothing else (ResNets, VGG, DenseNet, MobileNet, EfficientNet, RegNet) never outputs tokens.
+_MAP_MODULES = (nn.Conv2d, nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU, nn.Hardswish, nn.Hardsigmoid,
+                nn.Sigmoid, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Dropout, nn.Flatten, nn.Identity,
+                nn.Linear)
+
+
+def _convolutional_only(model: nn.Module) -> bool:
+    """True when every leaf module is one of `_MAP_MODULES` (a model's own forward code could still reshape maps
+    into tokens: only torchvision's plain CNN classes are trusted, which do not)."""
+    leaves = [m for m in model.modules() if not any(True for _ in m.children())]
+    return type(model).__module__.startswith("torchvision.models.") and all(
+        isinstance(m, _MAP_MODULES) for m in leaves)
 
 
 def is_channels_last(shape: Sequence[int]) -> bool:

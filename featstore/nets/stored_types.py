@@ -19,7 +19,7 @@ random-init nets shrink to 1e-9) would be written as infinities or zeros without
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -51,16 +51,22 @@ def choose_dtype(policy: str, values: torch.Tensor) -> str:
     return "float32" if lost > SIGNAL_LOSS * float(change.norm()) else "float16"
 
 
-def unstorable_rows(values: Sequence[torch.Tensor], dtypes: Sequence[str]) -> torch.Tensor:
-    """[arrays, rows] flags: the row of that array holds a value that is not finite or, for a float16 array,
-    beyond ±65504. Computed where the values are (one small copy to the host)."""
-    flags = []
-    for v, dtype in zip(values, dtypes, strict=True):
-        bad = ~torch.isfinite(v)
-        if dtype == "float16":
-            bad |= v.abs() > FLOAT16_MAX
-        flags.append(bad.flatten(1).any(dim=1))
-    return torch.stack(flags).cpu()
+def row_peaks(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """[arrays, rows] float32: each row's largest |value| per array (NaN where the row holds one, inf for an
+    infinity), computed where the values are: all the build needs to tell whether a row can be stored."""
+    return torch.stack([v.float().abs().amax(dim=1) for v in values])
+
+
+def unstorable(peaks: np.ndarray, dtypes: Sequence[str]) -> np.ndarray:
+    """[arrays, rows] flags from `row_peaks`: a value that is not finite or, for a float16 array, beyond ±65504."""
+    limit = np.asarray([FLOAT16_MAX if d == "float16" else np.inf for d in dtypes], dtype=np.float64)[:, None]
+    peaks = np.asarray(peaks, dtype=np.float64)
+    return ~np.isfinite(peaks) | (peaks > limit)
+
+
+def unstorable_rows(values: Sequence[torch.Tensor], dtypes: Sequence[str]) -> np.ndarray:
+    """`unstorable` of the values themselves."""
+    return unstorable(row_peaks(values).cpu().numpy(), dtypes)
 
 
 def refusal(what: str, dtype: str, value: float, where: str) -> FeatstoreError:
@@ -73,26 +79,13 @@ def refusal(what: str, dtype: str, value: float, where: str) -> FeatstoreError:
                           f"stored")
 
 
-def check_storable(values: Sequence[torch.Tensor], dtypes: Sequence[str], names: Sequence[str],
-                   rows: Sequence[str | None]) -> None:
-    """Refuse in one line (`refusal`) the first value of the batch its array cannot hold: `names` say what each
-    array is, `rows` where each row comes from (None: a row the build records as skipped, not checked)."""
-    flags = unstorable_rows(values, dtypes)
-    flags[:, [i for i, r in enumerate(rows) if r is None]] = False
+def check_peaks(peaks: np.ndarray, dtypes: Sequence[str], names: Sequence[str], skipped: np.ndarray,
+                where: Callable[[int], str]) -> None:
+    """Refuse in one line (`refusal`) the first value of a batch its array cannot hold, from the batch's `row_peaks`:
+    `names` say what each array is, `where(row)` where a row comes from (asked only for the refusal); rows the build
+    records as `skipped` are not checked."""
+    flags = unstorable(peaks, dtypes)
+    flags[:, np.asarray(skipped, dtype=bool)] = False
     if flags.any():
-        array, row = (int(i) for i in torch.nonzero(flags)[0])
-        bad = values[array][row]
-        worst = bad[~torch.isfinite(bad)][0] if not torch.isfinite(bad).all() else bad.abs().max()
-        raise refusal(names[array], dtypes[array], float(worst), str(rows[row]))
-
-
-def to_host(values: Sequence[torch.Tensor], dtypes: Sequence[str]) -> list[np.ndarray]:
-    """Each [B, D] tensor as a host array of its stored type, with one device->host copy per type."""
-    out: list[np.ndarray] = [np.empty(0)] * len(values)
-    for dtype in dict.fromkeys(dtypes):
-        members = [i for i, d in enumerate(dtypes) if d == dtype]
-        flat = torch.cat([values[i].to(getattr(torch, dtype)) for i in members], dim=1).cpu().numpy()
-        for i, part in zip(members, np.split(flat, np.cumsum([values[i].shape[1] for i in members])[:-1], axis=1),
-                           strict=True):
-            out[i] = part
-    return out
+        array, row = (int(i) for i in np.argwhere(flags)[0])
+        raise refusal(names[array], dtypes[array], float(peaks[array, row]), where(row))

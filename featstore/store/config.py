@@ -18,8 +18,8 @@ from featstore.nets.anchors import Anchor
 @dataclass(frozen=True)
 class StoreConfig:
     """One model group of a store: the network (model, library, weights_id, preprocessing, token_pool), its head
-    (num_classes), the anchors, how it was computed (precision, memory format, decoder, batch size) and laid out
-    (chunk_rows), and which image list it covers (images_fingerprint)."""
+    (num_classes), the anchors, how it was computed (precision, memory format, decoder, batch size, compiled) and
+    laid out (chunk_rows), and which image list it covers (images_fingerprint)."""
 
     model: str
     library: str
@@ -35,6 +35,7 @@ class StoreConfig:
     memory_format: str | None = None
     decoder: str = "pil"
     logits_dtype: str = "float16"  # anchors carry their own (`Anchor.dtype`); see featstore.nets.stored_types
+    compiled: bool = False  # the forward ran under torch.compile (`--compile`): its fused kernels round otherwise
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -52,7 +53,8 @@ class StoreConfig:
                    anchors=tuple(Anchor.from_dict(a) for a in d["anchors"]),
                    images_fingerprint=d["images_fingerprint"], memory_format=d.get("memory_format"),
                    decoder=d.get("decoder", "pil"),  # stores written before the decoder was recorded: all PIL
-                   logits_dtype=d.get("logits_dtype", "float16"))  # ... and before per-array types: all float16
+                   logits_dtype=d.get("logits_dtype", "float16"),  # ... and before per-array types: all float16
+                   compiled=bool(d.get("compiled", False)))  # ... and before --compile: eager
 
     def differences(self, other: StoreConfig) -> list[str]:
         """The fields in which two configs differ, compared as they are written."""

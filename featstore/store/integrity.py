@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from featstore.images.files import content_checksum
+
 NO_CHECKSUM = 0  # a chunk committed before checksums were recorded: its values cannot be compared
 UNREADABLE = 2**64 - 1  # stands for a recorded checksum that cannot be decoded (no checksum takes either value)
 CONTENT_HASH_BYTES = 1 << 30  # image sets up to this size also record a checksum of every file's bytes
@@ -101,11 +103,8 @@ def image_stats(root: Path, paths: Sequence[str], content: bool | None = None) -
 
 
 def file_checksum(path: Path) -> int:
-    h = hashlib.blake2b(digest_size=8)
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return int.from_bytes(h.digest(), "little", signed=True) or 1
+    """The checksum of a file's bytes: the value the build's workers record as they read it."""
+    return content_checksum(Path(path).read_bytes())
 
 
 def changed_images(root: Path, paths: Sequence[str], stored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

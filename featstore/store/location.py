@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 import zarr
@@ -28,8 +28,10 @@ from zarr.core.sync import sync
 
 from featstore.errors import FeatstoreError, FeatstoreWarning
 from featstore.schema import Value
-from featstore.store.leases import Lease, LeaseUnsupported
 from featstore.store.locks import locked
+
+if TYPE_CHECKING:  # obstore is imported only for object-store URLs: a local store needs none of it
+    from featstore.store.leases import Lease
 
 OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "adl", "http", "https")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
@@ -167,6 +169,8 @@ class StoreLocation:
             with locked(self.path if key is None else self.path / key, wait, what):
                 yield _Unlocked()
             return
+        from featstore.store.leases import Lease, LeaseUnsupported
+
         lease = Lease(self.object_store, f"{LEASES}/{key or 'store'}.lease", what, self.url, wait)
         try:
             lease.acquire()

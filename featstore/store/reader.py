@@ -394,6 +394,8 @@ class FeatureStore:
         if "checksums" in listed:
             columns = len(cfg.anchors) + 2
             expected["checksums"] = ((n_chunks, columns), (1, columns))
+        if "image_content" in listed:
+            expected["image_content"] = ((n,), (rows,))
         try:
             g = self.root[key][view]
         except Exception as e:
@@ -423,13 +425,26 @@ class FeatureStore:
 
         return sorted(n for n in sync(names()) if n != "zarr.json" and not n.startswith("."))
 
-    def image_stats(self) -> np.ndarray | None:
+    def image_stats(self, contents: bool = True) -> np.ndarray | None:
         """The image files as the store was built from them (`featstore.store.integrity.image_stats`), or None where the
-        store does not record them (built before it did, or the record cannot be read)."""
+        store does not record them (built before it did, or the record cannot be read). With `contents`, a content
+        checksum missing from `images/stat` is taken from the views' `image_content`, where a build's loader
+        recorded it."""
         try:
-            return np.asarray(self.root["images"]["stat"][:], dtype=np.int64)
+            stats = np.asarray(self.root["images"]["stat"][:], dtype=np.int64)
         except Exception:
             return None
+        for key in self.models() if contents else []:
+            for view in self.views(key):
+                if not (stats[:, 2] == 0).any():
+                    return stats
+                try:
+                    content = np.asarray(self.root[key][view]["image_content"][:], dtype=np.int64)
+                except Exception:  # a view made before contents were recorded, or damaged: it records none
+                    continue
+                if content.shape == stats[:, 2].shape:
+                    stats[:, 2] = np.where(stats[:, 2] == 0, content, stats[:, 2])
+        return stats
 
     def threads_used(self, key: str, view: str) -> list[int]:
         """The CPU thread counts the done chunks of a view were computed with ([] for a GPU build, or a view made

@@ -35,7 +35,7 @@ def repair_images(store: StoreWriter, images: ImageSet) -> list[str]:
         raise FeatstoreError(f"store {store.location} is damaged: {damage[0]}; these images are not those the store "
                              f"was built from, so their table cannot be rewritten: pass the --data, --labels and "
                              f"--limit it was built with, or use a new --store")
-    stats = store.image_stats()
+    stats = store.image_stats(contents=False)  # as recorded: the views keep their own contents
     store.delete("images")
     store.write_images(images)
     if stats is not None:
@@ -49,8 +49,8 @@ def check_image_files(store: StoreWriter, images: ImageSet, rebuild: bool) -> li
     build makes its own again; each other one's next build does). A store that records no files yet records
     them now. Returns the changed files."""
     stored = store.image_stats()
-    if stored is None or stored.shape != (len(images), 3):
-        store.record_image_stats(image_stats(images.root, images.paths))
+    if stored is None or stored.shape != (len(images), 3):  # sizes and times; the loader records the contents
+        store.record_image_stats(image_stats(images.root, images.paths, content=False))
         return []
     changed, now = changed_images(images.root, images.paths, stored)
     if not len(changed):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,19 @@ class ChunkData:
     logits: np.ndarray  # float16 [rows, classes]
     skipped: np.ndarray  # bool [rows]
     threads: int = 0  # CPU threads its forward ran with (0: not on the CPU)
+    content: np.ndarray | None = None  # int64 [rows]: each image file's content checksum as the loader read it
+
+
+@dataclass(frozen=True)
+class _CommitTargets:
+    """The arrays a view's commits write, opened once per build (each open reads metadata from the storage):
+    the anchors, logits and skipped flags (checksummed, in that order), then the bookkeeping arrays."""
+
+    values: list[zarr.Array]
+    threads: zarr.Array | None
+    checksums: zarr.Array | None
+    content: zarr.Array | None
+    done: zarr.Array
 
 
 class StoreWriter(FeatureStore):
@@ -46,6 +60,8 @@ class StoreWriter(FeatureStore):
     def __init__(self, path: str | Path | StoreLocation):
         super().__init__(path)
         self.guard: Callable[[], None] | None = None  # a writer's lock check, run before each commit
+        self._targets: dict[tuple[str, str], _CommitTargets] = {}
+        self._targets_lock = threading.Lock()  # commits run on several writer threads at once
 
     def write_images(self, images: ImageSet) -> None:
         n = len(images)
@@ -93,29 +109,38 @@ class StoreWriter(FeatureStore):
         n = self.num_images
         vg = g.create_group(view["name"])
         ag = vg.create_group("anchors")
-        for a in anchors:
-            ag.create_array(a.name, shape=(n, a.dim), chunks=(chunk_rows, a.dim), dtype=a.dtype,
-                            fill_value=np.nan)
-        vg.create_array("logits", shape=(n, max(num_classes, 1)), chunks=(chunk_rows, max(num_classes, 1)),
-                        dtype=logits_dtype, fill_value=np.nan)
+
+        async def arrays() -> None:  # every array's metadata at once (each a write; on object storage a PUT)
+            widths = [(ag, a.name, a.dim, a.dtype) for a in anchors] + [(vg, "logits", max(num_classes, 1),
+                                                                         logits_dtype)]
+            await asyncio.gather(*[group._async_group.create_array(name, shape=(n, dim), chunks=(chunk_rows, dim),
+                                                                   dtype=dtype, fill_value=np.nan)
+                                   for group, name, dim, dtype in widths])
+
+        sync(arrays())
         vg.create_array("skipped", shape=(n,), chunks=(chunk_rows,), dtype="bool", fill_value=False)
         vg.create_array("threads", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="int16", fill_value=0)
         _create_checksums(vg, math.ceil(n / chunk_rows), anchors)
+        _create_image_content(vg, n, chunk_rows)
         # the bitmap last: a view without it was interrupted while being created and is made again
         vg.create_array("done", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="bool", fill_value=False)
         vg.attrs.update(view)
 
-    def add_checksums(self, key: str, view: str) -> None:
-        """Give a view of a store written before checksums its (empty) checksum array: the chunks committed from
-        now on carry theirs."""
+    def upgrade_view(self, key: str, view: str) -> None:
+        """Give a view of a store written before checksums (or before image contents were recorded) its empty
+        arrays for them: the chunks committed from now on carry theirs."""
         g = self.view_group(key, view)
         if "checksums" not in g:
             _create_checksums(g, g["done"].shape[0], self.anchors(key))
+        if "image_content" not in g:
+            _create_image_content(g, self.num_images, self.chunk_rows(key))
 
     def delete(self, path: str) -> None:
         """Remove a group or array and everything under it, without reading its metadata (which may be garbage)."""
         from zarr.core.sync import sync
 
+        with self._targets_lock:
+            self._targets.clear()
         sync(self.root.store.delete_dir(path))
 
     def record_image_stats(self, stats: np.ndarray) -> None:
@@ -138,17 +163,34 @@ class StoreWriter(FeatureStore):
         for c in chunks:
             bitmap[c] = False
 
+    def _commit_targets(self, key: str, view: str) -> _CommitTargets:
+        with self._targets_lock:
+            if (key, view) not in self._targets:
+                g = self.root[key][view]
+                # feature chunks are never all fill value (NaN): zarr's scan for one before each write is skipped
+                eager = {"write_empty_chunks": True}
+                values = [g["anchors"][a.name].with_config(eager) for a in self.anchors(key)]
+                values += [g["logits"].with_config(eager), g["skipped"]]
+                self._targets[(key, view)] = _CommitTargets(
+                    values, g["threads"] if "threads" in g else None,  # views made before thread counts: none
+                    g["checksums"] if "checksums" in g else None,
+                    g["image_content"].with_config(eager) if "image_content" in g else None, g["done"])
+            return self._targets[(key, view)]
+
     def commit_chunk(self, key: str, view: str, data: ChunkData) -> None:
-        """Write one chunk of every array of a view, then mark it done: the store's only commit point."""
-        g = self.root[key][view]
+        """Write one chunk of every array of a view, then mark it done: the store's only commit point. Safe to call
+        for different chunks from several threads at once."""
+        targets = self._commit_targets(key, view)
         rows = self.chunk_rows(key)
         start = data.chunk * rows
         stop = start + len(data.skipped)
-        anchors = self.anchors(key)
-        if len(anchors) != len(data.features):
-            raise ValueError(f"chunk {data.chunk} holds {len(data.features)} anchors, the store {len(anchors)}")
-        targets = [g["anchors"][a.name] for a in anchors] + [g["logits"], g["skipped"]]
+        if len(targets.values) - 2 != len(data.features):
+            raise ValueError(f"chunk {data.chunk} holds {len(data.features)} anchors, the store "
+                             f"{len(targets.values) - 2}")
         values = [*data.features, data.logits, data.skipped]
+        writes = list(zip(targets.values, values, strict=True))
+        if targets.content is not None and data.content is not None:
+            writes.append((targets.content, data.content))
 
         guard = self.guard or (lambda: None)  # a build that lost (or may have lost) its lease writes nothing more
 
@@ -157,20 +199,21 @@ class StoreWriter(FeatureStore):
             await target.async_array.setitem((slice(start, stop),), value)  # expiry never writes over the new holder's
 
         async def write_all() -> None:  # every array at once (each a PUT on object storage), then the bitmap
-            await asyncio.gather(*[write(t, v) for t, v in zip(targets, values, strict=True)])
+            await asyncio.gather(*[write(t, v) for t, v in writes])
 
-        sums = np.asarray([checksum(np.asarray(v, dtype=t.dtype)) for t, v in zip(targets, values, strict=True)],
+        sums = np.asarray([checksum(np.asarray(v, dtype=t.dtype)) for t, v in zip(targets.values, values,
+                                                                                  strict=True)],
                           dtype=np.uint64)  # the values as they decode, each in its array's type
         guard()
         sync(write_all())
         guard()
-        if "threads" in g:  # views made before thread counts were recorded have none
-            g["threads"][data.chunk] = data.threads
-        if "checksums" in g:
+        if targets.threads is not None:
+            targets.threads[data.chunk] = data.threads
+        if targets.checksums is not None:
             guard()
-            g["checksums"][data.chunk] = sums
+            targets.checksums[data.chunk] = sums
         guard()
-        g["done"][data.chunk] = True
+        targets.done[data.chunk] = True
 
     def write_head(self, key: str, weight: np.ndarray, bias: np.ndarray, module: str) -> None:
         """Keep the classifier (the model's last Linear, `module`) beside the model's metadata: weight [C, D] and
@@ -224,6 +267,12 @@ class StoreWriter(FeatureStore):
             return
         if version in g and g.attrs.get("current") != version:
             del g[version]
+
+
+def _create_image_content(g: zarr.Group, n: int, chunk_rows: int) -> None:
+    """Each image's file content checksum as the build's loader read it (0: not recorded), one chunk per view
+    chunk, written by that chunk's commit (`featstore.store.integrity.changed_images` reads it)."""
+    g.create_array("image_content", shape=(n,), chunks=(chunk_rows,), dtype="int64", fill_value=0, overwrite=True)
 
 
 def _create_checksums(g: zarr.Group, n_chunks: int, anchors: Sequence[Anchor]) -> None:
