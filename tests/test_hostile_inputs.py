@@ -8,28 +8,163 @@ Each case is an attack a careful but hostile sender can make with a crafted stor
 3. a macro named like a DuckDB built-in (`count_star`, what `count(*)` calls) that reads a file, in a database a
    write job opens (`featstore merge --db crafted`): refused before it runs;
 4. every connection featstore opens (write, read-only, several databases as one) is sealed: no file access, no
-   extension install or load, configuration locked.
+   extension install or load, configuration locked;
+5. a linear run whose weight group holds a pickle instead (`estimator`): `load_probe` loads by the variant the run
+   records, with `db=` and without, and never unpickles it, not even with `trust_pickle=True`;
+6. a database whose run points `params.probe_name` (or `probe_version`) at another group: refused in one line;
+7. an estimator probe: stored as bytes (uint8), unpickled only with `trust_pickle=True`, and only when its bytes
+   are those whose sha256 the database recorded with the run (a swapped pickle is refused; an old float32 copy of
+   the same bytes still loads).
 
 Future surfaces that read a store or a database extend this module with their own attacks.
 """
 
 from __future__ import annotations
 
+import json
+import pickle
 import shutil
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
-from synthetic import register_toy_images, run_rows
+import zarr
+from synthetic import class_clusters, register_toy_images, run_rows, write_feature_store
 
 from featstore.analytics import db as fsdb
+from featstore.errors import FeatstoreError
 
 from conftest import fails
 
 LINEAR_RUN, LINEAR_NAME = "synthetic/clean/linear:tol=0.02", "linear:tol=0.02@clean"
 LDA_RUN, LDA_NAME = "synthetic/clean/lda", "lda@clean"
 ANCHORS = ("anchor00", "anchor01")
+
+
+class _Payload:
+    """Unpickling this writes `marker`: what a crafted pickle would do with the reader's rights."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
+
+
+def payload(marker: Path) -> np.ndarray:
+    return np.frombuffer(pickle.dumps(_Payload(marker)), dtype=np.uint8)
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory) -> Path:
+    """A small store with a linear run and an estimator (LDA) run, both in one database."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    import featstore as fs
+
+    root = tmp_path_factory.mktemp("hostile")
+    feats, labels = class_clusters(90, 3, [4, 6], seed=2)
+    store = write_feature_store(root / "s.zarr", feats, labels, 3, chunk_rows=32)
+    options = fs.RunOptions(threads=1, progress=False)
+    fs.probe(store=store, model="synthetic", db=root / "f.duckdb", variant="linear:tol=0.02", run=options)
+    fs.probe(store=store, model="synthetic", db=root / "f.duckdb", variant=LinearDiscriminantAnalysis(), name="lda",
+             run=options)
+    return root
+
+
+@pytest.fixture
+def copied(probed, tmp_path) -> tuple[Path, Path]:
+    """A copy of the probed store and database that a test may damage."""
+    shutil.copytree(probed, tmp_path / "w")
+    return tmp_path / "w" / "s.zarr", tmp_path / "w" / "f.duckdb"
+
+
+def probe_group(store: Path, name: str) -> zarr.Group:
+    return zarr.open_group(str(store), mode="a")["synthetic"]["probes"][name]
+
+
+def plant(group: zarr.Group, arrays: dict[str, np.ndarray], drop: tuple[str, ...] = ()) -> None:
+    """Put `arrays` (folds first) into every anchor's group under `group`, removing the arrays named in `drop`."""
+    for anchor in ANCHORS:
+        g = group.require_group(anchor)
+        for name in drop:
+            if name in g:
+                del g[name]
+        for name, values in arrays.items():
+            g.create_array(name, shape=values.shape, dtype=values.dtype, overwrite=True)[:] = values
+
+
+def test_a_linear_run_never_unpickles_what_its_weight_group_holds(copied, tmp_path):
+    """Case 5: the store decided the kind (an `estimator` array where weights belong was unpickled)."""
+    import featstore as fs
+
+    store, db = copied
+    marker = tmp_path / "ran"
+    group = probe_group(store, LINEAR_NAME)
+    plant(group[group.attrs["current"]], {"estimator": payload(marker)[None]}, drop=("weight", "bias"))
+    for kwargs in ({"db": db}, {}, {"db": db, "trust_pickle": True}, {"trust_pickle": True}):
+        with pytest.raises(FeatstoreError, match="records variant linear") as e:
+            fs.load_probe(store, "synthetic", LINEAR_RUN, **kwargs)
+        assert "\n" not in str(e.value)
+    assert not marker.exists()
+
+
+def test_a_database_cannot_point_a_run_at_another_group(copied, tmp_path):
+    """Case 6: `params.probe_name` of a crafted runs row chose the group that was read (and unpickled)."""
+    import featstore as fs
+
+    store, db = copied
+    marker = tmp_path / "ran"
+    plant(zarr.open_group(str(store), mode="a")["synthetic"]["probes"].require_group("evil"),
+          {"estimator": payload(marker)[None]})
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE runs SET params = json_merge_patch(params, '{\"probe_name\": \"evil\", \"probe_version\": "
+                "null}'), probe_name = 'evil', probe_version = NULL WHERE run_id = ?", [LINEAR_RUN])
+    con.close()
+    for kwargs in ({}, {"trust_pickle": True}):
+        with pytest.raises(FeatstoreError, match=f"names probes 'evil' where run {LINEAR_RUN!r} names "
+                                                 f"'{LINEAR_NAME}'"):
+            fs.load_probe(store, "synthetic", LINEAR_RUN, db=db, **kwargs)
+    assert not marker.exists()
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE runs SET params = json_merge_patch(params, ?), probe_name = ?, probe_version = '../lda@clean' "
+                "WHERE run_id = ?", [json.dumps({"probe_name": LINEAR_NAME, "probe_version": "../lda@clean"}),
+                                     LINEAR_NAME, LINEAR_RUN])
+    con.close()
+    with pytest.raises(FeatstoreError, match="'../lda@clean' is no stored-weights version"):
+        fs.load_probe(store, "synthetic", LINEAR_RUN, db=db)
+
+
+def test_an_estimator_is_unpickled_only_when_trusted_and_as_the_database_recorded(copied, tmp_path):
+    """Case 7: pickles were kept as float32 and unpickled by any load_probe, whatever bytes the store held."""
+    import featstore as fs
+
+    store, db = copied
+    group = probe_group(store, LDA_NAME)
+    held = group[group.attrs["current"]]
+    assert held["anchor00"]["estimator"].dtype == np.uint8
+    for kwargs in ({"db": db}, {}):
+        with pytest.raises(FeatstoreError, match="trust_pickle=True"):
+            fs.load_probe(store, "synthetic", LDA_RUN, **kwargs)
+    stored = duckdb.connect(str(db), read_only=True).execute(
+        "SELECT anchor, pred FROM predictions WHERE run_id = ? ORDER BY image_id, anchor", [LDA_RUN]).fetchall()
+    model = fs.open_store(store).model("synthetic")
+
+    def predictions(loaded) -> list:
+        preds = np.stack([loaded.predict(a, model.features(a)) for a in ANCHORS], axis=1)
+        return [(a, int(p)) for row in preds for a, p in enumerate(row)]
+
+    assert predictions(fs.load_probe(store, "synthetic", LDA_RUN, db=db, trust_pickle=True)) == stored
+    for a in ANCHORS:  # a store written before bytes stayed bytes: float32 values of the same bytes
+        old = held[a]["estimator"][:].astype(np.float32)
+        held[a].create_array("estimator", shape=old.shape, dtype=old.dtype, overwrite=True)[:] = old
+    assert predictions(fs.load_probe(store, "synthetic", LDA_RUN, db=db, trust_pickle=True)) == stored
+    marker = tmp_path / "ran"
+    plant(held, {"estimator": payload(marker)[None]})
+    with pytest.raises(FeatstoreError, match="sha256 .* differs from the one database .* recorded"):
+        fs.load_probe(store, "synthetic", LDA_RUN, db=db, trust_pickle=True)
+    assert not marker.exists()
 
 
 # -- crafted databases ------------------------------------------------------------------------------------------
