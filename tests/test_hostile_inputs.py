@@ -2,19 +2,23 @@
 
 Each case is an attack a careful but hostile sender can make with a crafted store or database, played for real:
 
-1. a `meta` table replaced by a VIEW over `read_text('secret.txt')`: `featstore sql --db a --db crafted` refuses it
-   in one line and never prints the file;
-2. the same database given to `featstore export`: refused, nothing written;
-3. a macro named like a DuckDB built-in (`count_star`, what `count(*)` calls) that reads a file, in a database a
-   write job opens (`featstore merge --db crafted`): refused before it runs;
-4. every connection featstore opens (write, read-only, several databases as one) is sealed: no file access, no
-   extension install or load, configuration locked;
-5. a linear run whose weight group holds a pickle instead (`estimator`): `load_probe` loads by the variant the run
+1. a linear run whose weight group holds a pickle instead (`estimator`): `load_probe` loads by the variant the run
    records, with `db=` and without, and never unpickles it, not even with `trust_pickle=True`;
-6. a database whose run points `params.probe_name` (or `probe_version`) at another group: refused in one line;
-7. an estimator probe: stored as bytes (uint8), unpickled only with `trust_pickle=True`, and only when its bytes
+2. a database whose run points `params.probe_name` (or `probe_version`) at another group: refused in one line;
+3. an estimator probe: stored as bytes (uint8), unpickled only with `trust_pickle=True`, and only when its bytes
    are those whose sha256 the database recorded with the run (a swapped pickle is refused; an old float32 copy of
-   the same bytes still loads).
+   the same bytes still loads);
+4. a `meta` table replaced by a VIEW over `read_text('secret.txt')`: `featstore sql --db a --db crafted` refuses it
+   in one line and never prints the file;
+5. the same database given to `featstore export`: refused, nothing written;
+6. a macro named like a DuckDB built-in (`count_star`, what `count(*)` calls) that reads a file, in a database a
+   write job opens (`featstore merge --db crafted`): refused before it runs;
+7. every connection featstore opens (write, read-only, several databases as one) is sealed: no file access, no
+   extension install or load, configuration locked;
+8. the report reads images only under the database's recorded image root: an absolute `images.path`, a `../`
+   path and a symlink out of the root are skipped;
+9. a FIFO as an image: `featstore report` skips it and finishes (a hang guard, no timing), while an image under
+   the root is still shown.
 
 Future surfaces that read a store or a database extend this module with their own attacks.
 """
@@ -22,17 +26,22 @@ Future surfaces that read a store or a database extend this module with their ow
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
 import zarr
+from PIL import Image
 from synthetic import class_clusters, register_toy_images, run_rows, write_feature_store
 
 from featstore.analytics import db as fsdb
+from featstore.analytics.queries import decision_examples
 from featstore.errors import FeatstoreError
 
 from conftest import fails
@@ -96,7 +105,7 @@ def plant(group: zarr.Group, arrays: dict[str, np.ndarray], drop: tuple[str, ...
 
 
 def test_a_linear_run_never_unpickles_what_its_weight_group_holds(copied, tmp_path):
-    """Case 5: the store decided the kind (an `estimator` array where weights belong was unpickled)."""
+    """Case 1: the store decided the kind (an `estimator` array where weights belong was unpickled)."""
     import featstore as fs
 
     store, db = copied
@@ -111,7 +120,7 @@ def test_a_linear_run_never_unpickles_what_its_weight_group_holds(copied, tmp_pa
 
 
 def test_a_database_cannot_point_a_run_at_another_group(copied, tmp_path):
-    """Case 6: `params.probe_name` of a crafted runs row chose the group that was read (and unpickled)."""
+    """Case 2: `params.probe_name` of a crafted runs row chose the group that was read (and unpickled)."""
     import featstore as fs
 
     store, db = copied
@@ -137,7 +146,7 @@ def test_a_database_cannot_point_a_run_at_another_group(copied, tmp_path):
 
 
 def test_an_estimator_is_unpickled_only_when_trusted_and_as_the_database_recorded(copied, tmp_path):
-    """Case 7: pickles were kept as float32 and unpickled by any load_probe, whatever bytes the store held."""
+    """Case 3: pickles were kept as float32 and unpickled by any load_probe, whatever bytes the store held."""
     import featstore as fs
 
     store, db = copied
@@ -205,7 +214,7 @@ def meta_view(secret: Path) -> tuple[str, str]:
 
 
 def test_sql_over_several_databases_never_reads_a_crafted_view(toy, secret, tmp_path):
-    """Case 1: the identity check of `sql --db a --db b` ran before sealing and printed the file in its error."""
+    """Case 4: the identity check of `sql --db a --db b` ran before sealing and printed the file in its error."""
     bad = crafted(toy, tmp_path / "crafted.duckdb", *meta_view(secret))
     for dbs in (["--db", toy, "--db", bad], ["--db", bad]):
         line = fails("sql", *dbs, "SELECT 1")
@@ -214,7 +223,7 @@ def test_sql_over_several_databases_never_reads_a_crafted_view(toy, secret, tmp_
 
 
 def test_export_of_a_crafted_database_writes_nothing(toy, secret, tmp_path):
-    """Case 2: export opened the database unsealed and wrote the file into meta.parquet."""
+    """Case 5: export opened the database unsealed and wrote the file into meta.parquet."""
     bad = crafted(toy, tmp_path / "crafted.duckdb", *meta_view(secret))
     line = fails("export", "--db", bad, "--to", tmp_path / "out")
     assert "meta is a view where featstore keeps a table" in line and "TOPSECRET" not in line
@@ -222,7 +231,7 @@ def test_export_of_a_crafted_database_writes_nothing(toy, secret, tmp_path):
 
 
 def test_a_macro_named_like_a_builtin_is_refused_before_it_runs(toy, secret, tmp_path):
-    """Case 3: a persisted `count_star` replaces count(*) in every query of the database; merge's write connection
+    """Case 6: a persisted `count_star` replaces count(*) in every query of the database; merge's write connection
     ran it with file access, and the file came out in the error (a cast of its text to a number)."""
     bad = crafted(toy, tmp_path / "crafted.duckdb",
                   f"CREATE MACRO count_star() AS (SELECT content::INTEGER FROM read_text('{secret}'))")
@@ -233,7 +242,7 @@ def test_a_macro_named_like_a_builtin_is_refused_before_it_runs(toy, secret, tmp
 
 
 def test_every_connection_featstore_opens_is_sealed(toy, tmp_path):
-    """Case 4: write connections (probe, merge, gate, cost, ...) kept file access and extension autoload on."""
+    """Case 7: write connections (probe, merge, gate, cost, ...) kept file access and extension autoload on."""
     sealed = (False, False, False, True)
     settings = ("SELECT current_setting('enable_external_access'), current_setting('autoinstall_known_extensions'), "
                 "current_setting('autoload_known_extensions'), current_setting('lock_configuration')")
@@ -245,3 +254,59 @@ def test_every_connection_featstore_opens_is_sealed(toy, tmp_path):
             assert con.execute(settings).fetchone() == sealed
         finally:
             con.close()
+
+
+# -- the report's images ----------------------------------------------------------------------------------------
+
+
+def test_report_reads_images_only_under_the_recorded_root(tmp_path):
+    """Case 8: an absolute path (or ../, or a symlink) in images.path embedded any local image in the report."""
+    from featstore.analytics.report import _thumbnail
+
+    root, outside = tmp_path / "images", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    Image.new("RGB", (4, 4), (200, 10, 10)).save(root / "in.png")
+    Image.new("RGB", (4, 4), (10, 200, 10)).save(outside / "private.png")
+    (root / "link.png").symlink_to(outside / "private.png")
+    assert _thumbnail(root, "in.png") is not None
+    for path in (str(outside / "private.png"), "../outside/private.png", "link.png"):
+        assert _thumbnail(root, path) is None, path
+    assert _thumbnail(None, str(outside / "private.png")) is None  # no recorded root: no image at all
+
+
+def test_report_skips_a_fifo_and_finishes(tmp_path):
+    """Case 9: a FIFO named as an image made `featstore report` wait forever on its open."""
+    root = tmp_path / "images"
+    root.mkdir()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(root / "in.png")
+    os.mkfifo(root / "pipe.png")
+    Image.new("RGB", (8, 8), (10, 200, 10)).save(tmp_path / "private.png")
+    kinds = ["in.png", "pipe.png", str(tmp_path / "private.png"), "../private.png"]
+    n, t, classes = 40, 4, 2
+    labels = np.arange(n) % classes
+    preds = np.array([[label if a >= i % (t + 1) else 1 - label for a in range(t + 1)] for i, label in
+                      enumerate(labels)])
+    db = tmp_path / "r.duckdb"
+    con = fsdb.connect(db)
+    register_toy_images(con, labels, np.array(["test"] * n), ("m",), t + 1)
+    fsdb.write_runs(con, [run_rows({"run_id": "m/clean/linear", "model": "m", "view": "clean",
+                                    "params": {"probe_name": "linear@clean"}}, np.arange(n), preds,
+                                   np.full(preds.shape, 0.9))])
+    shown = decision_examples(con)["image_id"].to_list()  # the images the report draws: one of each kind
+    assert len(shown) >= len(kinds)
+    con.execute("UPDATE images SET path = 'pipe.png'")
+    con.executemany("UPDATE images SET path = ? WHERE image_id = ?", list(zip(kinds, shown, strict=False)))
+    con.close()
+    fsdb.record_image_source(db, root, ["a", "b"])
+    try:  # a hang guard, not a speed check: the report takes a few seconds
+        done = subprocess.run([sys.executable, "-m", "featstore.cli.main", "report", "--db", str(db), "--out",
+                               str(tmp_path / "rep")], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:  # (run() killed it)
+        pytest.fail("featstore report waited on a FIFO")
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert all(f"<small>({kind}, test)</small>" in page for kind in kinds)  # every kind had its timeline
+    assert "<img class='thumb' alt='in.png'" in page
+    for skipped in kinds[1:]:
+        assert f"<img class='thumb' alt='{skipped}'" not in page
