@@ -134,20 +134,44 @@ def _stand_in_for_newer_tables(con: duckdb.DuckDBPyConnection, database: str | N
     return made
 
 
-# A read-only connection must not be able to write anything anywhere: no other file (ATTACH, COPY, EXPORT,
-# read_csv), no extension download or load, and no statement that switches these settings back on.
-READ_ONLY_CONFIG = {"enable_external_access": False, "autoload_known_extensions": False,
-                    "autoinstall_known_extensions": False, "lock_configuration": True}
+# No connection featstore opens on a database reaches another file (ATTACH, COPY, EXPORT, read_text, read_csv),
+# downloads or loads an extension, or lets a statement switch that back on: the SQL a user types into `featstore sql`
+# runs there, and a database from someone else may hold views or macros that read files. Write connections too:
+# featstore's jobs only insert rows it hands over (Arrow) and read the database itself.
+NO_EXTENSIONS = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
+SEALED = {"enable_external_access": False, **NO_EXTENSIONS, "lock_configuration": True}
+
+
+def seal(con: duckdb.DuckDBPyConnection, reach: Sequence[Path] = ()) -> None:
+    """Seal a connection opened with NO_EXTENSIONS as SEALED seals one at opening, except for the files and folders
+    of `reach` (DuckDB's allowed_paths and allowed_directories: the databases `merge` attaches, the folder `export`
+    writes); call it before anything reads a table or view."""
+    folders = [str(p.resolve()) + "/" for p in reach if p.is_dir()]
+    files = [str(p.resolve()) for p in reach if not p.is_dir()]
+    if folders:
+        con.execute("SET allowed_directories = ?", [folders])
+    if files:
+        con.execute("SET allowed_paths = ?", [files])
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def database_files(paths: Sequence[Path]) -> list[Path]:
+    """Each database (resolved, as it is attached) and its write-ahead log: what a connection attaching them
+    reaches."""
+    resolved = [Path(p).resolve() for p in paths]
+    return [f for r in resolved for f in (r, r.with_name(r.name + ".wal"))]
 
 
 def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
-            sealed: bool = True) -> duckdb.DuckDBPyConnection:
+            reach: Sequence[Path] = ()) -> duckdb.DuckDBPyConnection:
     """Open a featstore database; a lock held by another process becomes a one-line error, after retrying for
     `wait_s` seconds (readers such as `featstore sql` hold it only for one query).
 
-    Read-only connections are sealed by DuckDB itself (see READ_ONLY_CONFIG), so that no SQL text a user types
-    into `featstore sql` can change the database or the file system; `sealed=False` is for featstore's own jobs
-    that read a database and write files (`featstore export`)."""
+    Every connection is sealed before anything reads a table (see SEALED: no SQL a user types, and no view or
+    macro of the file, changes the database, reads or writes another file or loads an extension); `reach` names
+    the only files and folders it may touch beside its own (`seal`). A file whose views or macros would run in place
+    of featstore's tables or DuckDB's functions is refused (`_check_shadowing`)."""
     path = Path(path)
     if read_only and not path.exists():
         raise FeatstoreError(f"no database at {path}; fill one with `featstore probe --db {path}`")
@@ -156,8 +180,7 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
     try:
         while True:
             try:
-                config = READ_ONLY_CONFIG if read_only and sealed else {}
-                con = duckdb.connect(str(path), read_only=read_only, config=config)
+                con = duckdb.connect(str(path), read_only=read_only, config=NO_EXTENSIONS if reach else SEALED)
                 break
             except duckdb.IOException as e:
                 if "lock" not in str(e).lower() or time.monotonic() >= deadline:
@@ -176,6 +199,9 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
         raise FeatstoreError(f"{path} is not a DuckDB database ({str(e).splitlines()[0]}); "
                              f"pass another --db") from e
     try:
+        if reach:
+            seal(con, reach)
+        _check_shadowing(con, path)
         if not read_only:
             _check_not_foreign(con, path)
             con.execute(sql_text("schema"))
@@ -195,6 +221,30 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
             raise FeatstoreError(f"cannot write database {path}: {str(e).splitlines()[0]}") from e
         raise  # a macro that does not bind on a write connection is featstore's own bug
     return con
+
+
+def _check_shadowing(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Refuse a file that defines a view where featstore keeps a table, or a macro named like a DuckDB built-in
+    (sql/shadowing_objects.sql): either would run the file's own SQL wherever featstore reads that table or calls that
+    function. Only the catalog is read, before any table."""
+    found = con.execute(sql_text("shadowing_objects"), [list(schema_tables()), _builtin_functions()]).fetchone()
+    if found:
+        kind, name = found
+        what = (f"{name} is a view where featstore keeps a table" if kind == "view"
+                else f"it defines {name}, a function DuckDB already has, which it would replace in every query")
+        raise FeatstoreError(f"{path}: {what}, so reading it would run the file's own SQL; pass a --db that "
+                             f"featstore wrote")
+
+
+@functools.cache
+def _builtin_functions() -> list[str]:
+    """The names of DuckDB's own functions, lower case (listed once per process)."""
+    con = duckdb.connect(":memory:", config=SEALED)
+    try:
+        return [n for (n,) in con.execute("SELECT DISTINCT lower(function_name) FROM duckdb_functions() WHERE "
+                                          "database_name = 'system' ORDER BY 1").fetchall()]
+    finally:
+        con.close()
 
 
 def _migrated_runs(con: duckdb.DuckDBPyConnection, database: str | None = None) -> str | None:
@@ -313,19 +363,16 @@ def connect_several(paths: Sequence[str | Path], runs: Sequence[str] | None = No
     paths = [Path(p) for p in paths]
     for p in paths:
         connect(p, read_only=True).close()  # each one exists and is a featstore database
-    con = duckdb.connect(":memory:", config={k: v for k, v in READ_ONLY_CONFIG.items()
-                                             if k not in ("enable_external_access", "lock_configuration")})
-    aliases = attach_names(con, paths)
-    for alias, p in zip(aliases, paths, strict=True):
-        con.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [str(p)])
+    con = duckdb.connect(":memory:", config=NO_EXTENSIONS)
     try:
+        seal(con, database_files(paths))  # before anything is attached: they, and nothing else, can be read
+        aliases = attach_names(con, paths)
+        for alias, p in zip(aliases, paths, strict=True):
+            con.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [str(p.resolve())])
         _check_one_experiment(con, aliases, paths)
     except BaseException:
         con.close()
         raise
-    for key, value in READ_ONLY_CONFIG.items():  # sealed from here on, as every read-only connection
-        if key in ("enable_external_access", "lock_configuration"):
-            con.execute(f"SET {key} = {str(value).lower()}")
     present = {(d, t) for d, t in con.execute("SELECT database_name, table_name FROM duckdb_tables()").fetchall()}
     fingerprints = {}
     for alias, p in zip(aliases, paths, strict=True):

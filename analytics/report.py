@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,7 +360,8 @@ def _merge_names(names: pl.Series) -> str:
 
 
 def _image_root(meta: dict[str, str]) -> Path | None:
-    """Where the database's image paths are relative to: recorded by the demo, else an ImageFolder source."""
+    """Where the database's image paths are relative to: recorded by the demo, else an ImageFolder source. The
+    report reads no image outside it (`_thumbnail`)."""
     if "image_root" in meta:
         return Path(meta["image_root"])
     source = meta.get("source", "")
@@ -366,13 +369,26 @@ def _image_root(meta: dict[str, str]) -> Path | None:
 
 
 def _thumbnail(root: Path | None, path: str):
+    """The image a database names, read only from a regular file under its recorded image root (links resolved:
+    an absolute path, `../` or a link that leaves the root is skipped, so a database cannot have the report embed
+    any other local image) and opened without waiting (a FIFO or a device is never read: the report would hang);
+    None for anything else, or a file that does not decode."""
     from PIL import Image
 
-    file = root / path if root is not None else Path(path)
+    if root is None:
+        return None
     try:
-        with Image.open(file) as img:
-            return img.convert("RGB").copy()
-    except OSError:
+        base = root.resolve(strict=True)
+        file = (base / path).resolve(strict=True)
+        if not file.is_relative_to(base) or not stat.S_ISREG(os.stat(file).st_mode):
+            return None
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):  # swapped since it was looked at
+                return None
+            with Image.open(handle) as img:
+                return img.convert("RGB").copy()
+    except (OSError, RuntimeError, Image.DecompressionBombError):  # gone, unreadable, a link loop, not an image
         return None
 
 

@@ -68,6 +68,7 @@ with torch.inference_mode(work == "forward"), ThreadPolicy(threads) as policy:
 DUCKDB_CELL = """
 import sys, time
 sys.path.insert(0, {tests!r})
+import duckdb
 import numpy as np
 import torch
 from featstore.analytics import db as fsdb
@@ -80,8 +81,9 @@ n = {rows}
 rows = run_rows({{"run_id": "bench", "model": "m", "view": "clean"}}, np.arange(n), rng.integers(0, 1000, (n, 12)),
                 rng.random((n, 12)))
 con = fsdb.connect({db!r})
-if {threads} is not None:
-    con.execute("SET threads TO {threads}")
+if {threads} is not None:  # featstore's connections are sealed (no SET): the same settings, threads pinned
+    con.close()
+    con = duckdb.connect({db!r}, config={{**fsdb.SEALED, "threads": {threads}}})
 start, cpu = time.perf_counter(), time.process_time()
 fsdb.write_runs(con, [rows])
 print(time.perf_counter() - start, time.process_time() - cpu)

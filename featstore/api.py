@@ -10,6 +10,7 @@ first use.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import pickle
 import re
@@ -302,6 +303,8 @@ def _estimator_classes():
         """A fitted estimator of one anchor: predicts by its predict_proba; the store keeps it pickled."""
 
         estimator: Any
+        pickled: bytes = b""  # the estimator pickled once, when fitted: what the store keeps, and what the
+        # sha256 in its record (`pickle_sha256`, in the run's probe_fits rows) is of
 
         def predict(self, x):
             proba = np.asarray(self.estimator.predict_proba(x.detach().cpu().numpy()))
@@ -311,7 +314,7 @@ def _estimator_classes():
                     torch.from_numpy(proba[np.arange(len(best)), best].astype(np.float32)))
 
         def arrays(self):
-            return {"estimator": np.frombuffer(pickle.dumps(self.estimator), dtype=np.uint8).copy()}
+            return {"estimator": np.frombuffer(self.pickled or pickle.dumps(self.estimator), dtype=np.uint8).copy()}
 
     class Group(ProbeGroup):
         """Fits a clone per anchor on the train rows, in store order, all at once (rows resident) or gathered from
@@ -343,7 +346,9 @@ def _estimator_classes():
         def fitted(self, val_x, val_y):
             out = {}
             for a, est in self.fits.items():
-                fit = Fit(estimator=est, info={"estimator": repr(est)}, epochs=1)
+                blob = pickle.dumps(est)
+                fit = Fit(estimator=est, pickled=blob, epochs=1,
+                          info={"estimator": repr(est), "pickle_sha256": hashlib.sha256(blob).hexdigest()})
                 proba = np.asarray(est.predict_proba(val_x[a].cpu().numpy()))
                 truth = val_y.cpu().numpy()
                 classes = list(getattr(est, "classes_", range(proba.shape[1])))
@@ -494,29 +499,41 @@ def _probe_name(key: str, run: str) -> str:
     return label + extra["cf"] + extra["seed"] + extra["streamed"] + "@" + (extra["train"] or view)
 
 
-def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path | None = None) -> LoadedProbe:
+def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path | None = None, *,
+               trust_pickle: bool = False) -> LoadedProbe:
     """The fitted per-anchor probes of a run, read back from the store: the version the database `db` names for
     it (issue 32: each database's runs name their own version), or without `db` the store's current one.
-    Estimator probes are unpickled: load only stores you trust."""
+
+    What is read follows the variant the run records (the database's runs row, else the store's record of the
+    probes), never the arrays the store holds. An estimator probe is a pickle, and unpickling runs whatever code it
+    names: it is read only with `trust_pickle=True`, and then only bytes whose sha256 matches the one `db`
+    recorded with the run (docs/python.md says what to trust)."""
     import torch
 
     from featstore.probing.base import LinearFit
 
     handle = store if isinstance(store, Store) else open_store(store)
     data = handle.model(model)
-    name, version = _probe_name(data.key, run), None
+    name, version, recorded, digests = _probe_name(data.key, run), None, None, {}
     if db is not None:
-        rows = Results(db).sql("SELECT params FROM runs WHERE run_id = ?", [run])
+        rows = Results(db).sql("SELECT probe, params FROM runs WHERE run_id = ?", [run])
         if not len(rows):
             raise FeatstoreError(f"database {db} has no run {run!r}")
         params = json.loads(rows["params"][0])
-        name, version = params.get("probe_name", name), params.get("probe_version")
+        if params.get("probe_name", name) != name:
+            raise FeatstoreError(f"database {db}: its row of run {run!r} names probes {params['probe_name']!r} where "
+                                 f"run {run!r} names {name!r} (the name its id spells); load_probe reads no other")
+        recorded, version = (rows["probe"][0], params), params.get("probe_version")
+        digests = _recorded_digests(db, run)
     root = handle._fs.root[data.key]
     if "probes" not in root or name not in root["probes"]:
         raise FeatstoreError(f"store {handle.location} holds no probes {name!r} of {data.key!r} (run {run!r}); "
                              f"`featstore probe` saves them")
     group = root["probes"][name]
     version = version or group.attrs.get("current")
+    if version is not None and not (isinstance(version, str) and _NAME.fullmatch(version)):
+        raise FeatstoreError(f"{f'database {db}' if db is not None else f'store {handle.location}'}: {version!r} is "
+                             f"no stored-weights version of run {run!r} (a name of letters, digits, _ . -)")
     held = group if version is None else group.get(version)  # stores before issue 32 kept one unversioned set
     if held is None:
         raise FeatstoreError(f"store {handle.location}: the probes {name}/{version} of run {run!r} are gone "
@@ -524,19 +541,55 @@ def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path |
     fits, attrs = [], []
     for anchor in data.anchors:
         g = held[anchor.name]
-        arrays = {k: v[:] for k, v in g.arrays()}
-        if "weight" in arrays:
-            fits.append([LinearFit(weight=torch.from_numpy(w), bias=torch.from_numpy(b))
-                         for w, b in zip(arrays["weight"], arrays["bias"], strict=True)])
-        elif "estimator" in arrays:
-            fit_cls = _estimator_variant()[1]
-            fits.append([fit_cls(estimator=pickle.loads(np.asarray(e, dtype=np.uint8).tobytes()))
-                         for e in arrays["estimator"]])
-        else:
-            raise FeatstoreError(f"probes {name!r} keep {', '.join(arrays)}: load_probe reads linear and estimator "
-                                 f"probes (knn keeps only which rows vote)")
         attrs.append(dict(g.attrs))
+        variant, variant_params = recorded or (attrs[-1].get("variant"), attrs[-1].get("params") or {})
+        kept = sorted(g.array_keys())
+        if "estimator" in variant_params:  # the estimator variant records its estimator's repr
+            if not trust_pickle:
+                raise FeatstoreError(f"run {run!r} is an estimator probe ({variant}), kept pickled, and unpickling "
+                                     f"runs whatever code the pickle names: pass trust_pickle=True only if you trust "
+                                     f"whoever wrote {handle.location}" + (f" and {db}" if db is not None else ""))
+            if "estimator" not in kept:
+                raise FeatstoreError(f"store {handle.location}: the probes {name} of run {run!r} keep no estimator "
+                                     f"for anchor {anchor.name} ({', '.join(kept) or 'nothing'})")
+            fits.append([_unpickled(e, digests, (fold, anchor.index), f"run {run!r}, anchor {anchor.name}", db)
+                         for fold, e in enumerate(g["estimator"][:])])
+        elif {"weight", "bias"} <= set(kept):
+            fits.append([LinearFit(weight=torch.from_numpy(w), bias=torch.from_numpy(b))
+                         for w, b in zip(g["weight"][:], g["bias"][:], strict=True)])
+        else:
+            raise FeatstoreError(f"run {run!r} records variant {variant}, so load_probe reads a weight and a bias, "
+                                 f"and its probes of anchor {anchor.name} keep {', '.join(kept) or 'nothing'}: "
+                                 f"load_probe reads linear and estimator probes (knn keeps only which rows vote)")
     return LoadedProbe(data, name, version, fits, attrs)
+
+
+def _recorded_digests(db: str | Path, run: str) -> dict[tuple[int, int], str]:
+    """(fold, anchor) -> the sha256 of the pickle an estimator run's fit was saved as, as the database recorded it
+    when the probe was written (none in a database written before they were recorded)."""
+    rows = Results(db).sql("SELECT fold, anchor, info->>'pickle_sha256' AS sha FROM probe_fits WHERE run_id = ? AND "
+                           "info->>'pickle_sha256' IS NOT NULL", [run])
+    return {(int(f), int(a)): sha for f, a, sha in rows.iter_rows()}
+
+
+def _unpickled(values: np.ndarray, digests: dict[tuple[int, int], str], key: tuple[int, int], where: str,
+               db: str | Path | None) -> FittedProbe:
+    """One fold's fitted estimator from the bytes the store keeps (uint8; float32 in stores written before bytes
+    stayed bytes), refused when the database recorded digests and these bytes are not the ones it recorded."""
+    values = np.asarray(values)
+    if values.dtype != np.uint8 and not (values.dtype == np.float32 and np.isin(values, np.arange(256)).all()):
+        raise FeatstoreError(f"{where}: the store keeps {values.dtype} values where a pickle's bytes belong")
+    blob = values.astype(np.uint8).tobytes()
+    if digests:
+        sha = hashlib.sha256(blob).hexdigest()
+        if digests.get(key) != sha:
+            raise FeatstoreError(f"{where}: the pickle's sha256 {sha[:16]}… differs from the one database {db} "
+                                 f"recorded with the run ({(digests.get(key) or 'none')[:16]}…): the store's copy "
+                                 f"is not what was written, so it is not unpickled")
+    try:
+        return _estimator_variant()[1](estimator=pickle.loads(blob), pickled=blob)
+    except Exception as e:
+        raise FeatstoreError(f"{where}: the stored estimator does not unpickle ({type(e).__name__}: {e})") from None
 
 
 # -- results, read-only ----------------------------------------------------------------------------------

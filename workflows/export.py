@@ -5,7 +5,8 @@ back into a column); the small tables are one file each. Every table is written,
 rows with its columns, so a `**/*.parquet` glob always finds its schema. The folder appears complete or not at
 all: it is written beside its final name (`<to>.partial/`, locked while it is written, so that a second export to
 the same target is refused at once) and renamed into place. A symlinked target is followed; a `<to>.partial` that
-featstore did not begin is refused, never deleted.
+featstore did not begin is refused, never deleted. The database is read on a sealed connection that may write under
+`<to>.partial/` and nowhere else (`fsdb.seal`): a view or macro of the file reaches no other file.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ def _check_target(to: Path) -> None:
 
 
 def _write_tables(db: str | Path, folder: Path) -> None:
-    con = fsdb.connect(db, read_only=True, sealed=False)
+    """COPY every table into `folder`, on a connection that reaches no other file (`fsdb.seal`)."""
+    folder = folder.resolve()
+    con = fsdb.connect(db, read_only=True, reach=[folder])
     try:
         for table in fsdb.schema_tables():
             if table not in PARTITIONED:

@@ -46,12 +46,12 @@ def merge(target: str | Path, sources: list[str | Path], replace: bool = False) 
     for p in paths:  # each source is a featstore database (checked with its own sealed read-only connection)
         fsdb.connect(p, read_only=True).close()
     creating = not target.exists()
-    con = fsdb.connect(target, wait_s=fsdb.WRITE_WAIT_S)
+    con = fsdb.connect(target, wait_s=fsdb.WRITE_WAIT_S, reach=fsdb.database_files(paths))  # the sources only
     replaced: list[str] = []
     try:
         with fsdb.transaction(con):
             for p in paths:
-                con.execute("ATTACH ? AS src (READ_ONLY)", [str(p)])
+                con.execute("ATTACH ? AS src (READ_ONLY)", [str(p.resolve())])
                 try:
                     replaced += _fold(con, p, replace)
                 finally:

@@ -230,15 +230,15 @@ class StoreWriter(FeatureStore):
     def write_probe(self, key: str, name: str, anchor: str, arrays: dict[str, np.ndarray], attrs: dict,
                     version: str, owner: dict | None = None) -> None:
         """Save what one anchor's probe keeps, one array per name with folds first (linear: weight [folds, C, D]
-        float32, bias [folds, C]; knn: reference [folds, N] bool), under <model>/probes/<name>/<version>/;
-        nothing reads them until `make_probe_current` names that version. `owner` (the database and split whose
-        runs name the version) goes into the version group's attrs."""
+        float32, bias [folds, C]; knn: reference [folds, N] bool; an estimator: its pickle [folds, bytes] uint8),
+        under <model>/probes/<name>/<version>/; nothing reads them until `make_probe_current` names that version.
+        `owner` (the database and split whose runs name the version) goes into the version group's attrs."""
         vg = self.root[key].require_group("probes").require_group(name).require_group(version)
         if owner and dict(vg.attrs) != owner:
             vg.attrs.put(owner)
         g = vg.require_group(anchor)
         for array, values in arrays.items():
-            dtype = "bool" if values.dtype == bool else "float32"
+            dtype = "bool" if values.dtype == bool else "uint8" if values.dtype == np.uint8 else "float32"
             g.create_array(array, shape=values.shape, chunks=values.shape, dtype=dtype, overwrite=True)[:] = values
         g.attrs.put(attrs)
 
