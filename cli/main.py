@@ -653,8 +653,10 @@ def verify(store: str, model: str | None, quick: bool, dbs: tuple[Path, ...]) ->
     """Check everything the store holds: the image table, each model's and array's metadata, and every chunk
     marked done (its files present and decodable, its values those its commit wrote, no NaN or infinity in rows
     not marked skipped); with --db, that every probe run of those databases finds its weights in the store.
-    Lists each problem; exit status 1 if any (the same build repairs what it can)."""
+    Lists each problem; exit status 1 if any (the same build repairs what it can). Also lists the probe weight
+    versions no run names (`featstore gc` removes them; they are no damage)."""
     from featstore.store.reader import FeatureStore
+    from featstore.workflows.gc import unreferenced
 
     problems = [str(p) for p in FeatureStore(store).verify(model, deep=not quick)]
     if dbs:
@@ -663,12 +665,39 @@ def verify(store: str, model: str | None, quick: bool, dbs: tuple[Path, ...]) ->
         problems += missing_weights(store, list(dbs))
     for problem in problems:
         click.echo(problem)
+    leftovers = unreferenced(store, list(dbs), model)
+    for u in leftovers:
+        click.echo(str(u))
+    if any(u.removable for u in leftovers):
+        click.echo(f"{sum(u.removable for u in leftovers)} probe weight version(s) no run names: `featstore gc "
+                   f"{store}` removes them", err=True)
     if problems:
         click.echo(f"{len(problems)} problem(s); rerun the same `featstore build` to repair what it can recompute, "
                    f"and the same `featstore probe` for a run whose weights are missing", err=True)
         sys.exit(1)
     weights = f"; every probe run of {len(dbs)} database(s) finds its weights" if dbs else ""
     click.echo(f"{store}: the image table and all metadata are sound, every done chunk is intact{weights}")
+
+
+@cli.command()
+@option("--store", "read", positional="STORE")
+@option("--model", "only")
+@option("--db", "kept")
+@options(option("--min-age"), option("--dry-run"))
+@user_errors
+def gc(store: str, model: str | None, dbs: tuple[Path, ...], min_age: float, dry_run: bool) -> None:
+    """Remove the probe weight versions no run names (a probe stopped between saving its weights and committing its
+    runs left them): only where every database in reach (the one each version was saved for, and --db) can be read
+    and names none of them, and nothing of it was written for --min-age seconds. Lists what it kept and why."""
+    from featstore.workflows.gc import collect
+
+    found = collect(store, list(dbs), model, min_age, dry_run)
+    for u in found:
+        verb = ("would remove" if dry_run else "removed") if u.removable else "kept"
+        click.echo(f"{verb} {u}")
+    removed = sum(u.removable for u in found)
+    click.echo(f"{store}: {removed} probe weight version(s) {'to remove' if dry_run else 'removed'}, "
+               f"{len(found) - removed} kept")
 
 
 @cli.command()

@@ -23,6 +23,7 @@ from featstore.schema import (
     FIELDS,
     IG_STEPS,
     MEMORY_BUDGET,
+    MIN_AGE_S,
     VAL_FRAC,
     Int,
     Number,
@@ -183,6 +184,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
         "circuits": ((), dict(required=True, type=PATH, help="A database filled by featstore circuits.")),
         "verified": (("dbs",), dict(type=PATH, multiple=True, help="A database probed from this store: list its "
                                     "runs whose stored weights are missing (repeat for several).")),
+        "kept": (("dbs",), dict(type=PATH, multiple=True, help="A database probed from this store beside the one each "
+                                "version records: the versions its runs name are kept (repeat for several).")),
         "write": ((), dict(required=True, type=PATH, help="DuckDB file to create or extend.")),
         "costs": ((), dict(required=True, type=PATH, help="DuckDB file to keep the costs in.")),
         "gate": ((), dict(required=True, type=PATH, help="A database filled by featstore probe (the gate and its "
@@ -316,6 +319,10 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--all": {"": (("show_all",), dict(is_flag=True, help="List every name --anchors (and --taps) accepts "
                                        "instead."))},
     "--quick": {"": ((), dict(is_flag=True, help="Only look for missing chunk files (no chunk is read)."))},
+    # gc
+    "--min-age": {"": ((), dict(type=checked("min_age"), default=MIN_AGE_S, help="Seconds since a version was last "
+                                "written before it may be removed (a probe may still be committing a newer one)."))},
+    "--dry-run": {"": ((), dict(is_flag=True, help="List what would be removed; remove nothing."))},
     # demo
     "--dataset": {"": ((), dict(default="layouts", help="layouts: generated dot layouts, class colour in half the "
                                 "images (decided at the stem or later); digits: scikit-learn's 8x8 digits (nearly all "

@@ -235,6 +235,7 @@ MEMORY_BUDGET = "4GB"  # what a probe run may hold of stored rows in memory
 IG_STEPS = 5  # integrated-gradients steps of a circuit attribution
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")  # a build's forward precision
 DECODES = ("auto", "cpu", "gpu")  # where a build decodes its images
+MIN_AGE_S = 3600.0  # `featstore gc`: a probe version written less long ago may belong to a probe still committing
 
 # The values every option, record field and file key of that name takes (the CLI flag is --name-with-dashes).
 FIELDS: dict[str, Value] = {
@@ -262,6 +263,7 @@ FIELDS: dict[str, Value] = {
     "precision": Text(choices=PRECISIONS),
     "pool": Text(choices=("cls", "mean")),  # how token anchors are pooled
     "store_dtype": Text(choices=("auto", "float16", "float32")),  # featstore.nets.stored_types
+    "min_age": Real(ge=0, default=MIN_AGE_S),
 }
 
 

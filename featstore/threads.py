@@ -35,11 +35,17 @@ class TooManyThreads(FeatstoreWarning):
 
 
 def check_pinned(threads: int | None) -> None:
-    """`--threads N` beyond the cores this process may run on: one warning line (the work goes on)."""
+    """`--threads N` beyond the cores this process may run on: one warning line; the work runs on `pinned_count`
+    threads, the cores (100,000 threads crashed OpenMP, a million exhausted the machine's processes)."""
     if threads is not None and threads > cores():
-        warnings.warn(f"--threads {threads}: this process may run on {cores()} core(s); more threads than cores "
-                      f"make every kernel wait for descheduled threads (several times slower); give at most "
+        warnings.warn(f"--threads {threads}: this process may run on {cores()} core(s), so it runs {cores()} threads "
+                      f"(more threads than cores make every kernel wait for descheduled threads); give at most "
                       f"{cores()} or leave --threads out", TooManyThreads, stacklevel=3)
+
+
+def pinned_count(threads: int) -> int:
+    """The threads a pinned `--threads` runs: at most the cores this process may run on."""
+    return min(threads, cores())
 
 
 def cores() -> int:
@@ -121,7 +127,7 @@ class ThreadPolicy:
         now = self.clock()
         if force or (self.pinned is None and now - self._last >= self.every):
             self._last = now
-            n = self.pinned or choose(self.read(), cores())
+            n = pinned_count(self.pinned) if self.pinned else choose(self.read(), cores())
             if self.sets_torch and n != torch.get_num_threads():
                 torch.set_num_threads(n)
             self.current = n

@@ -12,8 +12,6 @@ no others: two jobs of one probe name (other databases, or one view each) keep e
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -42,7 +40,7 @@ from featstore.probing.run import (
 from featstore.records import DatasetInfo, ProbeRun, RunRows
 from featstore.runtime import resolve_device
 from featstore.schema import MEMORY_BUDGET, VAL_FRAC, check_fields
-from featstore.store.reader import FeatureStore, model_key
+from featstore.store.reader import FeatureStore, model_key, new_probe_version
 from featstore.store.writer import StoreWriter
 from featstore.threads import ThreadPolicy
 
@@ -157,7 +155,7 @@ def probe(cfg: ProbeConfig) -> list[str]:
                        cfg.split_seed, cfg.val_frac)
     source = store.source(key)
     probe_id, seed, probe_name = variant.canonical_id, cfg.run.seed, job.probe_name
-    version = time.strftime("v%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8]
+    version = new_probe_version()
     params = {**variant.params, "probe_id": probe_id, "probe_name": probe_name, "probe_version": version,
               "split_seed": cfg.split_seed, "val_frac": cfg.val_frac, "streamed": job.streamed,
               "featstore": __version__, "weights_id": store.config(key).weights_id}

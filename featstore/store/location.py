@@ -11,6 +11,7 @@ folder.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 import warnings
@@ -146,6 +147,21 @@ class StoreLocation:
             return {k async for k in store.list_prefix(prefix)}
 
         return self._remote(lambda: sync(listing()), "list")
+
+    def last_written(self, prefix: str) -> float | None:
+        """When anything under `prefix` was last written (seconds since the epoch; None: nothing there): file times
+        on disk, the objects' last-modified times on object storage (one listing)."""
+        if self.path is not None:
+            times = [(Path(root) / f).stat().st_mtime for root, _, files in os.walk(self.path / prefix) for f in files]
+            return max(times, default=None)
+        import obstore
+
+        def newest() -> float | None:
+            stamps = [meta["last_modified"].timestamp() for batch in obstore.list(self.object_store, f"{prefix}/")
+                      for meta in batch]
+            return max(stamps, default=None)
+
+        return self._remote(newest, "list")
 
     def check_writable(self, key: str) -> None:
         """Fail now, not after training, when nothing can be written under <key>/ (a read-only store)."""

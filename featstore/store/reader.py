@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,6 +41,27 @@ if TYPE_CHECKING:  # reading a store's metadata (`featstore info`) loads no torc
 FORMAT = 1
 HEAD = "head"  # <model>/head: the classifier's weight [C, D] and bias [C], float32 (`write_head`)
 MODEL_PARTS = ("probes", HEAD)  # groups of a model that are no view
+VERSION = re.compile(r"v\d{8}T\d{6}-[0-9a-f]{8}")  # a saved probe version's name (`new_probe_version`)
+
+
+def new_probe_version() -> str:
+    """A new saved version's name: the time it was begun, then 8 random hex digits."""
+    return time.strftime("v%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8]
+
+
+@dataclass(frozen=True)
+class ProbeVersion:
+    """One saved version of a model's probe: <key>/probes/<name>/<version>, the database whose runs it was saved
+    for (None: not recorded) and whether the probe's `current` points at it."""
+
+    key: str
+    name: str
+    version: str
+    owner: str | None
+    current: bool
+
+    def __str__(self) -> str:
+        return f"{self.key}/probes/{self.name}/{self.version}"
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
@@ -495,6 +518,26 @@ class FeatureStore:
             return False
 
     # -- probes -------------------------------------------------------------------------------------
+
+    def probe_versions(self, key: str) -> list[ProbeVersion]:
+        """Every saved version of every probe of a model (listed; each version's attrs read for its owner)."""
+        found = []
+        if "probes" not in self.listed(key):
+            return found
+        for name in self.listed(f"{key}/probes"):
+            try:
+                current = self.root[key]["probes"][name].attrs.get("current")
+            except Exception:  # unreadable metadata: a version of it is current as far as anyone can tell
+                current = None
+            for version in self.listed(f"{key}/probes/{name}"):
+                if not VERSION.fullmatch(version):  # a store before versions kept one set of anchors here
+                    continue
+                try:
+                    owner = dict(self.root[key]["probes"][name][version].attrs).get("database")
+                except Exception:  # interrupted before its metadata was written
+                    owner = None
+                found.append(ProbeVersion(key, name, version, owner, version == current))
+        return found
 
     def probe_version_exists(self, key: str, name: str, version: str) -> bool:
         """True when <model>/probes/<name>/<version> holds weights (listed, no metadata parsed)."""

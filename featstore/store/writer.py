@@ -233,7 +233,10 @@ class StoreWriter(FeatureStore):
         float32, bias [folds, C]; knn: reference [folds, N] bool; an estimator: its pickle [folds, bytes] uint8),
         under <model>/probes/<name>/<version>/; nothing reads them until `make_probe_current` names that version.
         `owner` (the database and split whose runs name the version) goes into the version group's attrs."""
-        vg = self.root[key].require_group("probes").require_group(name).require_group(version)
+        probe = self.root[key].require_group("probes").require_group(name)
+        if version not in probe:  # with its owner in one write: a version is never left without one
+            probe.create_group(version, attributes=owner or {})
+        vg = probe[version]
         if owner and dict(vg.attrs) != owner:
             vg.attrs.put(owner)
         g = vg.require_group(anchor)
