@@ -33,11 +33,11 @@ if TYPE_CHECKING:
     from featstore.probing.base import FittedProbe
     from featstore.store.reader import FeatureStore
     from featstore.workflows.build import BuildConfig, BuildResult
-    from featstore.workflows.probe import ProbeConfig
+    from featstore.workflows.probe import ProbeConfig, ProbeResult
 
 __all__ = ["BuildConfig", "FeatstoreError", "ImageSource", "LoadedProbe", "ModelData", "ModelSpec", "Probe",
-           "ProbeConfig", "Results", "RunOptions", "Store", "build", "connect", "load_probe", "open_store", "probe",
-           "register_probe"]
+           "ProbeConfig", "ProbeResult", "Results", "RunOptions", "Store", "build", "connect", "load_probe",
+           "open_store", "probe", "register_probe"]
 
 
 def __getattr__(name: str) -> Any:
@@ -50,6 +50,10 @@ def __getattr__(name: str) -> Any:
         from featstore.workflows.probe import ProbeConfig
 
         return ProbeConfig
+    if name == "ProbeResult":
+        from featstore.workflows.probe import ProbeResult
+
+        return ProbeResult
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -130,8 +134,9 @@ class ModelData:
 
     def split(self, split_seed: int = 0, val_frac: float = VAL_FRAC) -> np.ndarray:
         """Per image 'train' | 'val' | 'test': the split `featstore probe` uses with these settings."""
-        from featstore.probing.split import make_split
+        from featstore.probing.split import checked, make_split
 
+        checked(split_seed=split_seed, val_frac=val_frac)  # val_frac=2.0 would mark every image val
         return make_split(self.image_ids, split_seed, val_frac=val_frac)
 
     def __repr__(self) -> str:
@@ -155,9 +160,34 @@ def _tensor(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
 
 
+def _width(fitted: FittedProbe) -> int | None:
+    """The feature width a fitted probe reads (None: it does not say)."""
+    from featstore.probing.base import LinearFit
+
+    if isinstance(fitted, LinearFit):
+        return int(fitted.weight.shape[1])
+    if _is_estimator_fit(fitted):
+        width = getattr(fitted.estimator, "n_features_in_", None)
+        return int(width) if isinstance(width, int | np.integer) else None
+    refs = getattr(fitted, "refs_t", None)  # knn: its references, [D, n]
+    return int(refs.shape[0]) if refs is not None else None
+
+
+def _checked_rows(fitted: FittedProbe, x: np.ndarray) -> np.ndarray:
+    """`x` as 2-d float32 rows of the width the probe was fitted at: anything else is one FeatstoreError here, not
+    a shape error from inside torch or numpy."""
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise FeatstoreError(f"X of shape {x.shape}: give a 2-d array [rows, width]")
+    width = _width(fitted)
+    if width is not None and x.shape[1] != width:
+        raise FeatstoreError(f"X of shape {x.shape}: the probe was fitted on {width} features per row")
+    return x
+
+
 def _predict(fitted: FittedProbe, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Class index and confidence per row, as the run's predictions table holds them."""
-    pred, conf = fitted.predict(_tensor(x))
+    pred, conf = fitted.predict(_tensor(_checked_rows(fitted, x)))
     return pred.cpu().numpy(), conf.cpu().numpy()
 
 
@@ -167,12 +197,34 @@ def _proba(fitted: FittedProbe, x: np.ndarray) -> np.ndarray:
 
     from featstore.probing.base import LinearFit
 
+    x = _checked_rows(fitted, x)
     if _is_estimator_fit(fitted):
         return np.asarray(fitted.estimator.predict_proba(np.asarray(x, dtype=np.float32)))
     if not isinstance(fitted, LinearFit):
         raise FeatstoreError(f"a {type(fitted).__name__} gives no class probabilities; use predict()")
     logits = _tensor(x) @ fitted.weight.T.cpu() + fitted.bias.cpu()
     return torch.softmax(logits, dim=-1).numpy()
+
+
+def _finite_rows(X: np.ndarray) -> np.ndarray:
+    """X as a 2-d float array with at least one row and every value finite: a NaN or an infinity would be learnt
+    into all-non-finite weights, so such rows are refused (how many, and where the first is) before any fit."""
+    x = np.asarray(X)
+    if x.ndim != 2:
+        raise FeatstoreError(f"X of shape {x.shape}: give a 2-d array [rows, width]")
+    if not len(x) or not x.shape[1]:
+        raise FeatstoreError(f"X of shape {x.shape}: fit needs rows and features (0 given); nothing was fitted")
+    try:
+        finite = np.isfinite(x)
+    except TypeError:
+        raise FeatstoreError(f"X of dtype {x.dtype}: give numbers") from None
+    if not finite.all():
+        bad = np.flatnonzero(~finite.all(axis=1))
+        row = int(bad[0])
+        column = int(np.flatnonzero(~finite[row])[0])
+        raise FeatstoreError(f"X: {len(bad)} of {len(x)} rows hold NaN or infinity (the first, row {row}, in column "
+                             f"{column}: {x[row, column]}); nothing was fitted: drop or repair those rows")
+    return x
 
 
 def _source(x: torch.Tensor, projection: torch.Tensor | None, budget: int):
@@ -197,15 +249,21 @@ class Probe:
     rows a run learns from (train + val, `is_val` marking the val rows) it predicts what the run predicted.
 
     Without `is_val`, a seeded `val_frac` of the rows is held out as val rows (the linear probe chooses its L2
-    strength on them, then refits on all rows). `anchor` only seeds a projected variant's projection."""
+    strength on them, then refits on all rows). `anchor` only seeds a projected variant's projection.
 
-    _own = ("variant", "seed", "val_frac", "split_seed", "anchor", "device", "threads", "memory_budget")
+    Integer labels are class indices 0..C-1, and the softmax has C outputs: C is `classes` when given, else the
+    largest label + 1. Without `classes`, a label space in which more classes have no row than there are rows
+    (one label of 2,000,000 among 200 rows) is refused as a mistake (labels not mapped to indices): pass `classes`
+    if it is meant. Rows with NaN or infinity are refused before anything is fitted."""
+
+    _own = ("variant", "seed", "val_frac", "split_seed", "anchor", "device", "threads", "memory_budget", "classes")
 
     def __init__(self, variant: str = "linear", *, seed: int = 0, val_frac: float = VAL_FRAC, split_seed: int = 0,
                  anchor: int = 0, device: str = "cpu", threads: int | None = 1, memory_budget: str = MEMORY_BUDGET,
-                 **params: Any):
+                 classes: int | None = None, **params: Any):
         self.variant, self.seed, self.val_frac, self.split_seed = variant, seed, val_frac, split_seed
         self.anchor, self.device, self.threads, self.memory_budget = anchor, device, threads, memory_budget
+        self.classes = classes
         self.params = params
         self._variant()  # an unknown variant or parameter is an error now, not at fit
 
@@ -230,17 +288,20 @@ class Probe:
     def fit(self, X: np.ndarray, y: np.ndarray, is_val: np.ndarray | None = None) -> Probe:
         """Learn from every row of X; `is_val` [rows] bool marks the rows used for model selection."""
         from featstore.probing.run import parse_bytes
+        from featstore.probing.split import checked
         from featstore.probing.trainer import FitRows, fit_probes
         from featstore.runtime import resolve_device
 
+        checked(split_seed=self.split_seed, val_frac=self.val_frac)
+        X = _finite_rows(X)
         x, y = _tensor(X), np.asarray(y)
-        if len(y) != len(x):
-            raise FeatstoreError(f"{len(x)} rows of features but {len(y)} labels")
+        if y.ndim not in (1, 2) or len(y) != len(x):
+            raise FeatstoreError(f"y of shape {y.shape}: give one label per row of X ({len(x)} rows)")
         targets = None
         if y.ndim == 2:  # a distribution per row, for variants that learn the model's output (`lens`)
             targets, y = np.asarray(y, dtype=np.float32), np.asarray(y).argmax(axis=1)
         if np.issubdtype(y.dtype, np.integer) and y.min() >= 0:
-            self.classes_, codes = np.arange(int(y.max()) + 1), y.astype(np.int64)
+            self.classes_, codes = np.arange(self._label_space(y)), y.astype(np.int64)
         else:
             self.classes_, codes = np.unique(y, return_inverse=True)
         if is_val is None:
@@ -258,18 +319,41 @@ class Probe:
         (fitted,) = fit_probes(source, variant, rows, n_classes, self.seed, False, f"Probe({self.variant})",
                                self.threads)
         self.fitted_ = fitted if projection is None else fitted.unprojected(projection)
+        self.n_features_in_ = int(x.shape[1])
         return self
 
+    def _label_space(self, y: np.ndarray) -> int:
+        """C, the softmax's width, for integer labels `y` (class indices): see the class docstring."""
+        top = int(y.max()) + 1
+        if self.classes is not None:
+            if isinstance(self.classes, bool) or not isinstance(self.classes, int | np.integer) or self.classes < 1:
+                raise FeatstoreError(f"classes={self.classes!r}: give the number of classes, a whole number >= 1")
+            if top > self.classes:
+                raise FeatstoreError(f"y: label {top - 1} is no class index of classes={self.classes} (0.."
+                                     f"{self.classes - 1})")
+            return int(self.classes)
+        absent = top - len(np.unique(y))
+        if absent > len(y):
+            raise FeatstoreError(f"y: the largest label, {top - 1}, makes a {top:,}-way softmax in which {absent:,} "
+                                 f"classes have none of the {len(y):,} rows; labels are class indices 0..C-1: map "
+                                 f"them, or pass classes=C if the label space is that wide")
+        return top
+
+    def _fitted(self) -> FittedProbe:
+        if not hasattr(self, "fitted_"):
+            raise FeatstoreError("this Probe is not fitted yet: call fit(X, y) before predict")
+        return self.fitted_
+
     def predict(self, X: np.ndarray) -> np.ndarray:
-        return self.classes_[_predict(self.fitted_, X)[0]]
+        return self.classes_[_predict(self._fitted(), X)[0]]
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        return _proba(self.fitted_, X)
+        return _proba(self._fitted(), X)
 
     @property
     def record_(self) -> dict:
         """How the fit went (chosen C, val loss and accuracy, solver): what `probe_fits.info` holds for a run."""
-        return self.fitted_.record()
+        return self._fitted().record()
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
@@ -281,6 +365,57 @@ class Probe:
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
+def _canonical(value: Any) -> Any:
+    """A JSON-ready form of an estimator's settings, complete and stable across processes: an object with
+    `get_params` as its class and its own parameters (recursively, so a Pipeline's steps are spelled in full,
+    where scikit-learn's repr elides past ~700 characters), containers element-wise, arrays by dtype, shape and
+    a digest of their bytes, anything else by its class and a digest of its pickle (or its repr)."""
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if np.isfinite(value) else repr(value)
+    if isinstance(value, np.generic):
+        return _canonical(value.item())
+    if isinstance(value, type) or callable(value) and not hasattr(value, "get_params"):
+        return {"callable": f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"}
+    if hasattr(value, "get_params"):
+        return {"class": f"{type(value).__module__}.{type(value).__qualname__}",
+                "params": {str(k): _canonical(v) for k, v in sorted(value.get_params(deep=False).items())}}
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return {"array": str(value.dtype), "shape": list(value.shape),
+                "sha256": hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()}
+    try:
+        blob = pickle.dumps(value)
+    except Exception:
+        blob = repr(value).encode()
+    return {"object": f"{type(value).__module__}.{type(value).__qualname__}",
+            "sha256": hashlib.sha256(blob).hexdigest()}
+
+
+def estimator_digest(estimator: Any) -> str:
+    """sha256 of the estimator's full settings (`_canonical`): what identifies an estimator probe's runs, so that
+    PCA(1) and PCA(8) in otherwise equal pipelines are two runs. Without `get_params`, the digest of its pickle."""
+    if hasattr(estimator, "get_params"):
+        text = json.dumps(_canonical(estimator), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(pickle.dumps(estimator)).hexdigest()
+
+
+def default_name(estimator: Any) -> str:
+    """An estimator's runs' name when none is given: its class name, lower case, and 8 hex digits of its digest
+    ('pipeline-3f2a9c01'), so two estimators of one class never take each other's runs."""
+    from featstore.probing.base import PROBE_NAME
+
+    stem = re.sub(r"[^a-z0-9_.-]+", "-", type(estimator).__name__.lower()).strip("-._")[:48] or "estimator"
+    name = f"{stem}-{estimator_digest(estimator)[:8]}"
+    assert PROBE_NAME.fullmatch(name), name
+    return name
+
+
 def _fitted_clone(estimator: Any, x: np.ndarray, y: np.ndarray) -> Any:
     """A fresh copy of the user's estimator (scikit-learn's `clone` when it is installed), fitted on x, y."""
     try:
@@ -290,6 +425,30 @@ def _fitted_clone(estimator: Any, x: np.ndarray, y: np.ndarray) -> Any:
     else:
         fresh = clone(estimator)
     return fresh.fit(x, y)
+
+
+def _checked_fit(est: Any, x: np.ndarray, num_classes: int, anchor: int) -> bytes:
+    """A just-fitted estimator checked before the next anchor is fitted, and its pickle: its `classes_` must be
+    class indices of the store (0..C-1; [10, 20, 30, 40] on a 4-class store would land labels the store does not
+    have), its `predict_proba` one column per class, and it must pickle (the store keeps it so)."""
+    where = f"variant: the fitted {type(est).__name__} of anchor {anchor}"
+    proba = np.asarray(est.predict_proba(x[:2]))
+    classes = getattr(est, "classes_", None)
+    classes = np.arange(proba.shape[1] if proba.ndim == 2 else 0) if classes is None else np.asarray(classes)
+    if proba.ndim != 2 or proba.shape[1] != len(classes) or proba.shape[1] < 2:
+        raise FeatstoreError(f"{where}: predict_proba gives shape {proba.shape} for 2 rows where one column per "
+                             f"class ({len(classes)}{', its classes_' if hasattr(est, 'classes_') else ''}, at "
+                             f"least 2) belongs; nothing was written")
+    if not (np.issubdtype(classes.dtype, np.integer) or np.issubdtype(classes.dtype, np.floating)
+            and np.all(np.mod(classes, 1) == 0)) or classes.min() < 0 or classes.max() >= num_classes:
+        shown_classes = ", ".join(map(str, classes[:6].tolist())) + (" …" if len(classes) > 6 else "")
+        raise FeatstoreError(f"{where}: classes_ [{shown_classes}] are not class indices of the store's {num_classes} "
+                             f"classes (0..{num_classes - 1}); nothing was written")
+    try:
+        return pickle.dumps(est)
+    except Exception as e:
+        raise FeatstoreError(f"{where} does not pickle ({type(e).__name__}: {e}), and the store keeps each fit "
+                             f"pickled; nothing was written") from None
 
 
 def _estimator_classes():
@@ -322,7 +481,13 @@ def _estimator_classes():
 
         def __init__(self, ctxs, estimator):
             self.anchors, self.estimator, self.fits = [c.anchor for c in ctxs], estimator, {}
+            self.num_classes = ctxs[0].num_classes
             self.seen: dict[int, list] = {a: [] for a in self.anchors}
+            self.pickles: dict[int, bytes] = {}
+
+        def _fit(self, a: int, x: np.ndarray, y: np.ndarray) -> None:
+            self.fits[a] = _fitted_clone(self.estimator, x, y)
+            self.pickles[a] = _checked_fit(self.fits[a], x, self.num_classes, a)
 
         def ready_to_finish(self):
             return bool(self.anchors)
@@ -330,7 +495,7 @@ def _estimator_classes():
         def finish(self, x, y, is_val, on_pass=None):
             labels = y.cpu().numpy()
             for i, a in enumerate(self.anchors):
-                self.fits[a] = _fitted_clone(self.estimator, x[i].cpu().numpy(), labels)
+                self._fit(a, x[i].cpu().numpy(), labels)
             self.anchors = []
 
         def step(self, x, y, is_val, report=False):
@@ -340,13 +505,13 @@ def _estimator_classes():
         def end_epoch(self, epoch, val_x, val_y):
             for a in self.anchors:
                 xs, ys = zip(*self.seen.pop(a), strict=True)
-                self.fits[a] = _fitted_clone(self.estimator, np.concatenate(xs), np.concatenate(ys))
+                self._fit(a, np.concatenate(xs), np.concatenate(ys))
             self.anchors = []
 
         def fitted(self, val_x, val_y):
             out = {}
             for a, est in self.fits.items():
-                blob = pickle.dumps(est)
+                blob = self.pickles[a]
                 fit = Fit(estimator=est, pickled=blob, epochs=1,
                           info={"estimator": repr(est), "pickle_sha256": hashlib.sha256(blob).hexdigest()})
                 proba = np.asarray(est.predict_proba(val_x[a].cpu().numpy()))
@@ -365,11 +530,14 @@ def _estimator_classes():
 
         name = "estimator"
         estimator: ClassVar[Any] = None
-        label_params = ("estimator",)
+        label_params = ("estimator", "estimator_sha256")
 
         def __init__(self, **given):
             super().__init__(**given)
-            self.params = {**self.params, "estimator": repr(self.estimator)}
+            # what identifies the runs: the digest of the full settings (a repr is for reading; scikit-learn's
+            # elides past ~700 characters, so two pipelines could share one)
+            self.params = {**self.params, "estimator": repr(self.estimator),
+                           "estimator_sha256": estimator_digest(self.estimator)}
 
         def plan(self, n_fit):
             return Plan(max_epochs=1, batch_size=max(1, n_fit), train_on_val=False)
@@ -406,38 +574,80 @@ def register_probe(cls: type) -> type:
     return register(cls)
 
 
+def _config_or_fields(kind: str, config: Any, given: dict[str, Any]) -> None:
+    """A config and fields in one call would drop the fields (the config is complete): refused in one line."""
+    if config is not None and given:
+        raise FeatstoreError(f"{kind}: give a {type(config).__name__} or its fields, not both (the config already "
+                             f"holds every field; {', '.join(f'{k}=' for k in given)} would be dropped): use "
+                             f"dataclasses.replace(config, ...) to change some")
+
+
 def build(config: BuildConfig | None = None, /, **fields: Any) -> BuildResult:
     """Build (or resume) one model's views in a store: `featstore build`. Give a `BuildConfig`, or its fields
-    (model=ModelSpec(...), images=ImageSource(...), store=..., run=RunOptions(...), ...)."""
+    (model=ModelSpec(...), images=ImageSource(...), store=..., run=RunOptions(...), ...), not both."""
     from featstore.workflows.build import BuildConfig
     from featstore.workflows.build import build as run_build
 
+    _config_or_fields("build", config, fields)
     return run_build(config if config is not None else BuildConfig(**fields))
 
 
-def probe(config: ProbeConfig | None = None, /, *, variant: Any = "linear", name: str | None = None,
-          **fields: Any) -> list[str]:
-    """Fit one probe per anchor and land every prediction in DuckDB: `featstore probe`; returns the run ids.
+def probe(config: ProbeConfig | None = None, /, *, variant: Any = None, name: str | None = None,
+          **fields: Any) -> ProbeResult:
+    """Fit one probe per anchor and land every prediction in DuckDB: `featstore probe`. Give a `ProbeConfig`, or
+    its fields, not both. Returns a `ProbeResult` (iterating it gives the run ids, as the list it once was); each
+    run that replaced one of the same id in the database is also a `FeatstoreWarning` naming it.
 
-    `variant` is a registered variant ('linear', 'knn:k=10', ...) or any object with scikit-learn's `fit(X, y)`
-    and `predict_proba(X)`: a clone of it is fitted per anchor on the train rows' raw stored features (float32;
-    wrap it in a Pipeline with a StandardScaler to standardise), its runs are named `name` (default: its class
-    name, lower case), and its fits are kept in the store, pickled, for `load_probe`."""
-    from featstore.workflows.probe import ProbeConfig
-    from featstore.workflows.probe import probe as run_probe
+    `variant` (default 'linear') is a registered variant ('linear', 'knn:k=10', ...) or any object with
+    scikit-learn's `fit(X, y)` and `predict_proba(X)`: a clone of it is fitted per anchor on the train rows' raw
+    stored features (float32; wrap it in a Pipeline with a StandardScaler to standardise), its runs are named
+    `name` (default: its class name, lower case, and 8 hex digits of the digest of its full settings,
+    'pipeline-3f2a9c01'), and its fits are kept in the store, pickled, for `load_probe`. The estimator is checked
+    before the first fit (an instance, not a class; it pickles) and each fit before the next (its classes_ are
+    the store's class indices; predict_proba one column per class)."""
+    from featstore.workflows.probe import ProbeConfig, probe_job
 
-    if config is not None:
-        return run_probe(config)
-    if isinstance(variant, str):
-        return run_probe(ProbeConfig(variant=variant, **fields))
+    given = {**({"variant": variant} if variant is not None else {}), **({"name": name} if name is not None else {}),
+             **fields}
+    _config_or_fields("probe", config, given)
+    if config is None and not isinstance(variant, str | None):
+        return _said(_estimator_probe(variant, name, fields))
+    if config is None:
+        if name is not None:
+            raise FeatstoreError(f"name={name!r}: a registered variant's runs are named by the variant; name is for "
+                                 f"an estimator")
+        config = ProbeConfig(variant=variant or "linear", **fields)
+    return _said(probe_job(config))
+
+
+def _said(result: ProbeResult) -> ProbeResult:
+    """Warn of every run the job replaced (the CLI says it on its own line; in Python this is the word)."""
+    import warnings
+
+    from featstore.errors import FeatstoreWarning
+
+    for run_id in result.replaced:
+        warnings.warn(f"replaced run {run_id}: the database held a run of that id, and it is this job's now",
+                      FeatstoreWarning, stacklevel=3)
+    return result
+
+
+def _estimator_probe(variant: Any, name: str | None, fields: dict[str, Any]) -> ProbeResult:
+    """An estimator's runs, every check that needs no fit done first."""
+    from featstore.probing.base import VARIANTS, check_probe_name, register
+    from featstore.workflows.probe import ProbeConfig, probe_job
+
+    if isinstance(variant, type):
+        raise FeatstoreError(f"variant={variant.__name__}: give an instance ({variant.__name__}()), not the class")
     if not (callable(getattr(variant, "fit", None)) and callable(getattr(variant, "predict_proba", None))):
         raise FeatstoreError(f"variant {variant!r}: give a registered variant name or an estimator with fit(X, y) "
                              f"and predict_proba(X)")
-    from featstore.probing.base import VARIANTS, register
-
-    name = name or type(variant).__name__.lower()
-    if not _NAME.match(name) or "@" in name:
-        raise FeatstoreError(f"name {name!r}: use letters, digits, _ . - (it names the runs and the stored probes)")
+    try:
+        pickle.dumps(variant)  # its fits are kept pickled: found now, not after every anchor is fitted
+    except Exception as e:
+        raise FeatstoreError(f"variant={type(variant).__name__}(...) does not pickle ({type(e).__name__}: {e}), and "
+                             f"the store keeps each fit pickled; nothing was fitted") from None
+    name = check_probe_name(name if name is not None else default_name(variant))
     if name in VARIANTS:
         raise FeatstoreError(f"name {name!r} is a registered probe variant; give the estimator's runs another name")
     cfg = ProbeConfig(variant=name, **fields)
@@ -446,7 +656,7 @@ def probe(config: ProbeConfig | None = None, /, *, variant: Any = "linear", name
     base = _estimator_variant()[0]
     cls = register(type(f"Estimator_{name}", (base,), {"name": name, "estimator": variant}))
     try:
-        return run_probe(cfg)
+        return probe_job(cfg)
     finally:
         VARIANTS.pop(cls.name, None)
 
@@ -467,7 +677,11 @@ class LoadedProbe:
         return [a.name for a in self.model.anchors]
 
     def _fit(self, anchor: str | int, fold: int) -> FittedProbe:
-        return self.fits[self.model.anchor(anchor).index][fold]
+        fits = self.fits[self.model.anchor(anchor).index]
+        if isinstance(fold, bool) or not isinstance(fold, int | np.integer) or not 0 <= fold < len(fits):
+            raise FeatstoreError(f"fold={fold!r}: {self.name} holds {len(fits)} fit(s) per anchor (folds "
+                                 f"0..{len(fits) - 1}; a run fitted with cross_fit=K holds K)")
+        return fits[int(fold)]
 
     def predict(self, anchor: str | int, X: np.ndarray, fold: int = 0) -> np.ndarray:
         return _predict(self._fit(anchor, fold), X)[0]

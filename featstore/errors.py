@@ -7,6 +7,11 @@ class FeatstoreError(Exception):
     """A problem with the user's input (a file, a flag, a store) whose message names the file and the fix."""
 
 
+class Interrupted(FeatstoreError, KeyboardInterrupt):
+    """Ctrl-C that featstore caught mid-write and rolled back: a FeatstoreError (the CLI says it in one line, exit
+    status 2) that is still a KeyboardInterrupt (code that stops on Ctrl-C still stops)."""
+
+
 class FeatstoreWarning(UserWarning):
     """Something a user should know that does not stop the command; the CLI prints it as one line."""
 

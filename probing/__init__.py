@@ -40,14 +40,21 @@ def register_probe(cls: type[ProbeVariant]) -> type[ProbeVariant]:
 
 
 def _load_entry_points() -> None:
-    """Register every variant the installed packages declare; one that fails to load is a warning, not a broken
-    featstore."""
+    """Register every variant the installed packages declare, under the entry point's own name (the word
+    `--variant` takes, as docs/python.md says): a class whose `name` differs is registered as a subclass of that
+    name. One that fails to load, raises anything (SystemExit included) or is refused is a warning naming the entry
+    point, never a broken or silently exiting featstore; only Ctrl-C passes through."""
     for point in entry_points(group=ENTRY_POINTS):
         try:
-            register_probe(point.load())
-        except Exception as e:  # a plug-in's own bug must not stop the other variants
-            warnings.warn(f"probe variant {point.name} ({point.value}) from entry point group {ENTRY_POINTS} was "
-                          f"not registered: {type(e).__name__}: {e}", FeatstoreWarning, stacklevel=2)
+            cls = point.load()
+            if isinstance(cls, type) and issubclass(cls, ProbeVariant) and getattr(cls, "name", None) != point.name:
+                cls = type(cls.__name__, (cls,), {"name": point.name, "__module__": cls.__module__,
+                                                  "__qualname__": cls.__qualname__})
+            register_probe(cls)
+        except (Exception, SystemExit) as e:  # a plug-in's own bug must not stop the other variants
+            what = f"exited ({e.code!r})" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
+            warnings.warn(f"probe variant {point.name!r} ({point.value}) from entry point group {ENTRY_POINTS} was "
+                          f"not registered: {what}", FeatstoreWarning, stacklevel=2)
 
 
 _load_entry_points()

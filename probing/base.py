@@ -27,6 +27,7 @@ probability rows [n, C] where it would hand labels [n].
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -310,10 +311,28 @@ def _number(value: float | str) -> str:
 
 VARIANTS: dict[str, type[ProbeVariant]] = {}
 
+# What a probe variant (or an estimator probe's `name`) may be called: it becomes a run id's part, a store group's
+# name and `--variant`'s word, so lower-case letters, digits and `_ . -`, 64 at most, starting with a letter or a
+# digit: no '/' (nested groups), ':' (parameters), '@' (the training view), no '..' alone, no case that a
+# case-insensitive file system would fold.
+PROBE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+
+def check_probe_name(name: object, what: str = "name") -> str:
+    """`name` if it matches `PROBE_NAME`, else one FeatstoreError naming the field and the rule."""
+    if not isinstance(name, str) or not PROBE_NAME.fullmatch(name):
+        shown_name = shown(name[:60] + "…" if isinstance(name, str) and len(name) > 64 else name)
+        size = f" ({len(name)} characters)" if isinstance(name, str) and len(name) > 64 else ""
+        raise FeatstoreError(f"{what}={shown_name}{size}: use letters a-z, digits, _ . - (1 to 64, the first a "
+                             f"letter or digit): a probe name names runs and store groups")
+    return name
+
 
 def register(cls: type[ProbeVariant]) -> type[ProbeVariant]:
-    """Make a variant known by its `name`; a second variant of the same name is refused (it would silently
-    replace the first, and runs named after it would mean something else)."""
+    """Make a variant known by its `name` (checked against `PROBE_NAME` now, not when a run fails inside Zarr); a
+    second variant of the same name is refused (it would silently replace the first, and runs named after it would
+    mean something else)."""
+    check_probe_name(getattr(cls, "name", None), f"{getattr(cls, '__qualname__', cls)}.name")
     if cls.name in VARIANTS and VARIANTS[cls.name] is not cls:
         raise ValueError(f"a probe variant named {cls.name!r} is already registered ({VARIANTS[cls.name].__module__}."
                          f"{VARIANTS[cls.name].__qualname__}); give {cls.__qualname__} another name")

@@ -9,8 +9,12 @@ layer's embeddings.
 - References from another store (`knn:refs=STORE`, Baldock et al.'s own protocol: the network's *training*
   images vote, e.g. an ImageNet-train subset built with `featstore build`): every usable row of the training
   view of the same model in STORE (a folder or object-store URL), with that store's labels. STORE must hold the
-  model with the same weights and anchors (widths included) and the same class names, else the job is refused
-  before any work. The probed set's own rows are then not memorised (its one epoch passes them by);
+  model with the same weights and anchors (widths included), the same preprocessing (resize, crop, interpolation,
+  normalisation; features of another image size are other features) and pooling, and the same class names, and
+  must share no image with the probed set: not the probed store itself, no image file of the same path, and none
+  of the same content (the content checksums both stores record, `FeatureStore.image_stats`), since a probed image
+  among the references votes for itself. Anything else is refused in one line before any work. The probed set's
+  own rows are then not memorised (its one epoch passes them by);
   `reference` is the mask over STORE's rows, and `probe_fits.info` records `references_from` (STORE),
   `reference_images` (its image table's checksums) and `references`. The run id spells refs by a digest of
   STORE's location (`knn:refs=<12 hex>`: a location's slashes would nest run ids and store groups);
@@ -110,6 +114,7 @@ class References:
             raise FeatstoreError(f"{where}: {e}") from None
         ours = probed.source(key)
         differ = replace(ours, images="").differences(replace(theirs, images=""), holder="the probed store")
+        differ += _preprocessing_differences(probed.config(key), store.config(key))
         if store.image_attrs().get("class_names") != probed.image_attrs().get("class_names"):
             differ.append("other class names than the probed store's (its labels would mean other classes)")
         if differ:
@@ -121,6 +126,10 @@ class References:
             check_complete(store, key, view)
         except FeatstoreError as e:
             raise FeatstoreError(f"{where}: {e}") from None
+        shared = _shared_images(probed, store)
+        if shared:
+            raise FeatstoreError(f"{where}: {shared}; the probed images would vote for themselves: build the "
+                                 f"references from other images (Baldock et al.: the network's training set)")
         rows = np.flatnonzero(~store.read_skipped(key, view))
         if not len(rows):
             raise FeatstoreError(f"{where}: every row of its view {view!r} is skipped; there is nothing to vote")
@@ -135,6 +144,53 @@ class References:
         name = self.store.anchors(self.key)[anchor].name
         values = np.asarray(self.store.read(self.key, self.view, name), dtype=np.float16)[self.rows]
         return torch.from_numpy(values).to(device).T.contiguous()
+
+
+def _preprocessing_differences(ours, theirs) -> list[str]:
+    """How the reference store's images were made into features otherwise than the probed store's (preprocessing:
+    resize, crop, interpolation, mean, std; token pooling), one phrase each."""
+    said = []
+    mine = ours.preprocessing.to_dict() if ours.preprocessing is not None else {}
+    other = theirs.preprocessing.to_dict() if theirs.preprocessing is not None else {}
+    if (ours.preprocessing is None) != (theirs.preprocessing is None):
+        said.append("features not made from images where the probed store's are" if theirs.preprocessing is None
+                    else "features made from images where the probed store's are not")
+    for field in sorted(set(mine) & set(other)):
+        if mine[field] != other[field]:
+            said.append(f"{field} {other[field]} where the probed store has {mine[field]}")
+    if ours.token_pool != theirs.token_pool:
+        said.append(f"token pooling {theirs.token_pool} where the probed store has {ours.token_pool}")
+    return said
+
+
+def _image_paths(store: FeatureStore) -> np.ndarray:
+    """Each image's file as the store was built from it: its recorded image root joined with its path."""
+    root = str(store.image_attrs().get("root", ""))
+    paths = np.asarray(store.image_table()["path"], dtype=str)
+    return np.char.add(root.rstrip("/") + "/", paths) if root else paths
+
+
+def _shared_images(probed: FeatureStore, refs: FeatureStore) -> str:
+    """'' when the reference store shares no image with the probed one; else what is shared, in a phrase: the store
+    itself, images of the same file, or images of the same content (checksums recorded by both builds)."""
+    if str(refs.location) == str(probed.location) or location_digest(str(refs.location)) == location_digest(
+            str(probed.location)):
+        return "it is the probed store itself"
+    ours, theirs = _image_paths(probed), _image_paths(refs)
+    same = np.isin(theirs, ours)
+    if same.any():
+        return (f"{int(same.sum())} of its {len(theirs)} images are files of the probed set (the same path, e.g. "
+                f"{theirs[np.flatnonzero(same)[0]]})")
+    mine, other = probed.image_stats(contents=True), refs.image_stats(contents=True)
+    if mine is None or other is None:
+        return ""
+    known_mine, known_other = mine[:, 2][mine[:, 2] > 0], other[:, 2]
+    same = (known_other > 0) & np.isin(known_other, known_mine)
+    if same.any():
+        first = np.flatnonzero(same)[0]
+        return (f"{int(same.sum())} of its {len(theirs)} images have the content of an image of the probed set (the "
+                f"same checksum, e.g. {theirs[first]})")
+    return ""
 
 
 class Memorise(ProbeGroup):

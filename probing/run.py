@@ -101,8 +101,26 @@ class ProbeData:
 
     @cached_property
     def num_classes(self) -> int:
-        labels = self.table["label"]
-        return max(len(self.store.image_attrs().get("class_names", [])), int(labels.max()) + 1)
+        """The probes' softmax width: the store's recorded class count. A label outside it (a crafted or damaged
+        image table: one label of 2,000,000 among 200 rows would make a 2,000,001-way softmax) is refused; a store
+        that records no class names takes the largest label + 1, refused where more classes than rows would have no
+        row (labels that are no class indices)."""
+        labels = np.asarray(self.table["label"])
+        names = self.store.image_attrs().get("class_names") or []
+        if not len(labels):
+            return max(len(names), 1)
+        low, top = int(labels.min()), int(labels.max())
+        if low < 0 or (names and top >= len(names)):
+            bad = low if low < 0 else top
+            raise FeatstoreError(f"store {self.store.location}: label {bad} of its image table is no class index of "
+                                 f"its {len(names)} classes (0..{len(names) - 1}); nothing was fitted: rebuild the "
+                                 f"store's image table (`featstore build` from --data)")
+        absent = top + 1 - len(np.unique(labels))
+        if not names and absent > len(labels):
+            raise FeatstoreError(f"store {self.store.location}: its largest label, {top}, makes a {top + 1:,}-way "
+                                 f"softmax in which {absent:,} classes have none of the {len(labels):,} rows; "
+                                 f"nothing was fitted: its labels are no class indices")
+        return max(len(names), top + 1)
 
     def source(self, view: str) -> FeatureSource:
         """One read of a view's valid rows, shared by training and prediction."""

@@ -7,9 +7,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from featstore.schema import VAL_FRAC
+from featstore.errors import FeatstoreError
+from featstore.schema import FIELDS, VAL_FRAC, shown
 
 SPLITS = ("train", "val", "test")
+
+
+def checked(**fields: object) -> None:
+    """Library-side range checks of split settings (`split_seed`, `val_frac`), by the rule the CLI's flags follow
+    (schema.FIELDS), in a message that names the Python field: `val_frac=2.0: must be a number > 0 and < 1`. A
+    val fraction outside (0, 1) would mark every image val, or none."""
+    for name, value in fields.items():
+        try:
+            FIELDS[name].check(value)
+        except (ValueError, TypeError) as e:
+            raise FeatstoreError(f"{name}={shown(value)}: {e}") from None
 
 
 def make_split(image_ids: np.ndarray, seed: int = 0, train_frac: float = 0.7, val_frac: float = VAL_FRAC) -> np.ndarray:

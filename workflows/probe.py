@@ -7,11 +7,20 @@ written as a new version first (a name of this job's own, recording the database
 every predicted view's rows in one transaction, and only then is that version made current, so a failure anywhere
 leaves the old weights and rows in place. The versions this database's runs no longer name are dropped then, and
 no others: two jobs of one probe name (other databases, or one view each) keep each other's weights.
+
+Ctrl-C (SIGINT) during that write rolls it back: the first interrupt raises where the write is, every further one
+is only noted until the rollback is done, and the job ends with `Interrupted` (a `FeatstoreError`, so the CLI says
+one line and exits 2, and a `KeyboardInterrupt`, so Python code that stops on Ctrl-C still does). Once the rows
+are committed, an interrupt waits for the job's last steps.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -21,7 +30,7 @@ import torch
 from featstore import __version__
 from featstore.analytics import db as fsdb
 from featstore.compute.specs import RunOptions
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Interrupted
 from featstore.probing.base import ProbeVariant, get_variant
 from featstore.probing.run import (
     ProbeData,
@@ -133,8 +142,62 @@ def planned_run_ids(cfg: ProbeConfig) -> list[str]:
     return [job.run_id(view) for view in job.views]
 
 
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one probe job did: the run ids it wrote (one per predicted view), those of them that replaced a run of
+    the same id the database held (a rerun, or another estimator under the same name), and whether `keep_landed`
+    found every run landed and fitted nothing. Iterating it, indexing it and `len` read `runs`, as the list of run
+    ids `probe` returned before."""
+
+    runs: tuple[str, ...]
+    replaced: tuple[str, ...] = ()
+    kept: bool = False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.runs)
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def __getitem__(self, index: int) -> str:
+        return self.runs[index]
+
+
 def probe(cfg: ProbeConfig) -> list[str]:
-    """Train (once) and predict every requested view; returns the run ids written.
+    """`probe_job`'s run ids: what `featstore probe` writes."""
+    return list(probe_job(cfg).runs)
+
+
+class _Interrupts:
+    """SIGINT while the database write is under way: the first raises KeyboardInterrupt where the write is (so it
+    is rolled back), later ones only count until the job has cleaned up; `raising` off after the commit."""
+
+    def __init__(self) -> None:
+        self.count, self.raising = 0, True
+
+    def __call__(self, signum, frame) -> None:
+        self.count += 1
+        if self.raising and self.count == 1:
+            raise KeyboardInterrupt
+
+
+@contextmanager
+def _interrupts_noted() -> Iterator[_Interrupts]:
+    """Install `_Interrupts` for SIGINT in the main thread (elsewhere Python delivers no signal: nothing to do)."""
+    noted = _Interrupts()
+    if threading.current_thread() is not threading.main_thread():
+        noted.raising = False
+        yield noted
+        return
+    before = signal.signal(signal.SIGINT, noted)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def probe_job(cfg: ProbeConfig) -> ProbeResult:
+    """Train (once) and predict every requested view; returns the runs written and those they replaced.
 
     The database is read before training (is it of this image set?) only if it exists, and opened for the writes
     at the end, so that `featstore sql` can read it while the probes train; a database that this job would have
@@ -170,7 +233,7 @@ def probe(cfg: ProbeConfig) -> list[str]:
         finally:
             con.close()
     if cfg.keep_landed and _landed(held, planned, params, store, key):
-        return planned
+        return ProbeResult(tuple(planned), kept=True)
     outputs = []
     with ThreadPolicy(cfg.run.threads, data.device) as threads:  # the reads and predictions too, not only the fits
         fits = fit_all(data, variant, train_view, cfg.run.progress, cfg.run.threads)
@@ -184,37 +247,44 @@ def probe(cfg: ProbeConfig) -> list[str]:
             outputs.append((rows, model_outputs(data, view)))
             data.release(view)
     table, labels = data.table, data.table["label"]
-    con, was_empty = None, False
-    try:  # weights as a new version, then the rows in one transaction, then that version becomes current
-        save_probes(data, probe_name, version, fits, variant,
-                    {"database": str(cfg.db.resolve()), "split_seed": cfg.split_seed})
-        con = fsdb.connect(cfg.db, wait_s=fsdb.WRITE_WAIT_S)
-        was_empty = fsdb.is_empty(con)
-        if not fsdb.check_dataset(con, cfg.db, info):
-            split = data.split.copy()
-            split[data.skipped] = "skipped"
-            fsdb.register_images(con, info, table["image_id"], table["path"], labels, split,
-                                 image_attrs.get("class_names"))
-        fsdb.check_source(con, cfg.db, source)  # another job may have filled it meanwhile
-        fsdb.register_source(con, source)
-        fsdb.register_anchors(con, key, data.anchors)
-        named = fsdb.probe_versions(con, key, probe_name)  # what this database's runs read before this job
-        fsdb.write_runs(con, [rows for rows, _ in outputs])
-        retired = sorted(named - fsdb.probe_versions(con, key, probe_name))
-    except BaseException:
-        store.discard_probe_version(key, probe_name, version)
-        if con is not None:
-            if was_empty:  # everything in it is this job's, written under its lock: no empty database is left
-                fsdb.remove_database(cfg.db)
+    con, was_empty, replaced = None, False, ()
+    with _interrupts_noted() as interrupts:
+        try:  # weights as a new version, then the rows in one transaction, then that version becomes current
+            save_probes(data, probe_name, version, fits, variant,
+                        {"database": str(cfg.db.resolve()), "split_seed": cfg.split_seed})
+            con = fsdb.connect(cfg.db, wait_s=fsdb.WRITE_WAIT_S)
+            was_empty = fsdb.is_empty(con)
+            if not fsdb.check_dataset(con, cfg.db, info):
+                split = data.split.copy()
+                split[data.skipped] = "skipped"
+                fsdb.register_images(con, info, table["image_id"], table["path"], labels, split,
+                                     image_attrs.get("class_names"))
+            fsdb.check_source(con, cfg.db, source)  # another job may have filled it meanwhile
+            fsdb.register_source(con, source)
+            fsdb.register_anchors(con, key, data.anchors)
+            named = fsdb.probe_versions(con, key, probe_name)  # what this database's runs read before this job
+            replaced = tuple(r for r in planned if r in fsdb.run_params(con, planned))
+            fsdb.write_runs(con, [rows for rows, _ in outputs])
+            interrupts.raising = False  # committed: the rest finishes, whatever Ctrl-C says now
+            retired = sorted(named - fsdb.probe_versions(con, key, probe_name))
+        except BaseException as e:
+            interrupts.raising = False  # the cleanup below runs to its end
+            store.discard_probe_version(key, probe_name, version)
+            if con is not None:
+                if was_empty:  # everything in it is this job's, written under its lock: no empty database is left
+                    fsdb.remove_database(cfg.db)
+                con.close()
+            if interrupts.count:  # Ctrl-C, as a KeyboardInterrupt or as DuckDB's InterruptException
+                raise Interrupted(f"interrupted while writing the runs into {cfg.db}: the write was rolled back, "
+                                  f"the database holds what it held before and the store its old probes") from None
+            raise e
+        try:
+            store.make_probe_current(key, probe_name, version, retired)
+            for rows, (pred, conf) in outputs:
+                fsdb.replace_model_outputs(con, key, rows.run.view, table["image_id"][data.valid], pred, conf)
+        finally:
             con.close()
-        raise
-    try:
-        store.make_probe_current(key, probe_name, version, retired)
-        for rows, (pred, conf) in outputs:
-            fsdb.replace_model_outputs(con, key, rows.run.view, table["image_id"][data.valid], pred, conf)
-    finally:
-        con.close()
-    return [rows.run.run_id for rows, _ in outputs]
+    return ProbeResult(tuple(rows.run.run_id for rows, _ in outputs), replaced)
 
 
 def _landed(held: dict[str, tuple[str, str, str]], run_ids: list[str], params: dict, store: FeatureStore,
