@@ -345,7 +345,8 @@ class Probe:
         return self.fitted_
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        return self.classes_[_predict(self._fitted(), X)[0]]
+        fitted = self._fitted()
+        return self.classes_[_predict(fitted, X)[0]]
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
         return _proba(self._fitted(), X)
@@ -624,11 +625,11 @@ def _said(result: ProbeResult) -> ProbeResult:
     """Warn of every run the job replaced (the CLI says it on its own line; in Python this is the word)."""
     import warnings
 
-    from featstore.errors import FeatstoreWarning
+    from featstore.errors import RunReplaced
 
     for run_id in result.replaced:
         warnings.warn(f"replaced run {run_id}: the database held a run of that id, and it is this job's now",
-                      FeatstoreWarning, stacklevel=3)
+                      RunReplaced, stacklevel=3)
     return result
 
 

@@ -28,3 +28,8 @@ def storage_failure(error: BaseException) -> str | None:
             return f"{type(current).__name__}: {(str(current).splitlines() or [''])[0][:240]}"
         current = current.__cause__ or current.__context__
     return None
+
+
+class RunReplaced(FeatstoreWarning):
+    """A probe job replaced a run of the same id the database held (the CLI says so on its own line and may ignore
+    this one)."""

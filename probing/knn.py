@@ -184,8 +184,9 @@ def _shared_images(probed: FeatureStore, refs: FeatureStore) -> str:
     mine, other = probed.image_stats(contents=True), refs.image_stats(contents=True)
     if mine is None or other is None:
         return ""
-    known_mine, known_other = mine[:, 2][mine[:, 2] > 0], other[:, 2]
-    same = (known_other > 0) & np.isin(known_other, known_mine)
+    taken = lambda sums: (sums != 0) & (sums != -1)  # noqa: E731 - 0: not taken, -1: the file was missing
+    known_mine, known_other = mine[:, 2][taken(mine[:, 2])], other[:, 2]
+    same = taken(known_other) & np.isin(known_other, known_mine)
     if same.any():
         first = np.flatnonzero(same)[0]
         return (f"{int(same.sum())} of its {len(theirs)} images have the content of an image of the probed set (the "
