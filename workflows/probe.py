@@ -263,21 +263,23 @@ def probe_job(cfg: ProbeConfig) -> ProbeResult:
             fsdb.register_source(con, source)
             fsdb.register_anchors(con, key, data.anchors)
             named = fsdb.probe_versions(con, key, probe_name)  # what this database's runs read before this job
-            replaced = tuple(r for r in planned if r in fsdb.run_params(con, planned))
+            held_before = fsdb.run_params(con, planned)
+            replaced = tuple(r for r in planned if r in held_before)
             fsdb.write_runs(con, [rows for rows, _ in outputs])
             interrupts.raising = False  # committed: the rest finishes, whatever Ctrl-C says now
-            retired = sorted(named - fsdb.probe_versions(con, key, probe_name))
         except BaseException as e:
             interrupts.raising = False  # the cleanup below runs to its end
-            store.discard_probe_version(key, probe_name, version)
-            if con is not None:
-                if was_empty:  # everything in it is this job's, written under its lock: no empty database is left
-                    fsdb.remove_database(cfg.db)
-                con.close()
-            if interrupts.count:  # Ctrl-C, as a KeyboardInterrupt or as DuckDB's InterruptException
-                raise Interrupted(f"interrupted while writing the runs into {cfg.db}: the write was rolled back, "
-                                  f"the database holds what it held before and the store its old probes") from None
-            raise e
+            if not (interrupts.count and _committed(con, planned, version)):  # else Ctrl-C came just after COMMIT
+                store.discard_probe_version(key, probe_name, version)
+                if con is not None:
+                    if was_empty:  # everything in it is this job's, written under its lock: no empty database is left
+                        fsdb.remove_database(cfg.db)
+                    con.close()
+                if interrupts.count:  # Ctrl-C, as a KeyboardInterrupt or as DuckDB's InterruptException
+                    raise Interrupted(f"interrupted while writing the runs into {cfg.db}: the write was rolled back, "
+                                      f"the database holds what it held before and the store its old probes") from None
+                raise e
+        retired = sorted(named - fsdb.probe_versions(con, key, probe_name))
         try:
             store.make_probe_current(key, probe_name, version, retired)
             for rows, (pred, conf) in outputs:
@@ -285,6 +287,18 @@ def probe_job(cfg: ProbeConfig) -> ProbeResult:
         finally:
             con.close()
     return ProbeResult(tuple(rows.run.run_id for rows, _ in outputs), replaced)
+
+
+def _committed(con, run_ids: list[str], version: str) -> bool:
+    """Whether the database holds every one of `run_ids` naming this job's weights `version`: its write committed
+    (an interrupt that lands between the COMMIT and the next line must not discard what the rows name)."""
+    if con is None:
+        return False
+    try:
+        held = fsdb.run_params(con, run_ids)
+    except Exception:
+        return False
+    return len(held) == len(run_ids) and all(v == version for _, _, v in held.values())
 
 
 def _landed(held: dict[str, tuple[str, str, str]], run_ids: list[str], params: dict, store: FeatureStore,
