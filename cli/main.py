@@ -408,11 +408,12 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
              image_id: int | None) -> None:
     """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong
     (--image ID: that image's class and confidence at every anchor of every run instead; --run: only those runs)."""
-    from featstore.analytics.queries import k_sweep, runs
+    from featstore.analytics.queries import k_sweep, runs, stability_windows
     from featstore.analytics.report import image_timeline, image_timeline_table, late_caveat
 
     chosen = run_list(run_id)
     if image_id is not None:
+        ks = stability_windows(db, ks, chosen)  # the default trimmed to the anchors, a k given checked
         k = ks[0] if len(ks) == 1 else 2 if 2 in ks else ks[0]  # the one --k given, else 2
         frame = image_timeline(db, image_id, k, chosen)
         first = frame.row(0, named=True)
