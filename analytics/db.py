@@ -11,6 +11,7 @@ import functools
 import hashlib
 import importlib.resources
 import json
+import os
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -350,6 +351,22 @@ def _check_one_experiment(con: duckdb.DuckDBPyConnection, aliases: Sequence[str]
                                      f"with one store and one --split-seed")
 
 
+def _distinct_files(paths: Sequence[Path]) -> list[Path]:
+    """`paths` with a file given again (the same path, another spelling of it, a link to it) left out: read once,
+    not refused as two databases holding the same runs."""
+    seen: set = set()
+    kept = []
+    for p in paths:
+        try:
+            key = (p.stat().st_dev, p.stat().st_ino)
+        except OSError:
+            key = os.path.realpath(p)
+        if key not in seen:
+            seen.add(key)
+            kept.append(p)
+    return kept
+
+
 RUN_TABLES = ("runs", "predictions", "decisions", "folds", "probe_fits", "gates", "gate_scores")  # keyed by run_id
 
 
@@ -360,7 +377,7 @@ def connect_several(paths: Sequence[str | Path], runs: Sequence[str] | None = No
     are not one experiment (other image sets, splits, or weights or anchors for a model) and a run id held by two
     of them. `runs`: only these probe runs are seen (every table keyed by run id holds their rows alone), so that
     a study reports exactly the runs it declares, not others an earlier version of it left in the database."""
-    paths = [Path(p) for p in paths]
+    paths = _distinct_files([Path(p) for p in paths])
     for p in paths:
         connect(p, read_only=True).close()  # each one exists and is a featstore database
     con = duckdb.connect(":memory:", config=NO_EXTENSIONS)
@@ -453,14 +470,21 @@ def _column_value(value: object) -> object:
     return json.dumps(value) if isinstance(value, dict) else value
 
 
-def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo) -> bool:
-    """True when the DB already holds this image set; a different one is refused. False when empty."""
+def check_image_set(con: duckdb.DuckDBPyConnection, path: Path, fingerprint: str) -> dict[str, str]:
+    """The DB's `meta` rows (empty: it holds no image set yet); one of another image set is refused: what every
+    command that writes results of a store's images into a database checks (probe, cka)."""
     rows = dict(con.execute("SELECT key, value FROM meta").fetchall())
-    if not rows:
-        return False
-    if rows.get("dataset") != info.fingerprint:
+    if rows and rows.get("dataset") != fingerprint:
         raise FeatstoreError(f"database {path} holds another image set ({rows.get('source')}); "
                              f"one database per image set: pass a new --db")
+    return rows
+
+
+def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo) -> bool:
+    """True when the DB already holds this image set and split; a different one is refused. False when empty."""
+    rows = check_image_set(con, path, info.fingerprint)
+    if not rows:
+        return False
     if int(rows.get("split_seed", 0)) != info.split_seed:
         raise FeatstoreError(f"database {path} splits its images with split seed {rows.get('split_seed')}; pass "
                              f"--split-seed {rows.get('split_seed')} (--seed is the probe seed) or a new --db")
@@ -473,13 +497,13 @@ def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo)
 def model_source(con: duckdb.DuckDBPyConnection, model: str) -> ModelSource | None:
     """The store a model's rows in this database come from (None: the database holds no rows of it). A database
     written before sources were recorded tells what its anchors table and its runs' weights say."""
-    row = con.execute("SELECT model, store, images, weights_id, anchors FROM model_sources WHERE model = ?",
-                      [model]).fetchone()
-    if row:
-        return ModelSource(*row)
+    rows = con.execute("SELECT model, store, images, weights_id, anchors FROM model_sources WHERE model = ?",
+                       [model]).fetchall()  # read to the end: a half-read result blocks the connection's next query
+    if rows:
+        return ModelSource(*rows[0])
     anchors = con.execute("SELECT string_agg(name || ':' || dim, ' ' ORDER BY anchor) FROM anchors WHERE model = ?",
-                          [model]).fetchone()[0]
-    weights = con.execute("SELECT min(params->>'weights_id') FROM runs WHERE model = ?", [model]).fetchone()[0]
+                          [model]).fetchall()[0][0]
+    weights = con.execute("SELECT min(params->>'weights_id') FROM runs WHERE model = ?", [model]).fetchall()[0][0]
     return ModelSource(model, "", "", weights or "", anchors) if anchors or weights else None
 
 

@@ -11,7 +11,7 @@ import os
 import queue
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -62,12 +62,51 @@ def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFra
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else open_read_only(db)
     try:
         relation = con.sql(sql, params=params or None)
-        return pl.DataFrame() if relation is None else relation.pl()
+        return pl.DataFrame() if relation is None else _printable(relation).pl()
     except duckdb.Error as e:
         raise _sql_error(e) from e
     finally:
         if con is not db:
             con.close()
+
+
+def _as_text_type(kind: duckdb.sqltypes.DuckDBPyType) -> str | None:
+    """The SQL type to cast a column of `kind` to so that every format can print it, or None when it prints as it
+    is: INTERVAL (which Arrow's Polars cannot import) and BIT (whose Arrow bytes are DuckDB's internal padding and
+    bits) become DuckDB's own text, '3 days', '101', at any depth of lists, arrays, structs and maps."""
+    name = kind.id
+    if name in ("interval", "bit"):
+        return "VARCHAR"
+    if name not in ("list", "array", "struct", "map", "union"):
+        return None
+    children = [(field, child, _as_text_type(child) if not isinstance(child, int) else None)
+                for field, child in kind.children]
+    if not any(new for _, _, new in children):
+        return None
+    given = {field: new or str(child) for field, child, new in children}
+    if name == "list":
+        return f"{given['child']}[]"
+    if name == "array":
+        return f"{given['child']}[{dict((f, c) for f, c, _ in children)['size']}]"
+    if name == "map":
+        return f"MAP({given['key']}, {given['value']})"
+    if name == "struct":
+        return "STRUCT(" + ", ".join(f"{_quoted(field)} {text}" for field, text in given.items()) + ")"
+    return "VARCHAR"  # a union: its text
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _printable(relation: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:
+    """`relation` with the columns no output format can print (`_as_text_type`) cast to text, by position, under
+    their own names; itself when there are none."""
+    casts = [_as_text_type(kind) for kind in relation.types]
+    if not any(casts):
+        return relation
+    return relation.project(", ".join(f"#{i + 1}{f'::{cast}' if cast else ''} AS {_quoted(name)}"
+                                      for i, (name, cast) in enumerate(zip(relation.columns, casts, strict=True))))
 
 
 STREAM_ROWS = 65_536  # rows per batch `stream` hands over: the memory it holds, whatever the result's size
@@ -94,7 +133,7 @@ def stream(db: Db, sql: str, params: Sequence | dict | None = None,
             if relation is None:  # a statement without a result
                 batches.put(pa.table({}))
                 return
-            reader = relation.to_arrow_reader(batch_rows)  # pulls the result batch by batch
+            reader = _printable(relation).to_arrow_reader(batch_rows)  # pulls the result batch by batch
             batches.put(reader.schema)
             for batch in reader:
                 while not stop.is_set():
@@ -154,15 +193,19 @@ def check_scope(scope: str) -> str:
     return scope
 
 
-def stability_windows(db: Db, ks: Sequence[int] | None = None) -> list[int]:
+def stability_windows(db: Db, ks: Sequence[int] | None = None, runs: Sequence[str] | None = None) -> list[int]:
     """The k values to show: as asked, or by default 1..4 as far as the runs have anchors. k counts anchors
-    after the first, so a k at or beyond every run's anchor count selects nothing and is refused."""
-    most = query(db, "SELECT max(n_anchors) AS a FROM runs")["a"][0]
+    after the first, so a k below 1, or at or beyond every run's anchor count, selects nothing (blank layers) and
+    is refused: the one rule of every command and macro call that takes k. `runs`: only these runs count."""
+    most = query(db, "SELECT max(n_anchors) AS a FROM runs WHERE ?::VARCHAR[] IS NULL OR list_contains(?, run_id)",
+                 [runs, runs])["a"][0]
     if ks is None or list(ks) == list(DEFAULT_KS):  # the default: trimmed to what the runs have
         return [k for k in DEFAULT_KS if most is None or k < most] or [1]
-    if most is not None and max(ks) >= most:
-        raise FeatstoreError(f"--k {max(ks)}: the runs in the database have at most {most} anchors, so k (anchors "
-                             f"after the first that must agree) must be below {most}")
+    where = f"run {runs[0]!r} has" if runs and len(runs) == 1 else "the runs in the database have at most"
+    if min(ks) < 1 or (most is not None and max(ks) >= most):
+        bad = min(ks) if min(ks) < 1 else max(ks)
+        raise FeatstoreError(f"--k {bad}: {where} {most} anchors, so k (anchors after the first that must agree) "
+                             f"must be from 1 to {(most or 2) - 1}")
     return sorted(ks)
 
 
@@ -355,6 +398,7 @@ def early_exit(db: Db, run_id: str, device: str | None = None, batch_size: int =
                policies: ExitPolicies = DEFAULT_POLICIES, scope: str = "auto") -> EarlyExit:
     """Every exit policy's accuracy and cost, and the Pareto front, priced on `device` (default: the only one),
     all counted on one population of images (refused when it is empty rather than printing empty tables)."""
+    policies = replace(policies, ks=tuple(stability_windows(db, policies.ks, [run_id])))
     device = exit_device(db, run_id, batch_size, device)
     population = exit_population(db, run_id, policies, scope)
     row = population.row(0, named=True)

@@ -10,7 +10,9 @@ import base64
 import html
 import json
 import os
+import shutil
 import stat
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,80 +67,89 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
     single-k sections (cross-model table, headline, decision mass, gallery, the comparison of definitions) at `k`
     (default 2, or the first k); `min_conf` is the joint criterion's threshold in that comparison. `progress` is
     told each step as it starts (the CLI prints them). `runs`: report only these probe runs (a study's declared
-    ones), though the database holds others."""
-    out = Path(out)
-    say = progress or (lambda step: None)
+    ones), though the database holds others. The page and its figures are written into a folder beside `out` and
+    moved in once the page is written, so a failure (a full disk) leaves no figures without their page."""
     con = connect(db, read_only=True) if runs is None else connect_several([db], runs=runs)
     try:
         q.check_scope(scope)
         ks = q.stability_windows(con, ks)
         if k is not None and k not in ks:
             ks = sorted({*ks, *q.stability_windows(con, [k])})
-        out.mkdir(parents=True, exist_ok=True)
-        runs = q.runs(con)
-        circuit_runs = q.circuit_runs(con)
-        if runs.is_empty() and circuit_runs.is_empty():
+        if q.runs(con).is_empty() and q.circuit_runs(con).is_empty():
             raise FeatstoreError(f"database {db} has no probe or circuit runs yet; run `featstore probe --db {db}` "
                                  f"or `featstore circuits --db {db}` first")
-        figs = _Figures(out)
-        if runs.is_empty():
-            page = _page(db, scope, _circuits(figs, con, circuit_runs))
-            path = out / "report.html"
-            path.write_text(page)
-            return path
-        say("k-sweep and tables")
-        sweep = q.k_sweep(con, ks, scope)
-        accuracy = q.probe_accuracy(con, scope)
-        k_mid = k if k is not None else 2 if 2 in ks else ks[0]
-        sections = _unconverged(q.unconverged_probes(con)) + [
-            "<h2>k-sweep (decision-layer statistics per run)</h2>",
-            _table(sweep.drop("model", "probe")),
-            f"<h2>Cross-model table (k = {k_mid}, shaped like the paper's Table 1)</h2>",
-            _table(q.paper_table(con, k_mid, scope)),
-        ] + _seeds_and_population(con, k_mid, scope)
-        clean = runs.filter(pl.col("view") == "clean")
-        for model in clean["model"].unique(maintain_order=True).to_list():
-            sections.append(_probe_accuracy(figs, accuracy.filter(pl.col("model") == model), model,
-                                            q.anchor_names(con, model)))
-        gallery_images: list[int] = []
-        for i, run in enumerate(clean.iter_rows(named=True)):
-            say(f"run {i + 1}/{clean.height}: {run['run_id']}")
-            names = q.anchor_names(con, run["model"])
-            run_sweep = sweep.filter(pl.col("run_id") == run["run_id"])
-            parts = [f"<h2>{html.escape(run['run_id'])}</h2>", _headline(run_sweep, k_mid, len(names) - 1),
-                     _histograms(figs, con, run["run_id"], ks, scope, names, run_sweep),
-                     _gallery(figs, con, run, k_mid, scope, names, gallery_images),
-                     _cumulative(figs, con, run["run_id"], ks, scope, names),
-                     _k_sensitivity(figs, run_sweep, run["run_id"]), _early_exit(figs, con, run, scope),
-                     _tap_heatmap(figs, con, run["run_id"], scope)]
-            sections.append(f"<section class='run' id='run-{_slug(run['run_id'])}' "
-                            f"data-run='{html.escape(run['run_id'])}'>{''.join(parts)}</section>")
-        say(f"per-image timelines ({len(gallery_images)} images)")
-        sections.append(_image_timelines(con, gallery_images, k_mid))
-        shift = pl.concat([q.corruption_shift(con, k, scope).with_columns(pl.lit(k).alias("k")) for k in ks])
-        if not shift.is_empty():
-            sections.append("<h2>Corruption shift Δd̄ (view minus clean, same images and probes)</h2>")
-            sections.append(_shift(figs, shift))
-            sections.append(_table(shift.select("model", "view", "probe", "k", "n", "mean_layer",
-                                                "clean_mean_layer", "delta")))
-        for model in clean["model"].unique(maintain_order=True).to_list():
-            say(f"definitions and probe sensitivity of {model}")
-            sections.append(_definitions(figs, con, model, clean.filter(pl.col("model") == model)["run_id"].to_list(),
-                                         k_mid, min_conf, scope))
-            sections.append(_probe_sensitivity(figs, con, model, clean.filter(pl.col("model") == model), k_mid,
-                                               scope))
-        if clean["model"].n_unique() > 1:
-            sections.append("<h2>Cross-model comparison</h2>")
-            sections.append(_cross_model(figs, sweep.filter(pl.col("view") == "clean")))
-        sections += _circuits(figs, con, circuit_runs)
-        context = ReportContext(figs, con, runs, ks, k_mid, scope, min_conf)
-        sections += [render(context) for render in SECTION_RENDERERS]
-        page = _page(db, scope, sections)
+        real = Path(os.path.realpath(out))  # staged beside where the files land: moved in by rename, never copied
+        real.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{real.name}.partial-", dir=real.parent))
+        try:
+            _write_page(con, db, staging, ks, scope, k, min_conf, progress or (lambda step: None))
+            real.mkdir(exist_ok=True)
+            for made in sorted(staging.iterdir(), key=lambda p: p.name == "report.html"):  # the page last
+                os.replace(made, real / made.name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     finally:
         con.close()
-    path = out / "report.html"
-    path.write_text(page)
-    return path
+    return Path(out) / "report.html"
+
+
+def _write_page(con, db: str | Path, out: Path, ks: Sequence[int], scope: str, k: int | None, min_conf: float,
+                say: Callable[[str], None]) -> None:
+    """The page and its figures, written into `out` (`write_report`'s staging folder)."""
+    runs = q.runs(con)
+    circuit_runs = q.circuit_runs(con)
+    figs = _Figures(out)
+    if runs.is_empty():
+        (out / "report.html").write_text(_page(db, scope, _circuits(figs, con, circuit_runs)))
+        return
+    say("k-sweep and tables")
+    sweep = q.k_sweep(con, ks, scope)
+    accuracy = q.probe_accuracy(con, scope)
+    k_mid = k if k is not None else 2 if 2 in ks else ks[0]
+    sections = _unconverged(q.unconverged_probes(con)) + [
+        "<h2>k-sweep (decision-layer statistics per run)</h2>",
+        _table(sweep.drop("model", "probe")),
+        f"<h2>Cross-model table (k = {k_mid}, shaped like the paper's Table 1)</h2>",
+        _table(q.paper_table(con, k_mid, scope)),
+    ] + _seeds_and_population(con, k_mid, scope)
+    clean = runs.filter(pl.col("view") == "clean")
+    for model in clean["model"].unique(maintain_order=True).to_list():
+        sections.append(_probe_accuracy(figs, accuracy.filter(pl.col("model") == model), model,
+                                        q.anchor_names(con, model)))
+    gallery_images: list[int] = []
+    for i, run in enumerate(clean.iter_rows(named=True)):
+        say(f"run {i + 1}/{clean.height}: {run['run_id']}")
+        names = q.anchor_names(con, run["model"])
+        run_sweep = sweep.filter(pl.col("run_id") == run["run_id"])
+        parts = [f"<h2>{html.escape(run['run_id'])}</h2>", _headline(run_sweep, k_mid, len(names) - 1),
+                 _histograms(figs, con, run["run_id"], ks, scope, names, run_sweep),
+                 _gallery(figs, con, run, k_mid, scope, names, gallery_images),
+                 _cumulative(figs, con, run["run_id"], ks, scope, names),
+                 _k_sensitivity(figs, run_sweep, run["run_id"]), _early_exit(figs, con, run, scope),
+                 _tap_heatmap(figs, con, run["run_id"], scope)]
+        sections.append(f"<section class='run' id='run-{_slug(run['run_id'])}' "
+                        f"data-run='{html.escape(run['run_id'])}'>{''.join(parts)}</section>")
+    say(f"per-image timelines ({len(gallery_images)} images)")
+    sections.append(_image_timelines(con, gallery_images, k_mid))
+    shift = pl.concat([q.corruption_shift(con, k, scope).with_columns(pl.lit(k).alias("k")) for k in ks])
+    if not shift.is_empty():
+        sections.append("<h2>Corruption shift Δd̄ (view minus clean, same images and probes)</h2>")
+        sections.append(_shift(figs, shift))
+        sections.append(_table(shift.select("model", "view", "probe", "k", "n", "mean_layer",
+                                            "clean_mean_layer", "delta")))
+    for model in clean["model"].unique(maintain_order=True).to_list():
+        say(f"definitions and probe sensitivity of {model}")
+        sections.append(_definitions(figs, con, model, clean.filter(pl.col("model") == model)["run_id"].to_list(),
+                                     k_mid, min_conf, scope))
+        sections.append(_probe_sensitivity(figs, con, model, clean.filter(pl.col("model") == model), k_mid,
+                                           scope))
+    if clean["model"].n_unique() > 1:
+        sections.append("<h2>Cross-model comparison</h2>")
+        sections.append(_cross_model(figs, sweep.filter(pl.col("view") == "clean")))
+    sections += _circuits(figs, con, circuit_runs)
+    context = ReportContext(figs, con, runs, ks, k_mid, scope, min_conf)
+    sections += [render(context) for render in SECTION_RENDERERS]
+    (out / "report.html").write_text(_page(db, scope, sections))
 
 
 def _seeds_and_population(con, k: int, scope: str) -> list[str]:
@@ -450,6 +461,7 @@ def image_timeline(db, image_id: int, k: int = 2, runs: Sequence[str] | None = N
     """One image's timeline in every run, or in the runs named (sql/image_timeline.sql); refuses an unknown run
     and an id none of them predicted."""
     chosen = q.known_runs(db, runs) if runs else None
+    q.stability_windows(db, [k], chosen)
     frame = q.query(db, "SELECT * FROM image_timeline(?, k := ?)", [image_id, k])
     if chosen is not None:
         frame = frame.filter(pl.col("run_id").is_in(chosen))

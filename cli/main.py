@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import click
 
 from featstore.cli.options import (
+    DB_PATH,
     image_source_options,
     model_spec_options,
     option,
@@ -22,7 +25,8 @@ from featstore.errors import FeatstoreError, FeatstoreWarning, storage_failure
 
 
 def user_errors(fn):
-    """Turn FeatstoreError, and object storage that stopped answering, into one line on stderr and exit status 2."""
+    """Turn FeatstoreError, object storage that stopped answering and a full disk into one line on stderr and exit
+    status 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -33,13 +37,65 @@ def user_errors(fn):
             sys.exit(2)
         except Exception as e:
             failure = storage_failure(e)
-            if failure is None:
+            if failure is not None:
+                click.echo(f"featstore: error: the object store stopped answering ({failure}); what was committed "
+                           f"before stays: rerun the command to resume once it answers", err=True)
+                sys.exit(2)
+            full = disk_full(e)
+            if full is None:
                 raise
-            click.echo(f"featstore: error: the object store stopped answering ({failure}); what was committed "
-                       f"before stays: rerun the command to resume once it answers", err=True)
+            click.echo(f"featstore: error: {full} writing {_written_path(e, kwargs)}; free some space there or "
+                       f"give {_output_flag(e, kwargs)} on another disk, then rerun (what was committed before "
+                       f"stays)", err=True)
             sys.exit(2)
 
     return wrapper
+
+
+FULL_DISK = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is exceeded",
+             errno.EFBIG: "the file size limit is reached"}
+
+
+def disk_full(error: BaseException) -> str | None:
+    """When `error` (or what it was raised from) is a write refused for lack of space (ENOSPC, EDQUOT, EFBIG, from
+    Python or inside DuckDB), what the disk said; None otherwise. Every command's writes commit atomically (a chunk
+    and its done mark, a transaction, a folder renamed into place), so one line is all a full disk needs."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in FULL_DISK:
+            return FULL_DISK[current.errno]
+        text = str(current)
+        for number, said in FULL_DISK.items():
+            if f'"errno":"{number}"' in text or os.strerror(number) in text:  # DuckDB's IO errors carry the errno
+                return said
+        current = current.__cause__ or current.__context__
+    return None
+
+
+OUTPUT_FLAGS = ("out", "store", "db")  # what a command writes, by the name click gives its option
+
+
+def _written_path(error: BaseException, given: dict) -> str:
+    """The file the refused write was for, where the error names it, else the command's output."""
+    current: BaseException | None = error
+    while current is not None:
+        if isinstance(current, OSError) and current.filename:
+            return str(current.filename)
+        current = current.__cause__ or current.__context__
+    return next((str(given[f]) for f in OUTPUT_FLAGS if given.get(f) is not None), "its output")
+
+
+def _output_flag(error: BaseException, given: dict) -> str:
+    """The option that moves the refused write elsewhere: the one whose path holds the file, else the first
+    output option the command has."""
+    written = _written_path(error, given)
+    flags = [f for f in OUTPUT_FLAGS if given.get(f) is not None]
+    for f in flags:
+        if os.path.abspath(written).startswith(os.path.abspath(str(given[f]))):
+            return f"--{f}"
+    return f"--{flags[0]}" if flags else "an output"
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -204,7 +260,7 @@ def print_frame(frame, fmt: str = "table", full: bool = False) -> None:
     if fmt == "csv":
         click.echo(csv_ready(frame).write_csv(), nl=False)
     elif fmt == "json":
-        click.echo(frame.write_json())
+        click.echo(json_ready(frame).write_json())
     else:
         wide = {"fmt_table_cell_list_len": -1, "fmt_str_lengths": 10_000} if full else {"fmt_str_lengths": 80}
         with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=240 if not full else 10_000,
@@ -213,22 +269,48 @@ def print_frame(frame, fmt: str = "table", full: bool = False) -> None:
 
 
 def csv_ready(frame):
-    """CSV holds no nested data: list and struct columns become JSON text (one cell: '[7, 2, 4]')."""
+    """CSV holds no nested data: list and struct columns become JSON text (one cell: '[7, 2, 4]'; decimals, dates
+    and times in it as their text, '"1.50"', as the json format writes them), and bytes (BLOB) hex text."""
     import polars as pl
 
-    nested = {c: t for c, t in frame.schema.items() if isinstance(t, pl.List | pl.Array | pl.Struct)}
-    return frame.with_columns(
-        pl.Series(c, [None if v is None else json.dumps(_plain(v, "Float32" in str(t))) for v in frame[c].to_list()],
-                  dtype=pl.Utf8) for c, t in nested.items())
+    nested = {c: t for c, t in frame.schema.items() if t.is_nested()}
+    return _hex_bytes(frame.with_columns(
+        pl.Series(c, [None if v is None else json.dumps(_plain(v, "Float32" in str(t)), default=str)
+                      for v in frame[c].to_list()], dtype=pl.Utf8) for c, t in nested.items()))
+
+
+def json_ready(frame):
+    """Polars writes no bytes (BLOB) to JSON (a Rust panic): bytes at any depth become hex text."""
+    import polars as pl
+
+    nested = [c for c, t in frame.schema.items() if _holds_bytes(t) and t != pl.Binary]
+    return _hex_bytes(frame.with_columns(pl.Series(c, [_plain(v, False) for v in frame[c].to_list()], strict=False)
+                                         for c in nested))
+
+
+def _hex_bytes(frame):
+    import polars as pl
+
+    return frame.with_columns(pl.col(c).bin.encode("hex") for c, t in frame.schema.items() if t == pl.Binary)
+
+
+def _holds_bytes(dtype) -> bool:
+    """Whether a column's values are, or nest, bytes (a nested type that merely names 'Binary' is converted too:
+    harmless)."""
+    import polars as pl
+
+    return dtype == pl.Binary or (dtype.is_nested() and "Binary" in str(dtype))
 
 
 def _plain(value, single: bool):
     """A nested cell as JSON-ready Python; float32 values (`single`) written as their shortest float32 text (0.9, not
-    0.8999999761581421), as DuckDB shows them."""
+    0.8999999761581421), as DuckDB shows them; bytes as hex text."""
     if isinstance(value, list | tuple):
         return [_plain(v, single) for v in value]
     if isinstance(value, dict):
         return {k: _plain(v, single) for k, v in value.items()}
+    if isinstance(value, bytes):
+        return value.hex()
     if single and isinstance(value, float):
         import numpy as np
 
@@ -265,7 +347,7 @@ def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
         for frame in frames:
             click.echo(csv_ready(frame).write_csv(include_header=False), nl=False)
     elif fmt == "json":
-        pieces = (f.write_json()[1:-1] for f in (first, *frames) if f.height)
+        pieces = (json_ready(f).write_json()[1:-1] for f in (first, *frames) if f.height)
         click.echo("[", nl=False)
         for i, piece in enumerate(pieces):
             click.echo(("," if i else "") + piece, nl=False)
@@ -290,7 +372,7 @@ def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
 
 @cli.command()
 @option("--db", "target")
-@click.argument("sources", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("sources", nargs=-1, type=DB_PATH)
 @option("--replace")
 @user_errors
 def merge(db: Path, sources: tuple[Path, ...], replace: bool) -> None:
@@ -326,11 +408,12 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
              image_id: int | None) -> None:
     """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong
     (--image ID: that image's class and confidence at every anchor of every run instead; --run: only those runs)."""
-    from featstore.analytics.queries import k_sweep, runs
+    from featstore.analytics.queries import k_sweep, runs, stability_windows
     from featstore.analytics.report import image_timeline, image_timeline_table, late_caveat
 
     chosen = run_list(run_id)
     if image_id is not None:
+        ks = stability_windows(db, ks, chosen)  # the default trimmed to the anchors, a k given checked
         k = ks[0] if len(ks) == 1 else 2 if 2 in ks else ks[0]  # the one --k given, else 2
         frame = image_timeline(db, image_id, k, chosen)
         first = frame.row(0, named=True)

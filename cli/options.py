@@ -9,6 +9,8 @@ below; tests/test_architecture.py checks that no other `click.option` call exist
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -34,6 +36,38 @@ from featstore.schema import (
 )
 
 PATH = click.Path(path_type=Path)
+
+
+class LocalPath(click.Path):
+    """A database file (`folder=False`) or an output folder (`folder=True`) on local disk, refused in one line
+    before anything opens or writes it when no command could use it: a symlink loop (DuckDB and mkdir fail deep
+    inside, and a failed first write removed the link), a path under a file, a folder given as a database, a
+    file given as an output folder."""
+
+    def __init__(self, folder: bool):
+        super().__init__(path_type=Path)
+        self.folder = folder
+
+    def convert(self, value, param, ctx):
+        path = super().convert(value, param, ctx)
+        what, fix = ("an output folder", "give a new folder") if self.folder else ("a database file",
+                                                                                   "give the DuckDB file itself")
+        try:
+            os.stat(path)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                self.fail(f"{value}: a symlink loop (it never reaches {what}); {fix}", param, ctx)
+            if e.errno == errno.ENOTDIR:
+                self.fail(f"{value}: a part of the path is a file, not a folder; {fix}", param, ctx)
+            return path  # not there yet: the command creates it
+        if self.folder and not path.is_dir():
+            self.fail(f"{value}: a file, not {what}; give a new folder (or an existing folder)", param, ctx)
+        if not self.folder and path.is_dir():
+            self.fail(f"{value}: a folder, not {what}; {fix}", param, ctx)
+        return path
+
+
+DB_PATH, OUT_FOLDER = LocalPath(folder=False), LocalPath(folder=True)
 
 
 class Checked(click.ParamType):
@@ -78,16 +112,24 @@ def _list_parser(kind: str, example: str, minimum: int):
     return parse
 
 
+MAX_THRESHOLDS = 10_000  # values a start:stop:step range may hold: each is a policy simulated over every image
+
+
 def _threshold_parser(_ctx, param, text: str) -> list[float]:
-    """'0.5:0.99:0.01' (start:stop:step, stop included) or '0.5,0.9' -> confidence thresholds."""
+    """'0.5:0.99:0.01' (start:stop:step, stop included) or '0.5,0.9' -> confidence thresholds. A range is counted
+    before it is built: 0:1:0.0000001 (10 million policies) grew to 15.8 GB."""
     try:
         if ":" in text:
             start, stop, step = (float(v) for v in text.split(":"))
             count = int(round((stop - start) / step)) + 1
+            if count > MAX_THRESHOLDS:
+                many = f"{count:,}" if count < 10**9 else f"{count:.1e}"
+                raise click.BadParameter(f"{text!r}: {many} thresholds, at most {MAX_THRESHOLDS:,}: give a larger "
+                                         f"step", param=param)
             values = [round(start + i * step, 10) for i in range(count)]
         else:
             values = [float(v) for v in text.split(",") if v.strip()]
-    except (ValueError, ZeroDivisionError):
+    except (ValueError, ZeroDivisionError, OverflowError):
         raise click.BadParameter(f"{text!r}: give start:stop:step (e.g. 0.5:0.99:0.01) or a comma list",
                                  param=param) from None
     if not values or not all(0 <= v <= 1 for v in values):
@@ -176,19 +218,19 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                            "[default: <out>/store.zarr].")),
     },
     "--db": {
-        "read": ((), dict(required=True, type=PATH, help="A database filled by featstore probe.")),
-        "several": (("dbs",), dict(required=True, type=PATH, multiple=True, help="A database filled by featstore "
+        "read": ((), dict(required=True, type=DB_PATH, help="A database filled by featstore probe.")),
+        "several": (("dbs",), dict(required=True, type=DB_PATH, multiple=True, help="A database filled by featstore "
                                    "probe; repeat to query several (attached read-only, as one: same image set).")),
-        "target": ((), dict(required=True, type=PATH, help="Database to fold the sources into (created if "
+        "target": ((), dict(required=True, type=DB_PATH, help="Database to fold the sources into (created if "
                             "missing).")),
-        "circuits": ((), dict(required=True, type=PATH, help="A database filled by featstore circuits.")),
-        "verified": (("dbs",), dict(type=PATH, multiple=True, help="A database probed from this store: list its "
+        "circuits": ((), dict(required=True, type=DB_PATH, help="A database filled by featstore circuits.")),
+        "verified": (("dbs",), dict(type=DB_PATH, multiple=True, help="A database probed from this store: list its "
                                     "runs whose stored weights are missing (repeat for several).")),
-        "kept": (("dbs",), dict(type=PATH, multiple=True, help="A database probed from this store beside the one each "
-                                "version records: the versions its runs name are kept (repeat for several).")),
-        "write": ((), dict(required=True, type=PATH, help="DuckDB file to create or extend.")),
-        "costs": ((), dict(required=True, type=PATH, help="DuckDB file to keep the costs in.")),
-        "gate": ((), dict(required=True, type=PATH, help="A database filled by featstore probe (the gate and its "
+        "kept": (("dbs",), dict(type=DB_PATH, multiple=True, help="A database probed from this store beside the one "
+                                "each version records: the versions its runs name are kept (repeat for several).")),
+        "write": ((), dict(required=True, type=DB_PATH, help="DuckDB file to create or extend.")),
+        "costs": ((), dict(required=True, type=DB_PATH, help="DuckDB file to keep the costs in.")),
+        "gate": ((), dict(required=True, type=DB_PATH, help="A database filled by featstore probe (the gate and its "
                           "scores are written into it).")),
     },
     "--format": {"": (("fmt",), dict(type=click.Choice(["table", "csv", "json"]), default="table",
@@ -216,12 +258,12 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                              help="Print only this table [default: all but the cross-tables; csv/json: "
                                   "agreement]."))},
     "--out": {
-        "report": ((), dict(type=PATH, help="Folder for report.html and PNGs [default: report/ beside the "
+        "report": ((), dict(type=OUT_FOLDER, help="Folder for report.html and PNGs [default: report/ beside the "
                             "database].")),
-        "export": ((), dict(required=True, type=PATH, help="New folder for the Parquet files.")),
-        "demo": ((), dict(type=PATH, default=Path("featstore-demo"), help="Folder for the images, the cached network, "
-                          "the store, the database and the report (one subfolder per --dataset).")),
-        "study": ((), dict(type=PATH, help="Folder for the store, database, report and study state "
+        "export": ((), dict(required=True, type=OUT_FOLDER, help="New folder for the Parquet files.")),
+        "demo": ((), dict(type=OUT_FOLDER, default=Path("featstore-demo"), help="Folder for the images, the cached "
+                          "network, the store, the database and the report (one subfolder per --dataset).")),
+        "study": ((), dict(type=OUT_FOLDER, help="Folder for the store, database, report and study state "
                            "[default: ./study-<name>].")),
     },
     "--replace": {"": ((), dict(is_flag=True, help="A result a source holds under a key the target holds with other "
@@ -288,7 +330,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     },
     "--thresholds": {"": ((), dict(default=_thresholds_text(DEFAULT_POLICIES.thresholds),
                                    callback=_threshold_parser,
-                                   help="Confidence thresholds: start:stop:step or a list."))},
+                                   help="Confidence thresholds: start:stop:step (at most 10,000 values) or a list."))},
     "--combined-thresholds": {"": ((), dict(default=_thresholds_text(DEFAULT_POLICIES.combined),
                                             callback=_threshold_parser,
                                             help="Thresholds of the stability AND confidence gate."))},
