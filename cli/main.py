@@ -21,7 +21,7 @@ from featstore.cli.options import (
     run_options,
 )
 from featstore.compute.specs import ImageSource, ModelSpec, RunOptions, split_options
-from featstore.errors import FeatstoreError, FeatstoreWarning, storage_failure
+from featstore.errors import FeatstoreError, FeatstoreWarning, RunReplaced, storage_failure
 
 
 def user_errors(fn):
@@ -189,7 +189,10 @@ def probe(**given) -> None:
             raise FeatstoreError("--project-dim and --variant exclude each other (it means projected:dim=D)")
         rest["variant"] = f"projected:dim={project_dim}"
     before = _runs_created(rest["db"])
-    for run_id in run_probe(ProbeConfig(run=run, **rest)):
+    with warnings.catch_warnings():  # this command says "replaced" in its own line below
+        warnings.simplefilter("ignore", RunReplaced)
+        result = run_probe(ProbeConfig(run=run, **rest))
+    for run_id in result:
         replaced = f" (replaced the run of that name written {before[run_id]})" if run_id in before else ""
         click.echo(f"wrote run {run_id}{replaced}")
         print_frame(_probe_summary(rest["db"], run_id))

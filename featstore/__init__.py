@@ -7,8 +7,8 @@ so that `import featstore` loads neither torch nor DuckDB.
 __version__ = "0.1.0"
 
 _API = ("BuildConfig", "FeatstoreError", "ImageSource", "LoadedProbe", "ModelData", "ModelSpec", "Probe",
-        "ProbeConfig", "Results", "RunOptions", "Store", "build", "connect", "load_probe", "open_store", "probe",
-        "register_probe")
+        "ProbeConfig", "ProbeResult", "Results", "RunOptions", "Store", "build", "connect", "load_probe", "open_store",
+        "probe", "register_probe")
 __all__ = ["__version__", *_API]
 
 
