@@ -81,7 +81,7 @@ def test_nan_features_of_rows_not_skipped(small, tmp_path):
     assert not (tmp_path / "f.duckdb").exists()
 
 
-@pytest.mark.parametrize("args, message", [(["--k", "3"], "at most 3 anchors"), (["--k", "12"], "below 3"),
+@pytest.mark.parametrize("args, message", [(["--k", "3"], "at most 3 anchors"), (["--k", "12"], "must be from 1 to 2"),
                                            (["--scope", "bogus"], "'bogus' is not one of 'auto'")])
 def test_timeline_and_report_refuse_what_selects_nothing(small, tmp_path, args, message):
     _, db = small
