@@ -50,8 +50,10 @@ from synthetic import class_clusters, pooled_activations, run_rows, write_featur
 
 RESNET50_DIMS = [64, 256, 256, 512, 512, 1024, 1024, 1024, 1024, 2048, 2048, 2048]
 RESNET18_DIMS = [64, 64, 64, 64, 128, 128, 256, 256, 512, 512, 512, 512]
-COMPETITOR = ("import torch, time; torch.set_num_threads(2); a = torch.randn(1024, 1024)\n"
-              "while True: a = torch.tanh(a @ a) ")
+# it says when it runs (after its first product): a run started beside a competitor still importing torch would see
+# idle cores and take them until its next pass (this waited a fixed 1 s, less than torch's import takes here)
+COMPETITOR = ("import torch; torch.set_num_threads(2); a = torch.randn(1024, 1024); a = torch.tanh(a @ a)\n"
+              "print(flush=True)\nwhile True: a = torch.tanh(a @ a)")
 
 
 def digits_features(tmp: Path) -> tuple[Path, str, list[np.ndarray], np.ndarray]:
@@ -221,9 +223,9 @@ def contention(store: Path, model: str, tmp: Path, quiet_seconds: float) -> None
             continue  # the policy's run above was this one
         quiet = quiet_seconds if threads is None else featstore_run(store, model, tmp / f"q{name}.duckdb",
                                                                     threads)[0]
-        competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR])
+        competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR], stdout=subprocess.PIPE)
         try:
-            time.sleep(1.0)
+            competitor.stdout.readline()  # it runs
             busy = featstore_run(store, model, tmp / f"c{name}.duckdb", threads)[0]
         finally:
             competitor.kill()
