@@ -21,7 +21,7 @@ from featstore.cli.options import (
     run_options,
 )
 from featstore.compute.specs import ImageSource, ModelSpec, RunOptions, split_options
-from featstore.errors import FeatstoreError, FeatstoreWarning, RunReplaced, storage_failure
+from featstore.errors import FeatstoreError, FeatstoreWarning, RunReplaced, interrupted, storage_failure
 
 
 def user_errors(fn):
@@ -36,6 +36,8 @@ def user_errors(fn):
             click.echo(f"featstore: error: {e}", err=True)
             sys.exit(2)
         except Exception as e:
+            if interrupted(e):  # DuckDB's own Ctrl-C, as every other Ctrl-C: one line, exit status 130
+                raise KeyboardInterrupt from e
             failure = storage_failure(e)
             if failure is not None:
                 click.echo(f"featstore: error: the object store stopped answering ({failure}); what was committed "
@@ -122,9 +124,9 @@ class _OneLineErrors(click.Group):
         except click.ClickException as e:
             click.echo(f"featstore: error: {e.format_message()} (featstore COMMAND -h lists the options)", err=True)
             sys.exit(e.exit_code)
-        except click.Abort:
-            click.echo("aborted", err=True)
-            sys.exit(1)
+        except click.Abort:  # Ctrl-C outside a write (a write rolls back and says so itself), or EOF at a prompt
+            click.echo("featstore: interrupted", err=True)
+            sys.exit(130)
         sys.exit(0)
 
 
@@ -178,7 +180,8 @@ def build(**given) -> None:
 @options(option("--split-seed"), option("--val-frac"), option("--memory-budget"))
 @user_errors
 def probe(**given) -> None:
-    """Train one linear probe per anchor from the store and land every prediction in DuckDB."""
+    """Train a probe per anchor from the store (linear by default, or any --variant) and land every prediction in
+    DuckDB."""
     from featstore.api import probe as run_probe
     from featstore.workflows.probe import ProbeConfig
 
@@ -333,18 +336,22 @@ def sql(dbs: tuple[Path, ...], statement: str, fmt: str, full: bool) -> None:
 
     try:
         print_stream(stream(list(dbs), statement), fmt, full)
-    except KeyboardInterrupt:
+    except BaseException as e:  # KeyboardInterrupt is no Exception
+        if not interrupted(e):
+            raise
         click.echo("featstore: interrupted: the query was cancelled; the database is unchanged", err=True)
         sys.exit(130)
 
 
-TABLE_ROWS = 10_000  # rows the table format shows of a streamed result (csv and json print every row)
+SHOWN_ROWS = 40  # rows the table format shows of a streamed result (as a terminal shows them at once)
+TABLE_ROWS = 10_000  # with --full (csv and json print every row)
 
 
 def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
     """Print a result as it streams in, holding one batch at a time: csv and json row by row as `print_frame`
-    would print the whole frame; the table format shows the first TABLE_ROWS rows and counts the others."""
-    first = next(frames)
+    would print the whole frame; the table format shows the first SHOWN_ROWS rows (TABLE_ROWS with `full`) and
+    counts the others."""
+    first, limit = next(frames), TABLE_ROWS if full else SHOWN_ROWS
     if fmt == "csv":
         click.echo(csv_ready(first).write_csv(), nl=False)
         for frame in frames:
@@ -358,19 +365,21 @@ def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
     else:
         shown, more = [first], 0
         for frame in frames:
-            room = TABLE_ROWS - sum(f.height for f in shown)
+            room = limit - sum(f.height for f in shown)
             if room > 0:
                 shown.append(frame.head(room))
             more += frame.height - min(max(room, 0), frame.height)
         import polars as pl
 
         head = pl.concat(shown)
-        if head.height > TABLE_ROWS:
-            more += head.height - TABLE_ROWS
-            head = head.head(TABLE_ROWS)
+        if head.height > limit:
+            more += head.height - limit
+            head = head.head(limit)
         print_frame(head, full=full)
         if more:
-            click.echo(f"… {more} more row(s) not shown; --format csv or json prints every row", err=True)
+            see = "--format csv or json prints every row" if full else \
+                f"--full shows up to {TABLE_ROWS:,}; --format csv or json prints every row"
+            click.echo(f"… {more:,} more row(s) not shown; {see}", err=True)
 
 
 @cli.command()
@@ -394,8 +403,8 @@ def merge(db: Path, sources: tuple[Path, ...], replace: bool) -> None:
 @option("--out", "export")
 @user_errors
 def export(db: Path, out: Path) -> None:
-    """Every table of DB as Parquet under OUT (old spelling: --to): per-image rows partitioned by run
-    (run_id=...), the rest one file each, for any engine (DuckDB, Polars, Spark)."""
+    """Every table of DB as Parquet under OUT: per-image rows partitioned by run (run_id=...), the rest one
+    file each, for any engine (DuckDB, Polars, Spark)."""
     from featstore.workflows.export import export as run_export
 
     written = run_export(db, out)
@@ -631,8 +640,8 @@ def css(db: Path, id_run: str, ood_run: str, distance: str, top_n: int, fmt: str
 @option("--format")
 @user_errors
 def info(store: str, fmt: str) -> None:
-    """What STORE holds: images, models, views, anchors, dims and completeness (--format json: all of it as
-    JSON; old spelling --json)."""
+    """What the store holds: images, models, views, anchors, dims and completeness (--format json: all of it as
+    JSON)."""
     if fmt == "csv":
         raise FeatstoreError("--format csv: info prints a table or json (--format json)")
     from featstore.store.reader import FeatureStore
@@ -699,7 +708,8 @@ def _reads_tokens(m: dict) -> bool:
 @option("--all")
 @user_errors
 def anchors(model: str, show_all: bool) -> None:
-    """The anchors MODEL gets by default, or (with --all) every name --anchors accepts, one per line."""
+    """The anchors the model gets by default, or (with --all) every name --anchors accepts, one per line (a
+    preset's defaults without loading the model)."""
     from featstore.nets.listing import anchor_listing
 
     for line in anchor_listing(model, show_all):

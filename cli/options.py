@@ -406,6 +406,14 @@ class Aliased(click.Option):
         return value, source
 
 
+class OldPositional(click.Argument):
+    """A positional old spelling of an option (`featstore info STORE`): still read, never shown, so that --help
+    shows one way to name the store or model (the option) rather than both."""
+
+    def get_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return []
+
+
 def option(name: str, role: str = "", positional: str | None = None) -> Callable:
     """The declaration of option `name` (in `role`, where its meaning depends on the command), with its old
     spellings (`ALIASES`) and, where a command took it positionally before, that positional form (`positional`,
@@ -424,7 +432,7 @@ def option(name: str, role: str = "", positional: str | None = None) -> Callable
     decorators = [click.option(*decls, **kw) for decls, kw in declared]
     if positional:
         decorators.append(click.argument(f"positional_{positional.lower()}", required=False, expose_value=False,
-                                         metavar=f"[{positional}]"))
+                                         cls=OldPositional))
     return options(*decorators)
 
 

@@ -30,6 +30,13 @@ def storage_failure(error: BaseException) -> str | None:
     return None
 
 
+def interrupted(error: BaseException) -> bool:
+    """Whether `error` is Ctrl-C: a KeyboardInterrupt, or DuckDB's InterruptException (DuckDB turns a SIGINT that
+    lands during one of its queries into that exception, not into a KeyboardInterrupt)."""
+    return isinstance(error, KeyboardInterrupt) or (
+        type(error).__name__ == "InterruptException" and type(error).__module__.lstrip("_").startswith("duckdb"))
+
+
 class RunReplaced(FeatstoreWarning):
     """A probe job replaced a run of the same id the database held (the CLI says so on its own line and may ignore
     this one)."""

@@ -59,12 +59,23 @@ def test_streamed_output_is_the_whole_result(db):
     assert [i for f in frames for i in f["i"].to_list()] == list(range(150_000))
 
 
-def test_the_table_format_shows_the_first_rows_and_counts_the_rest(db):
-    from featstore.cli.main import TABLE_ROWS
+def _shown(output: str) -> list[int]:
+    """The integers of a one-column table's body rows."""
+    return [int(line.strip("│ ")) for line in output.splitlines() if line.strip("│ ").isdigit()]
 
-    result = run_cli("sql", "--db", db, f"SELECT range AS i FROM range({TABLE_ROWS + 1234})")
-    assert f"│ {TABLE_ROWS - 1} │" in result.output and f"│ {TABLE_ROWS} │" not in result.output
-    assert "… 1234 more row(s) not shown; --format csv or json prints every row" in result.output
+
+def test_the_table_format_shows_the_first_rows_and_counts_the_rest(db):
+    from featstore.cli.main import SHOWN_ROWS, TABLE_ROWS
+
+    result = run_cli("sql", "--db", db, "SELECT range AS i FROM range(1234)")
+    assert _shown(result.output) == list(range(SHOWN_ROWS))
+    assert (f"… {1234 - SHOWN_ROWS:,} more row(s) not shown; --full shows up to 10,000; --format csv or json prints "
+            "every row") in result.output
+    result = run_cli("sql", "--db", db, "--full", f"SELECT range AS i FROM range({TABLE_ROWS + 1234})")
+    assert _shown(result.output) == list(range(TABLE_ROWS))
+    assert "… 1,234 more row(s) not shown; --format csv or json prints every row" in result.output
+    small = run_cli("sql", "--db", db, f"SELECT range AS i FROM range({SHOWN_ROWS})")
+    assert _shown(small.output) == list(range(SHOWN_ROWS)) and "not shown" not in small.output
 
 
 def _threads(pid: int) -> int:
@@ -98,3 +109,22 @@ def test_ctrl_c_cancels_a_long_query_in_one_line(db):
     assert proc.returncode == 130, (proc.returncode, err)
     assert err.splitlines() == ["featstore: interrupted: the query was cancelled; the database is unchanged"], err
     assert out == ""  # the sum, printed had the query run to completion
+
+
+def test_duckdbs_own_interrupt_counts_as_ctrl_c():
+    """DuckDB raises its InterruptException, not KeyboardInterrupt, when Ctrl-C lands inside one of its queries
+    (e.g. the macros' digest while a connection opens): featstore reads both as Ctrl-C, nothing else."""
+    import threading
+
+    import duckdb
+
+    from featstore.errors import interrupted
+
+    con = duckdb.connect()
+    timer = threading.Timer(0.3, con.interrupt)
+    timer.start()
+    with pytest.raises(duckdb.Error) as caught:
+        con.execute("SELECT sum(hash(range)) FROM range(1000000000000)").fetchall()
+    timer.join()
+    assert interrupted(caught.value) and interrupted(KeyboardInterrupt())
+    assert not interrupted(RuntimeError("Query interrupted")) and not interrupted(duckdb.IOException("x"))
