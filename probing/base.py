@@ -316,8 +316,8 @@ VARIANTS: dict[str, type[ProbeVariant]] = {}
 # Old names `--variant` still takes, for commands written before a rename (a database keeps its old runs under the
 # old name): old name -> (the variant's name now, why it was renamed). A run lands under the new name, with a warning.
 RENAMED: dict[str, tuple[str, str]] = {
-    "lens": ("head-probe", "it is a linear probe read through the model's head, trained on KL to its output, not "
-                           "Belrose et al.'s tuned lens (that is tuned-lens); issue 50"),
+    "lens": ("head-probe", "a linear probe read through the model's head, trained on KL to its output, not "
+                           "Belrose et al.'s tuned lens (that is --variant tuned-lens; issue 50)"),
 }
 
 
@@ -363,7 +363,7 @@ def get_variant(spec: str) -> ProbeVariant:
     name, _, args = spec.partition(":")
     if name in RENAMED:
         now, why = RENAMED[name]
-        warnings.warn(f"--variant {name} is now --variant {now} ({why}); this run lands as {now}", RenamedVariant,
+        warnings.warn(f"--variant {name} is now --variant {now}, {why}; this run lands as {now}", RenamedVariant,
                       stacklevel=2)
         name = now
     if name not in VARIANTS:
