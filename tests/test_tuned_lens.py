@@ -175,3 +175,10 @@ def test_lens_is_read_as_head_probes_old_name(store, tmp_path):
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT run_id, probe FROM runs").fetchall() == [("synthetic/clean/head-probe", "head-probe")]
     con.close()
+
+
+def test_the_old_name_cannot_be_registered_for_another_variant():
+    from featstore.probing.base import ProbeVariant, register
+
+    with pytest.raises(ValueError, match="'lens' is the old name of the probe variant 'head-probe'"):
+        register(type("Mine", (ProbeVariant,), {"name": "lens"}))
