@@ -24,11 +24,13 @@ from featstore.probing.linear import Linear
 from featstore.probing.paper import Paper
 from featstore.probing.projected import Projected
 from featstore.probing.translator import Translator
+from featstore.probing.tuned_lens import TunedLens
 
 ENTRY_POINTS = "featstore.probes"
 
 __all__ = ["ENTRY_POINTS", "VARIANTS", "AnchorProbe", "FittedProbe", "Knn", "LensDirect", "Linear", "LinearFit",
-           "Paper", "ProbeVariant", "Projected", "Translator", "get_variant", "register", "register_probe"]
+           "Paper", "ProbeVariant", "Projected", "Translator", "TunedLens", "get_variant", "register",
+           "register_probe"]
 
 
 def register_probe(cls: type[ProbeVariant]) -> type[ProbeVariant]:

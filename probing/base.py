@@ -21,13 +21,14 @@ features (a class and a confidence per row), so that every variant lands in the 
 A variant whose probes can share kernels overrides `make_group` instead (see `linear`): it then gets all anchors
 of one width at once, as stacked features [G, n, D]. Probes stop by their own criterion; the plan only caps
 the epochs. What a probe learns to predict is the label, or with `learns_from = "model"` the model's own
-output distribution (softmax of the stored logits of the training view; `lens`): the trainer then hands it
-probability rows [n, C] where it would hand labels [n].
+output distribution (softmax of the stored logits of the training view; `head-probe`, `tuned-lens`): the trainer
+then hands it probability rows [n, C] where it would hand labels [n].
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -269,7 +270,8 @@ class ProbeVariant(ABC):
 
     def bind(self, store: FeatureStore, key: str, train_view: str) -> None:
         """Check this variant against the store and model it will probe, before any work (raise `FeatstoreError`,
-        one line), and keep what it reads from them besides the features (knn's reference store, the lens's head).
+        one line), and keep what it reads from them besides the features (knn's reference store, the head that
+        `head-probe` and `tuned-lens` read through).
         Nothing here by default."""
         return None
 
@@ -311,6 +313,17 @@ def _number(value: float | str) -> str:
 
 VARIANTS: dict[str, type[ProbeVariant]] = {}
 
+# Old names `--variant` still takes, for commands written before a rename (a database keeps its old runs under the
+# old name): old name -> (the variant's name now, why it was renamed). A run lands under the new name, with a warning.
+RENAMED: dict[str, tuple[str, str]] = {
+    "lens": ("head-probe", "a linear probe read through the model's head, trained on KL to its output, not "
+                           "Belrose et al.'s tuned lens (that is --variant tuned-lens; issue 50)"),
+}
+
+
+class RenamedVariant(FeatstoreWarning):
+    """A probe variant was asked for by its old name: the run lands under the new one."""
+
 # What a probe variant (or an estimator probe's `name`) may be called: it becomes a run id's part, a store group's
 # name and `--variant`'s word, so lower-case letters, digits and `_ . -`, 64 at most, starting with a letter or a
 # digit: no '/' (nested groups), ':' (parameters), '@' (the training view), no '..' alone, no case that a
@@ -333,6 +346,9 @@ def register(cls: type[ProbeVariant]) -> type[ProbeVariant]:
     second variant of the same name is refused (it would silently replace the first, and runs named after it would
     mean something else)."""
     check_probe_name(getattr(cls, "name", None), f"{getattr(cls, '__qualname__', cls)}.name")
+    if cls.name in RENAMED:
+        raise ValueError(f"{cls.name!r} is the old name of the probe variant {RENAMED[cls.name][0]!r} (old databases' "
+                         f"runs keep it); give {cls.__qualname__} another name")
     if cls.name in VARIANTS and VARIANTS[cls.name] is not cls:
         raise ValueError(f"a probe variant named {cls.name!r} is already registered ({VARIANTS[cls.name].__module__}."
                          f"{VARIANTS[cls.name].__qualname__}); give {cls.__qualname__} another name")
@@ -345,6 +361,11 @@ def get_variant(spec: str) -> ProbeVariant:
     parameter is parsed and checked as the variant declares it: an unknown name, a value of the wrong type or out of
     range is one line."""
     name, _, args = spec.partition(":")
+    if name in RENAMED:
+        now, why = RENAMED[name]
+        warnings.warn(f"--variant {name} is now --variant {now}, {why}; this run lands as {now}", RenamedVariant,
+                      stacklevel=2)
+        name = now
     if name not in VARIANTS:
         raise FeatstoreError(f"unknown probe variant {name!r}: use one of {', '.join(sorted(VARIANTS))}")
     cls = VARIANTS[name]

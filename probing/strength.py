@@ -1,6 +1,6 @@
 """A penalised probe's L2 strength chosen on held-out rows, then the probe solved at that strength to its optimum.
 
-The families solved here (`Family`): `linear`'s softmax regression (weights pulled towards 0) and the `lens`
+The families solved here (`Family`): `linear`'s softmax regression (weights pulled towards 0) and `head-probe`'s
 translator read through the model's head (its map pulled towards its initialisation). scikit-learn's convention:
 C is the inverse strength, the objective mean cross-entropy + |W - W0|^2 / (2 C n) (bias not penalised). C = 1 on
 thousands of rows and hundreds of classes is barely regularised (the translator's unpenalised map is not even

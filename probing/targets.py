@@ -1,6 +1,6 @@
 """What a probe learns to predict, in one place: class labels [n] (int64) or probability rows [n, C] (float32,
 the model's own output distribution for `learns_from = "model"`). The softmax probes' loss and gradient take
-either, so `lens` is `linear` with another target and the trainer never asks which."""
+either, so `lens-direct` is `linear` with another target and the trainer never asks which."""
 
 from __future__ import annotations
 

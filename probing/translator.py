@@ -1,5 +1,8 @@
-"""`lens`: a translator per anchor read through the model's own frozen head, as the tuned lens (Belrose et al.,
-"Eliciting Latent Predictions from Transformers with the Tuned Lens", 2023) reads each layer.
+"""`head-probe` (named `lens` from issue 35 to issue 50): a linear probe per anchor read through the model's own
+frozen head, trained on KL to the head's output. It is no tuned lens (Belrose et al., "Eliciting Latent Predictions
+from Transformers with the Tuned Lens", 2023; that is `tuned-lens`, `probing/tuned_lens.py`): its regulariser is a
+penalty in the head's Fisher metric at a strength chosen on the val rows (theirs: SGD towards the identity with
+weight decay), and on anchors narrower or wider than the head's input it has no identity to start from.
 
 - The map: per anchor, an affine map into the head's input space, u = A h + b (A: [D_head, D]), read by the
   head: logits = W_head u + b_head. W_head, b_head are the classifier's weights, kept in the store by
@@ -10,9 +13,9 @@
   the map's move from its initialisation A0 in the head's Fisher metric at the train rows' marginal prediction
   (`head_basis`), |V|^2 / (2 C n) with A = A0 + V basis^T: the change of the logits the map makes is penalised,
   whatever the head's scale, and the directions the head cannot see stay at the start. C is chosen per anchor on
-  the val rows and the map refitted on train + val at it, as `linear`'s (`probing/strength.py`); `lens:C=0.1`
-  pins it. Unpenalised (before this), the map had more directions than the rows pin down, and its predictions
-  were where L-BFGS stopped.
+  the val rows and the map refitted on train + val at it, as `linear`'s (`probing/strength.py`);
+  `head-probe:C=0.1` pins it. Unpenalised (before this), the map had more directions than the rows pin down, and
+  its predictions were where L-BFGS stopped.
 - The initialisation: where the anchor's width equals the head input's, the identity (A = I, b = 0: the head's
   own input maps to itself, so at the head's input anchor the lens starts as the head and its KL is ~0). Other
   widths: A = 0 and b the least-squares solution of W_head b = log(mean target distribution) - b_head, the
@@ -25,10 +28,11 @@
   = W_head A [C, D], `bias`), in raw feature space; val loss and "accuracy" (agreement with the head's argmax)
   are the path's at the chosen C, on val rows it did not learn from.
 
-`lens` was the direct D x C map (`lens-direct`, `probing/lens.py`) before issue 35: a database's `lens` runs
-written before then are that map; their `runs.params` hold linear's parameters (C and lr_low among them). The
-translator's runs from before its penalty hold `l2` (0: unpenalised) and no C_low; every translator run's
-`probe_fits.info` says "map": "translator".
+A database's `lens` runs are of three kinds: written before issue 35, the direct D x C map (`lens-direct`,
+`probing/lens.py`; their `runs.params` hold linear's parameters, C and lr_low among them); before this map's penalty,
+the unpenalised map (`l2` in their params, no C_low); after, this one (C_low, no lr_low). Every run of this map
+says "map": "translator" in `probe_fits.info`. `--variant lens` still runs it, with a warning, landing as
+`head-probe` (`probing/base.py` `RENAMED`).
 """
 
 from __future__ import annotations
@@ -62,11 +66,56 @@ class Head:
     bias: torch.Tensor  # [C]
     module: str
 
+    def to(self, device: torch.device) -> Head:
+        return Head(self.weight.to(device), self.bias.to(device), self.module)
+
+
+def read_kept_head(store, key: str, variant: str) -> Head:
+    """The classifier `featstore build` kept for `key`, for the variants that read through it; a store without it,
+    or whose head does not match its logits, is one line naming the fix."""
+    kept = store.read_head(key)
+    if kept is None:
+        raise FeatstoreError(f"--variant {variant}: store {store.location} keeps no head weights for {key!r} (built "
+                             f"before they were kept, or the model has no Linear head); rerun the same "
+                             f"`featstore build` to add them, or use --variant lens-direct")
+    weight, bias, module = kept
+    classes = store.config(key).num_classes
+    if weight.shape[0] != classes:
+        raise FeatstoreError(f"--variant {variant}: the head of {key!r} kept in {store.location} has "
+                             f"{weight.shape[0]} classes, its logits {classes}; rerun the same `featstore build`")
+    return Head(torch.from_numpy(weight), torch.from_numpy(bias), module)
+
+
+def resident_head(variant: str, head: Head | None, ctxs, why: str) -> Head:
+    """The head `bind` kept, on the rows' device, for a variant that trains on its fit rows held in memory; one
+    line when it was never bound or the rows do not fit (`why` says what needs them in memory)."""
+    if head is None:
+        raise FeatstoreError(f"--variant {variant}: no head to read through (the variant was not bound to a store)")
+    if not ctxs[0].resident:
+        raise FeatstoreError(f"--variant {variant}: its fit rows do not fit --memory-budget and {why}; raise "
+                             f"--memory-budget, or use --variant lens-direct")
+    return head.to(ctxs[0].device)
+
+
+class HeadReadout(ProbeVariant):
+    """A variant read through the model's own head, which `bind` takes from the store (`head-probe`, `tuned-lens`)."""
+
+    learns_from = "model"
+
+    def __init__(self, **given):
+        super().__init__(**given)
+        self.head: Head | None = None  # set by `bind`
+
+    def bind(self, store, key: str, train_view: str) -> None:
+        self.head = read_kept_head(store, key, self.name)
+
+    def batches_anchors(self) -> bool:
+        return True
+
 
 @register
-class Translator(ProbeVariant):
-    name = "lens"
-    learns_from = "model"
+class Translator(HeadReadout):
+    name = "head-probe"
     parameters = {
         **strength_parameters("|A - A0|^2 on the map's distance from its initialisation"),
         "memory": Int(10, ge=1, le=100, help="L-BFGS curvature pairs kept per anchor"),
@@ -77,36 +126,12 @@ class Translator(ProbeVariant):
     def relations(cls, params: dict) -> None:
         check_grid(params)
 
-    def __init__(self, **given):
-        super().__init__(**given)
-        self.head: Head | None = None  # set by `bind`
-
-    def bind(self, store, key: str, train_view: str) -> None:
-        kept = store.read_head(key)
-        if kept is None:
-            raise FeatstoreError(f"--variant lens: store {store.location} keeps no head weights for {key!r} (built "
-                                 f"before they were kept, or the model has no Linear head); rerun the same "
-                                 f"`featstore build` to add them, or use --variant lens-direct")
-        weight, bias, module = kept
-        classes = store.config(key).num_classes
-        if weight.shape[0] != classes:
-            raise FeatstoreError(f"--variant lens: the head of {key!r} kept in {store.location} has {weight.shape[0]} "
-                                 f"classes, its logits {classes}; rerun the same `featstore build`")
-        self.head = Head(torch.from_numpy(weight), torch.from_numpy(bias), module)
-
     def plan(self, n_fit: int) -> Plan:
         return Plan(max_epochs=1, batch_size=8192, train_on_val=True)  # the path scores val, the refit learns it
 
-    def batches_anchors(self) -> bool:
-        return True
-
     def make_group(self, ctxs) -> ProbeGroup:
-        if self.head is None:
-            raise FeatstoreError("--variant lens: no head to read through (the variant was not bound to a store)")
-        if not ctxs[0].resident:
-            raise FeatstoreError("--variant lens: its fit rows do not fit --memory-budget and the translator solves "
-                                 "on rows in memory; raise --memory-budget, or use --variant lens-direct")
-        return TranslatorGroup(ctxs, self.head, grid_of(self.params), tolerances_of(self.params))
+        head = resident_head(self.name, self.head, ctxs, "the translator solves on rows in memory")
+        return TranslatorGroup(ctxs, head, grid_of(self.params), tolerances_of(self.params))
 
 
 @dataclass
@@ -236,7 +261,7 @@ class TranslatorGroup(ProbeGroup):
         dev = ctx0.device
         self.anchors = [ctx.anchor for ctx in ctxs]
         self.members = list(self.anchors)
-        self.head = Head(head.weight.to(dev), head.bias.to(dev), head.module)
+        self.head = head
         self.grid, self.tol = grid, tol
         self.mean = torch.stack([ctx.stats.mean.to(dev) for ctx in ctxs])[:, None]  # [G, 1, D]
         self.std = torch.stack([ctx.stats.std.to(dev) for ctx in ctxs])[:, None]
@@ -293,7 +318,8 @@ class TranslatorGroup(ProbeGroup):
         out = {}
         for i, a in enumerate(self.members):
             if a not in self.done:
-                raise FeatstoreError("--variant lens: the translator was never solved (its rows were not resident)")
+                raise FeatstoreError("--variant head-probe: the translator was never solved (its rows were not "
+                                     "resident)")
             w, info, converged, loss, (val_loss, val_accuracy) = self.done[a]
             d, mean, std = self.dim, self.mean[i, 0], self.std[i, 0]
             a_t = w[:d] / std[:, None]  # raw space: u = x A^T + b

@@ -85,9 +85,12 @@ def pooled_activations(n_classes: int, per_class: int, dims: list[int], seed: in
 
 def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np.ndarray, n_classes: int,
                         model: str = "synthetic", views: dict[str, list[np.ndarray]] | None = None,
-                        chunk_rows: int = 1024, weights_id: str = "synthetic") -> Path | str:
+                        chunk_rows: int = 1024, weights_id: str = "synthetic",
+                        head: tuple[np.ndarray, np.ndarray] | None = None) -> Path | str:
     """A store holding the given anchor features (no network involved), for probe tests and benchmarks;
-    `weights_id` is what its model config says the features were computed with."""
+    `weights_id` is what its model config says the features were computed with. The stored logits are 1 at the
+    label and 0 elsewhere, or with `head` = (weight [C, D], bias [C]) that classifier kept as the model's head and
+    its logits on the last anchor's features (each view's own), as a build keeps them."""
     from featstore.images.datasets import ImageSet
     from featstore.nets.anchors import Anchor
     from featstore.store.config import StoreConfig
@@ -108,10 +111,14 @@ def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np
                          token_pool=None, num_classes=n_classes, chunk_rows=chunk_rows, batch_size=chunk_rows,
                          precision="fp32", anchors=tuple(anchors), images_fingerprint=images.fingerprint())
     store.prepare_model(model, config, {})
+    if head is not None:
+        store.write_head(model, head[0], head[1], "fc")
     for view, feats in {"clean": features, **(views or {})}.items():
         store.prepare_view(model, {"name": view}, anchors, n_classes, chunk_rows)
         logits = np.zeros((n, n_classes), dtype=np.float16)
         logits[np.arange(n), labels] = 1.0
+        if head is not None:
+            logits = (feats[-1].astype(np.float32) @ head[0].T.astype(np.float32) + head[1]).astype(np.float16)
         for c in range(0, -(-n // chunk_rows)):
             rows = slice(c * chunk_rows, min(n, (c + 1) * chunk_rows))
             store.commit_chunk(model, view, ChunkData(c, [f[rows] for f in feats], logits[rows],

@@ -90,18 +90,19 @@ def test_demo_runs_offline_end_to_end_and_caches_the_network(demo, tmp_path):
 
 
 def test_the_demos_lens_knn_gate_and_comparison(demo):
-    """The demo lands every definition: `lens` on the last pre-logits anchor (avgpool, which the head reads linearly)
-    agrees with the trained network's own head on >= 95% of the held-out images (computed here from the stored rows);
-    the knn, lens and paper runs sit beside linear in `compare`, and exit-sim prices their learned gates."""
+    """The demo lands every definition: `head-probe` on the last pre-logits anchor (avgpool, which the head reads
+    linearly) agrees with the trained network's own head on >= 95% of the held-out images (computed here from the
+    stored rows); the knn, head-probe and paper runs sit beside linear in `compare`, and exit-sim prices their
+    learned gates."""
     out, _ = demo
     db = out / "layouts" / "featstore.duckdb"
     rows = q.query(db, "SELECT p.pred, mo.pred AS head FROM predictions p JOIN images i USING (image_id) JOIN "
                        "model_outputs mo ON mo.image_id = p.image_id AND mo.model = 'resnet18' AND mo.view = 'clean' "
-                       "WHERE p.run_id = 'resnet18/clean/lens' AND p.anchor = 11 AND i.split = 'test'")
+                       "WHERE p.run_id = 'resnet18/clean/head-probe' AND p.anchor = 11 AND i.split = 'test'")
     agreement = float((rows["pred"] == rows["head"]).mean())
     assert len(rows) == 360 and agreement >= 0.95, agreement
     text = run_cli("compare", "--db", db).output
-    for definition in ("l*(2) linear", "joint(2, 0.5) lens", "depth knn", "l*(2) paper"):
+    for definition in ("l*(2) linear", "joint(2, 0.5) head-probe", "depth knn", "l*(2) paper"):
         assert definition in text
     sim = run_cli("exit-sim", "--db", db, "--run", "resnet18/clean/knn", "--format", "csv").output
     assert sim.count("\nlearned,") >= 10

@@ -54,7 +54,9 @@ def probe_args(store, db, *more):
     ("knn:k=0", "k=0 must be a whole number >= 1"),
     ("knn:metric=manhattan", "metric=manhattan must be one of 'cosine', 'euclidean'"),
     ("knn:metric=1", "metric=1 must be one of 'cosine', 'euclidean'"),
-    ("lens:max_iterations=0", "max_iterations=0 must be a whole number >= 1"),
+    ("head-probe:max_iterations=0", "max_iterations=0 must be a whole number >= 1"),
+    ("tuned-lens:momentum=1", "momentum=1 must be a number >= 0 and < 1"),
+    ("tuned-lens:steps=-1", "steps=-1 must be a whole number >= 0 and <= 100000"),
 ])
 def test_variant_parameters_are_checked_as_declared(spec, message):
     with pytest.raises(FeatstoreError) as e:
@@ -81,7 +83,7 @@ def _outside(value: Number) -> list[float]:
 def test_every_registered_variant_declares_each_parameter_with_its_range():
     """The mechanism any variant adopts by declaring `parameters`: defaults pass, values beyond a bound (or
     outside the choices) do not."""
-    assert {"linear", "paper", "projected", "knn", "lens"} <= set(VARIANTS)
+    assert {"linear", "paper", "projected", "knn", "head-probe", "tuned-lens", "lens-direct"} <= set(VARIANTS)
     for name, cls in VARIANTS.items():
         variant = cls()
         assert set(variant.params) == set(cls.parameters), name

@@ -1,11 +1,11 @@
-"""The translator `lens` (tuned lens, Belrose et al. 2023): per anchor an affine map into the head's input space read
-through the model's frozen head, trained on KL(head || lens). Checked against what the project computes apart:
-the head the build keeps is the network's own classifier (the same random-init ResNet-18 loaded again here) and
-reproduces the stored logits from the stored head-input features; at the head's input anchor the lens agrees with
-the argmax of the stored logits on >= 99.5% of the held-out images; the objective's value and gradient equal
-torch.autograd's of a KL written here from its definition; on the demo's trained network the lens predicts as an
-exact solve (scipy, float64) of the same objective written in the logits' own coordinates, at the C it chose on
-the val rows; a store without the head is refused in one line."""
+"""`head-probe` (named `lens` until issue 50; not Belrose et al.'s tuned lens, which is `tuned-lens`): per anchor an
+affine map into the head's input space read through the model's frozen head, trained on KL(head || lens). Checked
+against what the project computes apart: the head the build keeps is the network's own classifier (the same
+random-init ResNet-18 loaded again here) and reproduces the stored logits from the stored head-input features; at
+the head's input anchor the lens agrees with the argmax of the stored logits on >= 99.5% of the held-out images;
+the objective's value and gradient equal torch.autograd's of a KL written here from its definition; on the demo's
+trained network the lens predicts as an exact solve (scipy, float64) of the same objective written in the logits'
+own coordinates, at the C it chose on the val rows; a store without the head is refused in one line."""
 
 from __future__ import annotations
 
@@ -51,16 +51,16 @@ def three_anchor_store(digits_store, tmp_path_factory):
 
 def test_lens_at_the_head_input_agrees_with_the_head(three_anchor_store, tmp_path):
     db = tmp_path / "f.duckdb"
-    run_cli("probe", "--store", three_anchor_store, "--model", "resnet18", "--db", db, "--variant", "lens",
+    run_cli("probe", "--store", three_anchor_store, "--model", "resnet18", "--db", db, "--variant", "head-probe",
             "--no-progress", "--threads", "1")
     fs = FeatureStore(three_anchor_store)
     anchors = fs.anchors("resnet18")
     n = fs.num_images
     con = duckdb.connect(str(db), read_only=True)
-    pred = con.execute("SELECT pred FROM predictions WHERE run_id = 'resnet18/clean/lens' ORDER BY image_id, "
+    pred = con.execute("SELECT pred FROM predictions WHERE run_id = 'resnet18/clean/head-probe' ORDER BY image_id, "
                        "anchor").fetchnumpy()["pred"].reshape(n, len(anchors))
     infos = {a: json.loads(i) for a, i in con.execute("SELECT anchor, info FROM probe_fits WHERE run_id = "
-                                                       "'resnet18/clean/lens'").fetchall()}
+                                                       "'resnet18/clean/head-probe'").fetchall()}
     con.close()
     head = fs.read_logits("resnet18", "clean").astype(np.float32).argmax(axis=1)
     test = make_split(fs.image_table()["image_id"]) == "test"
@@ -188,7 +188,7 @@ def test_the_demos_lens_is_the_exact_optimum_at_its_chosen_strength(demo):
     y = np.exp(logits - logits.max(axis=1, keepdims=True))
     y /= y.sum(axis=1, keepdims=True)
     con = duckdb.connect(str(home / "featstore.duckdb"), read_only=True)
-    run = "resnet18/clean/lens"
+    run = "resnet18/clean/head-probe"
     pred = con.execute("SELECT pred FROM predictions WHERE run_id = ? ORDER BY image_id, anchor", [run]).fetchnumpy()
     infos = {a: json.loads(i) for a, i in con.execute("SELECT anchor, info FROM probe_fits WHERE run_id = ?",
                                                        [run]).fetchall()}
@@ -215,7 +215,7 @@ def test_a_store_without_the_head_is_refused(tmp_path):
     feats, labels = class_clusters(120, 4, [8, 8], seed=1)
     store = write_feature_store(tmp_path / "s.zarr", feats, labels, 4)  # writes no head, as stores before did
     db = tmp_path / "f.duckdb"
-    line = fails("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "lens")
+    line = fails("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "head-probe")
     assert "keeps no head weights" in line and "featstore build" in line and "lens-direct" in line
     assert not db.exists() and "probes" not in FeatureStore(store).listed("synthetic")
     run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "lens-direct",

@@ -3,9 +3,9 @@
 A generated image set (`layouts`: dots whose arrangement is the class, coloured by class in half the images
 only; or scikit-learn's 8x8 digits as a second preset) -> a torchvision ResNet-18 trained on its train split
 once (cached as a state dict, then loaded by `--weights PATH` like any checkpoint) -> a store with the preset
-anchors and two corruption views -> probes (`linear` on every view; `knn`, `lens` and `paper` on the clean one, so
-that `featstore compare` can set every definition of "when it decides" side by side) -> learned exit gates ->
-DuckDB -> measured exit costs -> k-sweep, early-exit simulation and report.
+anchors and two corruption views -> probes (`linear` on every view; `knn`, `head-probe` and `paper` on the clean
+one, so that `featstore compare` can set every definition of "when it decides" side by side) -> learned exit
+gates -> DuckDB -> measured exit costs -> k-sweep, early-exit simulation and report.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from featstore.workflows.probe import ProbeConfig, probe
 
 IMAGE_SIZE = 32
 VIEWS = "clean,gaussian_noise-2,gaussian_blur-1"
-CLEAN_ONLY_VARIANTS = ("knn", "lens", "paper")  # beside linear on every view: the definitions compare reads
+CLEAN_ONLY_VARIANTS = ("knn", "head-probe", "paper")  # beside linear on every view: the definitions compare reads
 
 
 def digits_image_folder(root: str | Path, size: int = 32, limit: int | None = None) -> Path:

@@ -218,7 +218,7 @@ class StoreWriter(FeatureStore):
     def write_head(self, key: str, weight: np.ndarray, bias: np.ndarray, module: str) -> None:
         """Keep the classifier (the model's last Linear, `module`) beside the model's metadata: weight [C, D] and
         bias [C] float32, with their checksums in the group's attrs (written last: they mark it complete), so a
-        readout through the head (the translator `lens`) never runs the network again."""
+        readout through the head (`head-probe`, `tuned-lens`) never runs the network again."""
         g = self.root[key].require_group(HEAD)
         for name, values in (("weight", weight), ("bias", bias)):
             g.create_array(name, shape=values.shape, chunks=values.shape, dtype="float32",

@@ -1,0 +1,184 @@
+"""`tuned-lens` (Belrose et al. 2023, their reference recipe) checked against a plain torch loop written here as
+their train_loop.py writes it: one `nn.Linear` translator per anchor zero-initialised and added residually, the
+frozen head as an `nn.Linear`, autograd through KL(final || lens), torch's SGD (Nesterov) with transformers'
+linear schedule written out, `clip_grad_norm_` over every translator; the identity start (step 0 reads the head's
+own output on its input anchor, computed here in numpy), the KL falling, `--threads 1` and `2` alike, the refusal
+of an anchor whose width is not the head input's, and `lens` read as `head-probe`'s old name."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import numpy as np
+import pytest
+import torch
+from synthetic import class_clusters, write_feature_store
+
+from featstore.store.reader import FeatureStore
+
+from conftest import fails, run_cli
+
+CLASSES, WIDTH = 4, 12
+
+
+@pytest.fixture(scope="module")
+def head() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(5)
+    return (rng.normal(0, 0.4, (CLASSES, WIDTH)).astype(np.float32),
+            rng.normal(0, 0.5, CLASSES).astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, head):
+    """Three anchors as wide as the head's input; the logits are the head's on the last one."""
+    feats, labels = class_clusters(300, CLASSES, [WIDTH] * 3, seed=3)
+    return write_feature_store(tmp_path_factory.mktemp("tl") / "s.zarr", feats, labels, CLASSES, head=head)
+
+
+def probed(store, db, variant: str, threads: int = 1) -> tuple[np.ndarray, np.ndarray, dict, dict]:
+    """(pred, conf) [images, anchors], probe_fits.info by anchor and split by image id of a run of `variant`."""
+    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", variant, "--no-progress",
+            "--threads", threads)
+    con = duckdb.connect(str(db), read_only=True)
+    (run,) = con.execute("SELECT run_id FROM runs").fetchone()
+    rows = con.execute("SELECT pred, conf FROM predictions WHERE run_id = ? ORDER BY image_id, anchor",
+                       [run]).fetchnumpy()
+    infos = {a: json.loads(i) for a, i in con.execute("SELECT anchor, info FROM probe_fits WHERE run_id = ?",
+                                                       [run]).fetchall()}
+    split = dict(con.execute("SELECT image_id, split FROM images").fetchall())
+    con.close()
+    return rows["pred"].reshape(-1, 3), rows["conf"].reshape(-1, 3), infos, split
+
+
+def stored_maps(store, db) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each anchor's translator as the store keeps it for the run of `db`: (A [D_head, D], b), u = A h + b."""
+    con = duckdb.connect(str(db), read_only=True)
+    (params,) = con.execute("SELECT params FROM runs").fetchone()
+    con.close()
+    params = json.loads(params)
+    fs = FeatureStore(store)
+    kept = fs.root["synthetic"]["probes"][params["probe_name"]][params["probe_version"]]
+    return [(kept[a.name]["map"][0], kept[a.name]["map_bias"][0]) for a in fs.anchors("synthetic")]
+
+
+def reference_lens(xs: list[np.ndarray], p: np.ndarray, weight: np.ndarray, bias: np.ndarray, steps: int):
+    """The reference recipe in float64, as tuned_lens/scripts/train_loop.py and ingredients.py write it: returns
+    the translators and each anchor's KL before every step and after the last."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(WIDTH, CLASSES).double().requires_grad_(False)
+    head.weight.copy_(torch.from_numpy(weight)), head.bias.copy_(torch.from_numpy(bias))
+    lens = torch.nn.ModuleList([torch.nn.Linear(WIDTH, WIDTH).double() for _ in xs])
+    for translator in lens:  # TunedLens.__init__: weight.data.zero_(); bias.data.zero_()
+        translator.weight.data.zero_(), translator.bias.data.zero_()
+    beta = 0.9
+    opt = torch.optim.SGD(lens.parameters(), lr=1.0 * (1 - beta), momentum=beta, nesterov=True, weight_decay=1e-3)
+    warmup = 0  # transformers' get_linear_schedule_with_warmup(opt, 0, num_steps), its lr_lambda as written there
+
+    def lr_lambda(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        return max(0.0, (steps - step) / max(1, steps - warmup))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
+    h = [torch.from_numpy(x).double() for x in xs]
+    labels = torch.from_numpy(p).double().log()
+
+    def kl(i):  # TunedLens.forward: unembed(h + translator(h)); the KL loss of train_loop.py
+        logits = head(h[i] + lens[i](h[i]))
+        return torch.sum(labels.exp() * (labels - logits.log_softmax(-1)), dim=-1).mean()
+
+    history = []
+    for _ in range(steps):
+        losses = []
+        for i in range(len(h)):
+            loss = kl(i)
+            loss.backward()
+            losses.append(float(loss.detach()))
+        history.append(losses)
+        torch.nn.utils.clip_grad_norm_(lens.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        schedule.step()
+    with torch.no_grad():
+        history.append([float(kl(i)) for i in range(len(h))])
+    return lens, np.array(history).T  # [anchors, steps + 1]
+
+
+def test_the_lens_is_the_reference_recipe_step_for_step(store, head, tmp_path):
+    steps = 40
+    db = tmp_path / "f.duckdb"
+    pred, _, infos, split = probed(store, db, f"tuned-lens:steps={steps}")
+    fs = FeatureStore(store)
+    ids = fs.image_table()["image_id"]
+    train = np.array([split[int(i)] == "train" for i in ids])
+    xs = [fs.read("synthetic", "clean", a.name).astype(np.float32).astype(np.float64)
+          for a in fs.anchors("synthetic")]
+    logits = fs.read_logits("synthetic", "clean").astype(np.float32)
+    p = torch.softmax(torch.from_numpy(logits), dim=-1).double().numpy()  # the trainer's targets, float32 softmax
+    lens, history = reference_lens([x[train] for x in xs], p[train], *head, steps)
+    weight, bias = (v.astype(np.float64) for v in head)
+    for a, ((big_a, small_b), translator) in enumerate(zip(stored_maps(store, db), lens, strict=True)):
+        ref_a = np.eye(WIDTH) + translator.weight.detach().numpy()  # u = h + W h + b
+        ref_b = translator.bias.detach().numpy()
+        assert np.abs(big_a - ref_a).max() < 1e-4 * max(1.0, np.abs(ref_a).max()), a
+        assert np.abs(small_b - ref_b).max() < 1e-4 * max(1.0, np.abs(ref_b).max()), a
+        theirs = (xs[a] @ ref_a.T + ref_b) @ weight.T + bias
+        top2 = np.sort(theirs, axis=1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 1e-4
+        assert (pred[clear, a] == theirs[clear].argmax(axis=1)).all(), a
+        ours = np.array(infos[a]["train_kl_per_step"])
+        assert ours.shape == (steps + 1,)
+        assert np.allclose(ours, history[a], rtol=1e-4, atol=1e-6), (a, ours[:3], history[a, :3])
+        print(f"anchor {a}: KL {history[a, 0]:.4f} -> {history[a, -1]:.4f}, ours {ours[0]:.4f} -> {ours[-1]:.4f}")
+    assert history[0, -1] < 0.5 * history[0, 0] and history[1, -1] < 0.5 * history[1, 0]  # the KL falls
+    assert history[2, 0] < 1e-3  # the head's input: the identity start already reads the head
+    assert infos[0]["init"] == "identity" and infos[0]["map"] == "tuned lens"
+
+
+def test_step_zero_reads_the_heads_own_output_on_its_input(store, head, tmp_path):
+    pred, conf, infos, _ = probed(store, tmp_path / "f.duckdb", "tuned-lens:steps=0")
+    fs = FeatureStore(store)
+    x = fs.read("synthetic", "clean", fs.anchors("synthetic")[-1].name).astype(np.float64)
+    logits = x @ head[0].T.astype(np.float64) + head[1]
+    q = np.exp(logits - logits.max(axis=1, keepdims=True))
+    q /= q.sum(axis=1, keepdims=True)
+    assert (pred[:, -1] == logits.argmax(axis=1)).all()
+    assert np.abs(conf[:, -1] - q.max(axis=1)).max() < 1e-5
+    assert len(infos[2]["train_kl_per_step"]) == 1 and infos[2]["train_kl_per_step"][0] < 1e-3
+
+
+def test_one_and_two_threads_give_the_same_lens(store, tmp_path):
+    one = probed(store, tmp_path / "1.duckdb", "tuned-lens:steps=60", threads=1)
+    two = probed(store, tmp_path / "2.duckdb", "tuned-lens:steps=60", threads=2)
+    maps_one, maps_two = stored_maps(store, tmp_path / "1.duckdb"), stored_maps(store, tmp_path / "2.duckdb")
+    assert np.array_equal(one[0], two[0]) and np.array_equal(one[1], two[1])
+    for (a1, b1), (a2, b2) in zip(maps_one, maps_two, strict=True):
+        assert np.array_equal(a1, a2) and np.array_equal(b1, b2)
+
+
+def test_an_anchor_narrower_than_the_heads_input_is_refused(head, tmp_path):
+    feats, labels = class_clusters(120, CLASSES, [8, WIDTH, WIDTH], seed=1)
+    narrow = write_feature_store(tmp_path / "s.zarr", feats, labels, CLASSES, head=head)
+    db = tmp_path / "f.duckdb"
+    line = fails("probe", "--store", narrow, "--model", "synthetic", "--db", db, "--variant", "tuned-lens")
+    assert "1 of 3 anchors" in line and "anchor00 (8)" in line and f"head's input ({WIDTH})" in line
+    assert "--anchors anchor01,anchor02" in line and "head-probe" in line
+    assert not db.exists() and "probes" not in FeatureStore(narrow).listed("synthetic")
+
+
+def test_lens_is_read_as_head_probes_old_name(store, tmp_path):
+    db = tmp_path / "f.duckdb"
+    result = run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "lens",
+                     "--no-progress", "--threads", "1")
+    assert "--variant lens is now --variant head-probe" in result.output and "tuned-lens" in result.output
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT run_id, probe FROM runs").fetchall() == [("synthetic/clean/head-probe", "head-probe")]
+    con.close()
+
+
+def test_the_old_name_cannot_be_registered_for_another_variant():
+    from featstore.probing.base import ProbeVariant, register
+
+    with pytest.raises(ValueError, match="'lens' is the old name of the probe variant 'head-probe'"):
+        register(type("Mine", (ProbeVariant,), {"name": "lens"}))
