@@ -14,6 +14,7 @@ from featstore.analytics import queries as q
 from featstore.analytics import robustness as rb
 from featstore.analytics.report_figures import _Figures, _slug, _table
 
+_plural = pl.when(pl.col("probes") == 1).then(pl.lit("")).otherwise(pl.lit("s"))  # "1 probe", "6 probes"
 SHOWN = ("f_early", "f_mid", "f_late", "never_stable")  # the fractions a row shows with their intervals
 
 
@@ -30,7 +31,7 @@ def spread_table(sweep: pl.DataFrame) -> pl.DataFrame:
     ranges = (sweep.group_by("model", "view", "k", maintain_order=True)
               .agg(pl.len().alias("probes"), pl.first("n"), pl.first("band_holds"), pl.first("band_holds_lo"),
                    pl.first("band_holds_hi"), *(pl.first(f"{name}_{end}") for name in SHOWN for end in ("min", "max")))
-              .select("model", "view", "k", pl.format("range over {} probes", "probes").alias("run_id"), "n",
+              .select("model", "view", "k", pl.format("range over {} probe{}", "probes", _plural).alias("run_id"), "n",
                       *(pl.format("{}..{}", pl.col(f"{name}_min").round(3), pl.col(f"{name}_max").round(3)).alias(name)
                         for name in SHOWN),
                       _with_interval("band_holds").alias("holds"), pl.lit(1).alias("order")))

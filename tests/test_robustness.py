@@ -182,7 +182,7 @@ def test_timeline_spread_prints_intervals_and_the_range(world):
     _, db, _, _ = world
     text = run_cli("timeline", "--db", db, "--spread", "--k", "2").output
     assert "range over 4 probes" in text and "m/clean/linear:C_step=-1" in text and "[" in text
-    assert "range over 1 probes" in text  # the noisy view's set of one
+    assert "range over 1 probe " in text  # the noisy view's set of one
     frame = run_cli("timeline", "--db", db, "--spread", "--format", "csv").output
     assert frame.splitlines()[0].startswith("model,view,k,run_id") and "f_early_lo" in frame
     assert "--spread and --image" in fails("timeline", "--db", db, "--spread", "--image", "3")
