@@ -23,6 +23,7 @@ from featstore.analytics import queries as q
 from featstore.analytics.db import connect, connect_several
 from featstore.analytics.report_figures import PAGE_PX, _Figures, _slug, _table
 from featstore.analytics.report_readouts import readout_sections
+from featstore.analytics.report_robustness import robustness_section
 from featstore.errors import FeatstoreError
 
 
@@ -112,6 +113,7 @@ def _write_page(con, db: str | Path, out: Path, ks: Sequence[int], scope: str, k
         f"<h2>Cross-model table (k = {k_mid}, shaped like the paper's Table 1)</h2>",
         _table(q.paper_table(con, k_mid, scope)),
     ] + _seeds_and_population(con, k_mid, scope)
+    sections.insert(0, robustness_section(figs, con, ks, k_mid, scope, late_caveat))  # the page opens with it
     clean = runs.filter(pl.col("view") == "clean")
     for model in clean["model"].unique(maintain_order=True).to_list():
         sections.append(_probe_accuracy(figs, accuracy.filter(pl.col("model") == model), model,

@@ -414,16 +414,22 @@ def export(db: Path, out: Path) -> None:
 @cli.command()
 @option("--db", "read")
 @options(option("--run", "any"), option("--k"), option("--min-conf"), option("--scope"), option("--format"),
-         option("--image"))
+         option("--image"), option("--spread"))
 @user_errors
 def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope: str, fmt: str,
-             image_id: int | None) -> None:
+             image_id: int | None, spread: bool) -> None:
     """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong
-    (--image ID: that image's class and confidence at every anchor of every run instead; --run: only those runs)."""
-    from featstore.analytics.queries import k_sweep, runs, stability_windows
-    from featstore.analytics.report import image_timeline, image_timeline_table, late_caveat
+    (--image ID: that image's class and confidence at every anchor of every run instead; --run: only those runs;
+    --spread: the sweep over a set of probes, with intervals and the range over the set)."""
+    from featstore.analytics.queries import k_sweep, stability_windows
+    from featstore.analytics.report import image_timeline, image_timeline_table
 
     chosen = run_list(run_id)
+    if spread and image_id is not None:
+        raise FeatstoreError("--spread and --image exclude each other: the sweep's spread, or one image's timeline")
+    if spread:
+        print_spread(db, ks, scope, chosen, min_conf, fmt)
+        return
     if image_id is not None:
         ks = stability_windows(db, ks, chosen)  # the default trimmed to the anchors, a k given checked
         k = ks[0] if len(ks) == 1 else 2 if 2 in ks else ks[0]  # the one --k given, else 2
@@ -438,11 +444,37 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
         return
     frame = k_sweep(db, ks, scope, min_conf, chosen)
     print_frame(frame.drop("model", "view", "probe"), fmt)
+    print_late_notes(db, frame, ks, fmt)
+
+
+def print_late_notes(db: Path, frame, ks: list[int], fmt: str) -> None:
+    """Where no stable l* can be late at some k of a sweep (its runs' anchor counts), say so once per note."""
+    from featstore.analytics.queries import runs
+    from featstore.analytics.report import late_caveat
+
     shown = runs(db)
     lengths = sorted(set(shown.filter(shown["run_id"].is_in(frame["run_id"].to_list()))["n_anchors"]))
     for note in dict.fromkeys(late_caveat(n - 1, k) for n in lengths for k in ks):
         if note:
             click.echo(f"note: {note}", err=fmt != "table")
+
+
+def print_spread(db: Path, ks: list[int], scope: str, chosen: list[str] | None, min_conf: float, fmt: str) -> None:
+    """`timeline --spread`: the robustness sweep (analytics/robustness.py); the table shows each fraction as
+    'value [low, high]' and each set's range once per k."""
+    from featstore.analytics.report_robustness import spread_table
+    from featstore.analytics.robustness import robust_sweep
+
+    frame = robust_sweep(db, ks, scope, chosen, min_conf)
+    if frame.is_empty():
+        raise FeatstoreError("no images that every probe of the set counts in this scope; pass --run or --scope")
+    if fmt != "table":
+        print_frame(frame, fmt)
+        return
+    click.echo("band fractions per probe, [95% bootstrap interval over images]; holds = share whose band is the same "
+               "under every probe of the set; range = min..max over the set")
+    print_frame(spread_table(frame), full=True)
+    print_late_notes(db, frame, sorted(set(frame["k"])), fmt)
 
 
 @cli.command()

@@ -251,6 +251,11 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--image": {"": (("image_id",), dict(type=click.IntRange(min=0), help="Print this image's timeline instead: "
                                          "class and confidence at every anchor of every run (or of --run's), "
                                          "l*(k) marked (k: the one --k given, else 2)."))},
+    "--spread": {"": ((), dict(is_flag=True, help="Print the sweep over a set of probes instead (--run's, else "
+                                             "every run of probe seed 0 without cross-fit): each probe's band "
+                                             "fractions with 95% bootstrap intervals over images (seed 0, 1,000 "
+                                             "resamples), their range over the set, and the share of images whose "
+                                             "band holds under all."))},
     "--full": {"": ((), dict(is_flag=True, help="Show every row and whole lists (timelines) in the table format."))},
     # compare
     "--per-pair": {"": ((), dict(default=4, type=click.IntRange(min=0), help="Disagreeing images listed per pair."))},

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from featstore.errors import FeatstoreError
 from featstore.probing import targets
 from featstore.probing.base import AnchorContext, LinearFit, Plan, ProbeGroup, ProbeVariant, register
 from featstore.probing.strength import (
@@ -50,6 +51,7 @@ from featstore.schema import Int, Real
 
 PRECONDITION_ABOVE = 8.0  # top eigenvalue / mean eigenvalue beyond which an anchor is preconditioned
 MIN_STEPS = 24  # mini-batches per epoch at least (smaller batches on small sets)
+MAX_C_STEP = 3  # grid steps a neighbour run may move from the chosen C (docs/design.md §5, "Robustness")
 
 
 def spectrum_preconditioner(xs: torch.Tensor) -> torch.Tensor:
@@ -111,11 +113,18 @@ class Linear(ProbeVariant):
         "decays": Int(3, ge=0, help="step-size cuts before a plateau means converged"),
         "full_batch": Int(1, ge=0, le=1, help="1: full-batch L-BFGS on resident rows; 0: SGD throughout"),
         **strength_parameters("|W|^2", solve="full_batch: "),
+        "C_step": Int(0, ge=-MAX_C_STEP, le=MAX_C_STEP,
+                      help="a neighbour run: solve each anchor at the grid value this many steps from the C its "
+                           "val rows choose (-1: the next stronger penalty; clamped to the grid)"),
     }
 
     @classmethod
     def relations(cls, params: dict) -> None:
         check_grid(params)
+        if params["C_step"] and (params["C"] or not params["full_batch"]):
+            given = f"C={params['C']:g}" if params["C"] else "full_batch=0"
+            raise ValueError(f"C_step={params['C_step']} steps from the C the search chooses; it needs the search "
+                             f"(C=0 and full_batch=1, not {given})")
         low, high = params["lr_low"], params["lr_high"]
         if low > high:
             raise ValueError(f"lr_low={low:g} exceeds lr_high={high:g}; give lr_low <= lr_high")
@@ -162,6 +171,9 @@ class LinearGroup(ProbeGroup):
         self.anchors = [ctx.anchor for ctx in ctxs]
         self.lrs, self.momentum, self.tol, self.decay, self.decays = lrs, momentum, tol, decay, decays
         self.solves = full_batch.on and ctx0.resident  # `finish` will solve: no SGD, so no preconditioning
+        if full_batch.grid.step and not self.solves:
+            raise FeatstoreError(f"linear:C_step={full_batch.grid.step} needs the C search, which needs the fit rows "
+                                 f"in memory; raise --memory-budget (these rows are streamed from the store)")
         self.sgd_c = full_batch.grid.pinned or 1.0  # SGD has no search: the pinned C, or scikit-learn's default
         self.wd = 1.0 / (self.sgd_c * ctx0.n_fit)  # on the rows the final probe learns from
         self.held_out: dict[int, tuple[float, float]] = {}  # anchor -> val loss and accuracy, rows not learnt from
@@ -292,6 +304,7 @@ class LinearGroup(ProbeGroup):
             self.history[a].append(st.loss)
             self.held_out[a] = (solved.val_loss[i], solved.val_accuracy[i])
             self.solver[a] = {"solver": "lbfgs", "cap": "max_iterations", "C": solved.c[i],
+                              **({"C_chosen": solved.chosen[i]} if self.full_batch.grid.step else {}),
                               "C_chosen_on": "pinned" if self.full_batch.grid.pinned else "val loss",
                               "val_loss_per_C": solved.path[i], "lbfgs_iterations": st.iterations,
                               "lbfgs_stop": st.stop, "max_gradient": st.max_gradient, "gtol": solved.gtol,

@@ -53,6 +53,7 @@ class StrengthGrid:
     high: float = 1e2
     per_decade: int = 2
     pinned: float = 0.0  # > 0: this C, no search
+    step: int = 0  # != 0: solve at the grid value this many steps from the chosen C (a neighbour run, below)
 
     def values(self) -> tuple[float, ...]:
         if self.pinned > 0:
@@ -125,7 +126,8 @@ def check_grid(params: dict) -> None:
 
 
 def grid_of(params: dict) -> StrengthGrid:
-    return StrengthGrid(params["C_low"], params["C_high"], params["C_per_decade"], params["C"])
+    return StrengthGrid(params["C_low"], params["C_high"], params["C_per_decade"], params["C"],
+                        params.get("C_step", 0))  # a family without the parameter solves at the chosen C
 
 
 def tolerances_of(params: dict) -> Tolerances:
@@ -146,6 +148,8 @@ class Solved:
     passes: list[int]  # passes over rows, path and refit
     precision: list[str] = field(default_factory=list)  # the refit's last solve: float32 or float64
     gtol: float = math.nan  # the refit's gradient test
+    chosen: list[float] = field(default_factory=list)  # per anchor, the C the val rows chose (c: that C moved by
+    # the grid's `step`, clamped to the grid; the same as `c` without a step)
 
 
 def choose_and_solve(x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, family: Family, grid: StrengthGrid,
@@ -194,7 +198,11 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, fam
         active = [a for a in active if worse[a] < PATH_PATIENCE]
         if not active:
             break
-    l2 = torch.tensor([1.0 / (c * n) for c in chosen], dtype=torch.float64, device=x.device)
+    solved_at = [_stepped(cs, c, grid.step) for c in chosen]
+    if grid.step:  # a neighbour of the choice: its held-out figures are those of no chosen probe
+        val_loss = [path[a].get(format(solved_at[a], "g"), math.nan) for a in range(g)]
+        val_acc = [math.nan] * g
+    l2 = torch.tensor([1.0 / (c * n) for c in solved_at], dtype=torch.float64, device=x.device)
     # one gradient test for the group: the tightest anchor's (the others only get closer to their optimum)
     gtol = min(tol.gtol, REFIT_RELATIVE * float(l2.min()))
     w32, states = minimise(family.objective(x, y, l2), best_w, gtol, tol.max_iterations, tol.memory,
@@ -211,7 +219,14 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, fam
             states[a], precision[a] = finals[j], "float64"
     for a in range(g):
         passes[a] += states[a].evaluations
-    return Solved(w32, chosen, val_loss, val_acc, path, states, passes, precision, gtol)
+    return Solved(w32, solved_at, val_loss, val_acc, path, states, passes, precision, gtol, chosen)
+
+
+def _stepped(grid: tuple[float, ...], chosen: float, step: int) -> float:
+    """The grid value `step` places from `chosen` (negative: stronger penalties), clamped to the grid's ends: the
+    C a neighbour run solves at. The refit starts from the path's solution at the chosen C and is solved to the
+    neighbour's optimum, so where it starts does not move its predictions."""
+    return grid[min(max(grid.index(chosen) + step, 0), len(grid) - 1)]
 
 
 def _minimise_subset(objective, w: torch.Tensor, idx: torch.Tensor, gtol: float, tol: Tolerances,

@@ -85,7 +85,7 @@ def test_demo_runs_offline_end_to_end_and_caches_the_network(demo, tmp_path):
     # the probe runs already landed are kept as they were (same weights version, same time written), so the
     # printed sweep is the first run's
     runs_after = q.runs(out / "layouts" / "featstore.duckdb").select("run_id", "probe_version", "created_at")
-    assert runs_after.equals(runs_before) and len(runs_after) == 6
+    assert runs_after.equals(runs_before) and len(runs_after) == 8  # 3 views + knn, lens, paper, C ± 1
     assert again.split("Where the clean")[1].split("time:")[0] == text.split("Where the clean")[1].split("time:")[0]
 
 

@@ -4,8 +4,9 @@ Checked in the page as Chromium lays it out, not in the HTML text: no horizontal
 no console error, and every figure's caption naming the runs it draws (the run ids read from the database).
 Skips with one line where Chromium, its driver or Selenium is missing; `.ci/run` installs them.
 
-Also a script: `python tests/test_report_browser.py REPORT.html OUT_DIR PREFIX` saves the four views (top, one
-run section, a Pareto table, a per-image timeline) as PNGs, e.g. to compare two versions of the report.
+Also a script: `python tests/test_report_browser.py REPORT.html OUT_DIR PREFIX` saves the five views (top, the
+robustness section, one run section, a Pareto table, a per-image timeline) as PNGs, e.g. to compare two versions
+of the report.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def load(driver, report: Path) -> None:
 
 VIEWS = {  # name -> JS that returns the element to scroll to the top (null: the page's top)
     "top": "return null;",
+    "robustness": "return document.getElementById('robustness');",
     "run_section": "return document.querySelector('section.run') ||"
                    " [...document.querySelectorAll('h2')].find(h => h.nextElementSibling &&"
                    " h.nextElementSibling.className === 'headline');",
@@ -142,6 +144,33 @@ def test_every_figure_names_its_runs(page):
     assert len(accuracy) == 1, accuracy  # one figure comparing the model's probes, not one per run
     for run_id, *_ in runs:
         assert run_id in accuracy[0], (run_id, accuracy[0])
+
+
+def test_the_page_opens_with_what_of_the_timeline_is_the_networks(page):
+    """The first section under the title is the robustness readout: a headline, a table with every clean probe of
+    seed 0 (read from the database: the neighbour-C runs among them) and its figure, decoded."""
+    import duckdb
+
+    driver, home = page
+    con = duckdb.connect(str(home / "featstore.duckdb"), read_only=True)
+    try:
+        members = [r for (r,) in con.execute("SELECT run_id FROM runs WHERE view = 'clean' AND seed = 0 AND "
+                                             "cross_fit = 0 ORDER BY run_id").fetchall()]
+    finally:
+        con.close()
+    assert "resnet18/clean/linear:C_step=-1" in members and "resnet18/clean/linear:C_step=1" in members
+    first = driver.execute_script("const h = document.querySelector('h2'); const s = [];"
+                                  " for (let e = h.nextElementSibling; e && e.tagName !== 'H2';"
+                                  " e = e.nextElementSibling) s.push(e);"
+                                  " return [h.id, h.textContent, h.getBoundingClientRect().top,"
+                                  " s.map(e => e.textContent).join(' '),"
+                                  " s.flatMap(e => [...e.querySelectorAll('img')]).map(i => i.naturalWidth)]")
+    sid, title, top, text, widths = first
+    assert sid == "robustness" and title == "What of this timeline is the network's" and top < HEIGHT
+    assert f"holds under all {len(members)} probes" in text, text[:400]
+    for run_id in members:
+        assert run_id in text, run_id
+    assert widths and all(w > 0 for w in widths)
 
 
 def test_every_gallery_image_has_a_timeline(page):
