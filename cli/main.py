@@ -21,7 +21,7 @@ from featstore.cli.options import (
     run_options,
 )
 from featstore.compute.specs import ImageSource, ModelSpec, RunOptions, split_options
-from featstore.errors import FeatstoreError, FeatstoreWarning, RunReplaced, interrupted, storage_failure
+from featstore.errors import FeatstoreError, FeatstoreWarning, Interrupted, RunReplaced, interrupted, storage_failure
 
 
 def user_errors(fn):
@@ -32,7 +32,7 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except FeatstoreError as e:
+        except (FeatstoreError, Interrupted) as e:
             click.echo(f"featstore: error: {e}", err=True)
             sys.exit(2)
         except Exception as e:

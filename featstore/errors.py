@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 
-class FeatstoreError(Exception):
-    """A problem with the user's input (a file, a flag, a store) whose message names the file and the fix."""
+class FeatstoreError(ValueError):
+    """A problem with the user's input (a file, a flag, a store) whose message names the file and the fix: a
+    ValueError, as scikit-learn's and numpy's refusals of bad input are, so code that catches those catches it."""
 
 
-class Interrupted(FeatstoreError, KeyboardInterrupt):
-    """Ctrl-C that featstore caught mid-write and rolled back: a FeatstoreError (the CLI says it in one line, exit
-    status 2) that is still a KeyboardInterrupt (code that stops on Ctrl-C still stops)."""
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C that featstore caught mid-write and rolled back: a KeyboardInterrupt (code that stops on Ctrl-C still
+    stops; no `except ValueError` swallows it) whose message says what was rolled back (the CLI says it in one
+    line, exit status 2)."""
 
 
 class FeatstoreWarning(UserWarning):

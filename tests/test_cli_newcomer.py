@@ -73,3 +73,15 @@ def test_ctrl_c_outside_a_write_is_one_line_and_status_130():
     finally:
         del cli.commands["ctrl-c-now"]
     assert result.exit_code == 130 and result.output.strip() == "featstore: interrupted", result.output
+
+
+def test_featstore_errors_are_value_errors_and_an_interrupt_is_not():
+    """A bad input is a ValueError in Python (as scikit-learn's refusals are: `except ValueError` catches it); the
+    rolled-back Ctrl-C stays a KeyboardInterrupt that no `except ValueError` or `except Exception` swallows."""
+    from featstore.errors import FeatstoreError, Interrupted
+    from featstore.probing.split import checked
+
+    with pytest.raises(ValueError, match="val_frac=1.5"):
+        checked(val_frac=1.5)
+    assert issubclass(FeatstoreError, ValueError)
+    assert issubclass(Interrupted, KeyboardInterrupt) and not issubclass(Interrupted, Exception)

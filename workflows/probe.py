@@ -9,8 +9,9 @@ leaves the old weights and rows in place. The versions this database's runs no l
 no others: two jobs of one probe name (other databases, or one view each) keep each other's weights.
 
 Ctrl-C (SIGINT) during that write rolls it back: the first interrupt raises where the write is, every further one
-is only noted until the rollback is done, and the job ends with `Interrupted` (a `FeatstoreError`, so the CLI says
-one line and exits 2, and a `KeyboardInterrupt`, so Python code that stops on Ctrl-C still does). Once the rows
+is only noted until the rollback is done, and the job ends with `Interrupted` (a `KeyboardInterrupt`, so Python
+code that stops on Ctrl-C still does, whose message says what was rolled back: the CLI prints it in one line and
+exits 2). Once the rows
 are committed, an interrupt waits for the job's last steps.
 """
 
