@@ -546,9 +546,9 @@ def image_timeline_table(frame: pl.DataFrame, html_cells: bool = False) -> str |
     for run_id in runs:
         part = frame.filter(pl.col("run_id") == run_id).sort("anchor")
         head = part.row(0, named=True)
-        never = bool(head["never_stable"])  # placed at T by the sweep, which is no decision: no ◆
-        cells = {r["anchor"]: (("◆ " if r["decided"] and not never else "") + f"{r['pred_name'] or r['pred']} "
-                               f"{r['conf']:.2f}", r["correct"]) for r in part.iter_rows(named=True)}
+        never = bool(head["never_stable"])  # placed at T by the sweep, which is no decision: no ◆ (not `decided`)
+        cells = {r["anchor"]: (("◆ " if r["decided"] else "") + f"{r['pred_name'] or r['pred']} {r['conf']:.2f}",
+                               r["correct"]) for r in part.iter_rows(named=True)}
         label = f"{head['probe']} on {head['view']}" + (" (never stable)" if never else "")
         label = label if label not in columns else f"{label} ({run_id})"
         columns[label] = [cells.get(a, ("", True)) for a in columns["anchor"]]

@@ -131,7 +131,10 @@ def test_a_never_stable_timeline_has_no_decision_marker(world):
     assert "linear on clean (never stable)" in text and "paper on clean (never stable)" not in text
     from featstore.analytics.report import image_timeline, image_timeline_table
 
-    table = image_timeline_table(image_timeline(world.db, image, 2))
+    frame = image_timeline(world.db, image, 2)
+    decided = frame.filter(pl.col("decided")).select("run_id", "anchor").rows()
+    assert decided == [(PAPER, stable_layer(world.preds[PAPER][image].tolist(), 2))]  # none in the never-stable run
+    table = image_timeline_table(frame)
     never, settled = table["linear on clean (never stable)"].to_list(), table["paper on clean"].to_list()
     assert not any(cell.startswith("◆") for cell in never)
     assert [a for a, cell in enumerate(settled) if cell.startswith("◆")] == [
