@@ -19,6 +19,7 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
+from featstore.analytics.bands import BANDS
 from featstore.analytics.db import connect, connect_several, in_memory
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
 from featstore.analytics.scopes import SCOPES
@@ -209,6 +210,13 @@ def stability_windows(db: Db, ks: Sequence[int] | None = None, runs: Sequence[st
     return sorted(ks)
 
 
+def check_band(band: str) -> str:
+    """A band the sweep knows ('paper' or 'window'); any other word is refused in one line before the query."""
+    if band not in BANDS:
+        raise FeatstoreError(f"--band {band!r}: use one of {', '.join(BANDS)}")
+    return band
+
+
 def check_min_conf(min_conf: float) -> float:
     """The joint criterion's confidence threshold θ: 0 (stability alone) up to 1."""
     if not 0 <= min_conf <= 1:
@@ -226,18 +234,22 @@ def decision_layers(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0) 
     return _per_k("decision_layers", db, k, scope, min_conf)
 
 
-def decision_summary(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
-    return _per_k("decision_summary", db, k, scope, min_conf)
+def decision_summary(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0, band: str = "paper") -> pl.DataFrame:
+    """decision_sweep's row of every run at k; `band`: 'paper' (thirds of T) or 'window' (thirds of T - k)."""
+    return query(db, "SELECT * FROM decision_summary(?, scope := ?, min_conf := ?, band := ?)",
+                 [k, check_scope(scope), check_min_conf(min_conf), check_band(band)])
 
 
 def k_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = "auto", min_conf: float = 0.0,
-            runs: Sequence[str] | None = None) -> pl.DataFrame:
-    """decision_sweep at the windows ks, of every run or of the runs named (each must exist)."""
+            runs: Sequence[str] | None = None, band: str = "paper") -> pl.DataFrame:
+    """decision_sweep at the windows ks, of every run or of the runs named (each must exist), in the paper's band
+    or the window-aware one (`band`, docs/design.md §5)."""
     check_scope(scope)
+    check_band(band)
     chosen = known_runs(db, runs) if runs else None
     ks = stability_windows(db, ks)
-    frame = query(db, "SELECT * FROM decision_sweep(?, scope := ?, min_conf := ?)",
-                  [max(ks), scope, check_min_conf(min_conf)])
+    frame = query(db, "SELECT * FROM decision_sweep(?, scope := ?, min_conf := ?, band := ?)",
+                  [max(ks), scope, check_min_conf(min_conf), band])
     frame = frame.filter(pl.col("k").is_in(list(ks)))
     return frame if chosen is None else frame.filter(pl.col("run_id").is_in(chosen))
 
@@ -279,9 +291,10 @@ def population(db: Db, scope: str = "auto") -> pl.DataFrame:
     return query(db, "SELECT * FROM population(scope := ?)", [check_scope(scope)])
 
 
-def run_agreement(db: Db, run_a: str, run_b: str, k: int = 2, scope: str = "all") -> pl.DataFrame:
+def run_agreement(db: Db, run_a: str, run_b: str, k: int = 2, scope: str = "auto") -> pl.DataFrame:
     """How far two runs of one view agree: per anchor the share of identical predictions, then (anchor null) the
-    share of identical l*(k) and early/mid/late band, on the images both predicted (sql/run_agreement.sql)."""
+    share of identical l*(k) and early/mid/late band, on the images both predicted that the scope counts for both
+    (by default what every summary and the report count: the test split; sql/run_agreement.sql)."""
     return query(db, "SELECT * FROM run_agreement(?, ?, k := ?, scope := ?)", [run_a, run_b, k, check_scope(scope)])
 
 
@@ -481,6 +494,7 @@ class Comparison:
     agreement: pl.DataFrame  # per pair: n, Spearman, same band, early-by-one-late-by-the-other counts
     crosstab: pl.DataFrame  # per pair: the early/mid/late cross-table
     disagreements: pl.DataFrame  # per pair: a few images early by one and late by the other
+    decided: pl.DataFrame  # the same where both layers are decisions (no fallback at T or T + 1), with their count n
 
     def shortened(self) -> Comparison:
         """The same tables with the run ids' common 'model/view/' prefix left out of every definition's name."""
@@ -494,7 +508,7 @@ class Comparison:
             return frame.with_columns(pl.col(c).str.replace(prefix, "", literal=True) for c in names)
 
         return Comparison([r.removeprefix(prefix) for r in self.runs], short(self.summary), short(self.agreement),
-                          short(self.crosstab), short(self.disagreements))
+                          short(self.crosstab), short(self.disagreements), short(self.decided))
 
     def matrix(self, value: str) -> pl.DataFrame:
         """A per-pair statistic as a square table, rows and columns in the summary's order (columns #1, #2, ...):
@@ -542,11 +556,13 @@ def compare(db: Db, runs: Sequence[str] | None = None, k: int = 2, min_conf: flo
         runs = comparison_runs(con, runs)
         args = [runs, k, check_min_conf(min_conf), check_scope(scope)]
         tail = "(?, k := ?, min_conf := ?, scope := ?)"
+        picked = "(?, k := ?, min_conf := ?, per_pair := ?, scope := ?)"
         return Comparison(runs, query(con, f"SELECT * FROM definition_summary{tail}", args),
                           query(con, f"SELECT * FROM definition_agreement{tail}", args),
                           query(con, f"SELECT * FROM definition_crosstab{tail}", args),
-                          query(con, "SELECT * FROM definition_disagreements(?, k := ?, min_conf := ?, per_pair := ?, "
-                                     "scope := ?)", [*args[:3], per_pair, args[3]]))
+                          query(con, f"SELECT * FROM definition_disagreements{picked}", [*args[:3], per_pair, args[3]]),
+                          query(con, f"SELECT * FROM definition_decided_disagreements{picked}",
+                                [*args[:3], per_pair, args[3]]))
     finally:
         if con is not db:
             con.close()

@@ -13,7 +13,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +59,13 @@ def late_caveat(t: int, k: int) -> str:
         return ""
     return (f"at k = {k} with {t + 1} anchors no stable l* can be late (a stable l* is at most T - k = {t - k}, late "
             f"starts at anchor {late_start}, the first at or past 0.7T): late = never stable")
+
+
+def late_notes(ts: Iterable[int], ks: Iterable[int]) -> list[str]:
+    """Every distinct `late_caveat` of these last anchors T and windows k, in order: the notes a sweep printed or
+    shown in the paper's band carries (`timeline`, the demo, the report's tables)."""
+    ks = list(ks)
+    return [note for note in dict.fromkeys(late_caveat(t, k) for t in ts for k in ks) if note]
 
 
 def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = None, scope: str = "auto",
@@ -107,11 +114,12 @@ def _write_page(con, db: str | Path, out: Path, ks: Sequence[int], scope: str, k
     sweep = q.k_sweep(con, ks, scope)
     accuracy = q.probe_accuracy(con, scope)
     k_mid = k if k is not None else 2 if 2 in ks else ks[0]
+    lasts = sorted({n - 1 for n in runs["n_anchors"].to_list()})  # every run's T
     sections = _unconverged(q.unconverged_probes(con)) + [
         "<h2>k-sweep (decision-layer statistics per run)</h2>",
-        _table(sweep.drop("model", "probe")),
+        _table(sweep.drop("model", "probe")), _notes(late_notes(lasts, ks)), _window_sweep(con, ks, scope),
         f"<h2>Cross-model table (k = {k_mid}, shaped like the paper's Table 1)</h2>",
-        _table(q.paper_table(con, k_mid, scope)),
+        _table(q.paper_table(con, k_mid, scope)), _notes(late_notes(lasts, [k_mid])),
     ] + _seeds_and_population(con, k_mid, scope)
     sections.insert(0, robustness_section(figs, con, ks, k_mid, scope, late_caveat))  # the page opens with it
     clean = runs.filter(pl.col("view") == "clean")
@@ -131,6 +139,13 @@ def _write_page(con, db: str | Path, out: Path, ks: Sequence[int], scope: str, k
                  _tap_heatmap(figs, con, run["run_id"], scope)]
         sections.append(f"<section class='run' id='run-{_slug(run['run_id'])}' "
                         f"data-run='{html.escape(run['run_id'])}'>{''.join(parts)}</section>")
+    comparisons = []  # drawn before the per-image timelines, whose list their galleries extend; shown after them
+    for model in clean["model"].unique(maintain_order=True).to_list():
+        say(f"definitions and probe sensitivity of {model}")
+        model_runs = clean.filter(pl.col("model") == model)
+        comparisons.append(_definitions(figs, con, model, model_runs["run_id"].to_list(), k_mid, min_conf, scope,
+                                        gallery_images))
+        comparisons.append(_probe_sensitivity(figs, con, model, model_runs, k_mid, scope))
     say(f"per-image timelines ({len(gallery_images)} images)")
     sections.append(_image_timelines(con, gallery_images, k_mid))
     shift = pl.concat([q.corruption_shift(con, k, scope).with_columns(pl.lit(k).alias("k")) for k in ks])
@@ -139,12 +154,7 @@ def _write_page(con, db: str | Path, out: Path, ks: Sequence[int], scope: str, k
         sections.append(_shift(figs, shift))
         sections.append(_table(shift.select("model", "view", "probe", "k", "n", "mean_layer",
                                             "clean_mean_layer", "delta")))
-    for model in clean["model"].unique(maintain_order=True).to_list():
-        say(f"definitions and probe sensitivity of {model}")
-        sections.append(_definitions(figs, con, model, clean.filter(pl.col("model") == model)["run_id"].to_list(),
-                                     k_mid, min_conf, scope))
-        sections.append(_probe_sensitivity(figs, con, model, clean.filter(pl.col("model") == model), k_mid,
-                                           scope))
+    sections += comparisons
     if clean["model"].n_unique() > 1:
         sections.append("<h2>Cross-model comparison</h2>")
         sections.append(_cross_model(figs, sweep.filter(pl.col("view") == "clean")))
@@ -165,6 +175,21 @@ def _seeds_and_population(con, k: int, scope: str) -> list[str]:
         sections += [f"<h2>Across probe seeds (k = {k}): mean, sample std, min and max of each figure</h2>",
                      _table(spread.drop("seed_list"))]
     return sections
+
+
+def _notes(notes: Sequence[str]) -> str:
+    """Notes under a table, one paragraph each ('' for none)."""
+    return "".join(f"<p class='note'>Note: {html.escape(note)}.</p>" for note in notes)
+
+
+def _window_sweep(con, ks: Sequence[int], scope: str) -> str:
+    """The sweep's bands again in the window-aware band (docs/design.md §5), beside the paper's above."""
+    window = q.k_sweep(con, ks, scope, band="window")
+    return ("<h3>The same sweep in the window-aware band</h3><p>A stable l*(k) is at most T - k, so here early and "
+            "late are the first and the last 30% of the anchors 0..T-k a stable l*(k) can take (l* &lt; 0.3(T-k), "
+            "l* &ge; 0.7(T-k)) and never-stable images are in no band: f_early + f_mid + f_late + never_stable = 1. "
+            "The table above is the paper's band (thirds of T, never-stable images counted late).</p>"
+            + _table(window.select("run_id", "view", "k", "n", "f_early", "f_mid", "f_late", "never_stable")))
 
 
 def _unconverged(fits: pl.DataFrame) -> list[str]:
@@ -226,13 +251,14 @@ def _histograms(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str,
         row = sweep.filter(pl.col("k") == k)
         if not row.is_empty():
             r = row.row(0, named=True)
-            ax.set_title(f"k = {k}: early {r['f_early']:.0%}, late {r['f_late']:.0%}")
+            never = "\n(late = never stable: T - k < 0.7T)" if r["late_is_never_stable"] else ""
+            ax.set_title(f"k = {k}: early {r['f_early']:.0%}, late {r['f_late']:.0%}{never}")
         _anchor_axis(ax, names, "decision layer l*")
     axes[0][0].set_ylim(0, top * 1.12 or 1)  # shared y: the tallest bar stays clear of the frame
     axes[0][0].set_ylabel("share of images")
     axes[0][-1].legend()
     return figs.save(fig, f"{run_id}_histograms", f"Decision-layer histograms of {run_id} (green band: early, "
-                                                  f"l* < 0.3T; red band: late, l* >= 0.7T)")
+                                                  f"l* < 0.3T; red band: late, l* >= 0.7T){_truncated_late(sweep)}")
 
 
 def _cumulative(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str, names: Sequence[str]) -> str:
@@ -290,7 +316,17 @@ def _k_sensitivity(figs: _Figures, sweep: pl.DataFrame, run_id: str) -> str:
     right.set_ylabel("share of images")
     right.set_ylim(0, 1.02)
     flat_note = f" (not drawn: {', '.join(flat)})" if flat else ""
-    return figs.save(fig, f"{run_id}_k_sensitivity", f"Sensitivity to the stability window k of {run_id}{flat_note}")
+    return figs.save(fig, f"{run_id}_k_sensitivity",
+                     f"Sensitivity to the stability window k of {run_id}{flat_note}{_truncated_late(sweep)}")
+
+
+def _truncated_late(sweep: pl.DataFrame) -> str:
+    """A caption's note naming the k of a run's sweep at which late can only be never stable ('' for none)."""
+    truncated = sweep.filter(pl.col("late_is_never_stable"))["k"].to_list()
+    if not truncated:
+        return ""
+    return (f"; at k = {', '.join(map(str, truncated))} late = never stable (a stable l*(k) is at most T - k, "
+            "short of 0.7T)")
 
 
 def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
@@ -441,22 +477,29 @@ def _gallery(figs: _Figures, con, run: dict, k: int, scope: str, names: Sequence
             for a, pred in enumerate(ex["preds"]):
                 name = classes[pred] if pred < len(classes) else str(pred)
                 strip.text(a, 0, name[:7], ha="center", va="center", fontsize=8.5, rotation=30)
-            strip.add_patch(figs.plt.Rectangle((ex["layer"] - 0.5, -0.5), 1, 1, fill=False, lw=2, color="black"))
             label = classes[ex["label"]] if ex["label"] < len(classes) else str(ex["label"])
-            never = ", never stable" if ex["never_stable"] else ""
-            strip.set_title(f"{side}: image {ex['image_id']}, {label}, l*({k}) = {ex['layer']}{never}",
-                            fontsize=9, loc="left", pad=2)
+            if ex["never_stable"]:  # no decision to box: T is where the sweep counts it, not where it settles
+                settled = f"never stable (no l*({k}); counted at T = {ex['layer']})"
+            else:
+                strip.add_patch(figs.plt.Rectangle((ex["layer"] - 0.5, -0.5), 1, 1, fill=False, lw=2, color="black"))
+                settled = f"l*({k}) = {ex['layer']}"
+            strip.set_title(f"{side}: image {ex['image_id']}, {label}, {settled}", fontsize=9, loc="left", pad=2)
             strip.set_yticks([])
             last = r == part.height - 1
             strip.set_xticks(range(len(names)), [f"{i} {n}" for i, n in enumerate(names)] if last else [],
                              rotation=90)
     caption = (f"Images of {run['run_id']} that decide early (left) and late (right), with the probe's class at "
-               f"every anchor (green: right, red: wrong; box: l*({k}))")
-    ids = examples["image_id"].to_list()
+               f"every anchor (green: right, red: wrong; box: l*({k}); a never-stable image has none)")
+    return (figs.save(fig, f"{run['run_id']}_gallery", caption, tight=False)
+            + _timeline_links(examples["image_id"].to_list(), shown))
+
+
+def _timeline_links(ids: Sequence[int], shown: list[int]) -> str:
+    """Links to the per-image timelines of a gallery's images; their ids join `shown` (the page draws those)."""
+    ids = list(dict.fromkeys(ids))
     shown.extend(i for i in ids if i not in shown)
     links = " ".join(f"<a href='#image-{i}'>{i}</a>" for i in ids)
-    return (figs.save(fig, f"{run['run_id']}_gallery", caption, tight=False)
-            + f"<p>Per-image timelines of these images: {links}</p>")
+    return f"<p>Per-image timelines of these images (<code>featstore timeline --image ID</code>): {links}</p>"
 
 
 def image_timeline(db, image_id: int, k: int = 2, runs: Sequence[str] | None = None) -> pl.DataFrame:
@@ -480,8 +523,9 @@ def _image_timelines(con, image_ids: Sequence[int], k: int) -> str:
         return ""
     root = _image_root(q.meta(con))
     parts = [f"<h2>Per-image timelines (k = {k})</h2><p>Each cell: the probe's class and confidence at that anchor; "
-             f"<b>◆</b> marks the decision layer l*({k}), red a wrong class. Any other image: "
-             "<code>featstore timeline --db … --image ID</code>.</p>"]
+             f"<b>◆</b> marks the decision layer l*({k}), red a wrong class. A run headed <i>never stable</i> has no "
+             f"◆: its prediction never holds for {k} more anchors, so it has no l*({k}) (the sweep counts it at T). "
+             "Any other image: <code>featstore timeline --db … --image ID</code>.</p>"]
     for image_id in image_ids:
         frame = q.query(con, "SELECT * FROM image_timeline(?, k := ?)", [image_id, k])
         if frame.is_empty():
@@ -496,17 +540,18 @@ def _image_timelines(con, image_ids: Sequence[int], k: int) -> str:
 
 
 def image_timeline_table(frame: pl.DataFrame, html_cells: bool = False) -> str | pl.DataFrame:
-    """One row per anchor, one column per run ('probe on view'): 'class conf', ◆ at the run's l*. HTML (a table)
-    for the report, or a DataFrame for the terminal."""
+    """One row per anchor, one column per run ('probe on view'): 'class conf', ◆ at the run's l*; a never-stable
+    run has no ◆ and its heading says so. HTML (a table) for the report, or a DataFrame for the terminal."""
     runs = frame["run_id"].unique(maintain_order=True).to_list()
     anchors = frame.select("anchor", "name").unique(maintain_order=True).sort("anchor")
     columns: dict[str, list] = {"anchor": anchors["anchor"].to_list(), "name": anchors["name"].to_list()}
     for run_id in runs:
         part = frame.filter(pl.col("run_id") == run_id).sort("anchor")
         head = part.row(0, named=True)
+        never = bool(head["never_stable"])  # placed at T by the sweep, which is no decision: no ◆ (not `decided`)
         cells = {r["anchor"]: (("◆ " if r["decided"] else "") + f"{r['pred_name'] or r['pred']} {r['conf']:.2f}",
                                r["correct"]) for r in part.iter_rows(named=True)}
-        label = f"{head['probe']} on {head['view']}"
+        label = f"{head['probe']} on {head['view']}" + (" (never stable)" if never else "")
         label = label if label not in columns else f"{label} ({run_id})"
         columns[label] = [cells.get(a, ("", True)) for a in columns["anchor"]]
     if not html_cells:
@@ -538,10 +583,12 @@ def _thumbnail_tag(root: Path | None, path: str, size: int = 128) -> str:
     return f"<img class='thumb' alt='{html.escape(path)}' src='data:image/png;base64,{data}'>"
 
 
-def _definitions(figs: _Figures, con, model: str, runs: list[str], k: int, min_conf: float, scope: str) -> str:
+def _definitions(figs: _Figures, con, model: str, runs: list[str], k: int, min_conf: float, scope: str,
+                 shown: list[int]) -> str:
     """Every definition of when the network decides (l*(k), the joint criterion, prediction depth) for the clean
     runs of one model, side by side: their band shares, Spearman correlations and early/late disagreements, and a
-    few images early by one definition and late by another."""
+    few images early by one definition and late by another (their ids added to `shown`, whose per-image timelines
+    the page carries)."""
     result = q.compare(con, runs, k, min_conf, scope, per_pair=2).shortened()
     if result.summary.is_empty():
         return ""
@@ -564,21 +611,97 @@ def _definitions(figs: _Figures, con, model: str, runs: list[str], k: int, min_c
         ax.set_title(title)
         fig.colorbar(image, ax=ax, shrink=0.8)
     parts.append(figs.save(fig, f"{model}_definitions", f"Agreement between the definitions for {model}"))
-    worst = result.agreement.with_columns((pl.col("early_a_late_b") + pl.col("late_a_early_b")).alias("split"))
-    worst = worst.filter(pl.col("split") > 0).sort("split", descending=True).head(3)
-    if not worst.is_empty():
-        parts.append("<h3>The pairs that disagree most: images early by one definition and late by the other</h3>")
-        parts.append(_table(worst.select("a", "b", "n", "spearman", "same_band", "early_a_late_b",
-                                         "late_a_early_b")))
-        parts.append(_disagreement_gallery(figs, con, model, result, worst))
+    decided = result.decided.select("a", "b", pl.col("n").alias("early_late_decided")).unique(maintain_order=True)
+    worst = decided.sort(["early_late_decided", "a", "b"], descending=[True, False, False]).head(3)
+    parts.append("<h3>The pairs that disagree most: images early by one definition and late by the other, both "
+                 "layers decisions</h3><p>Counted only where both layers are decisions: an image that never settles "
+                 "(l* or joint placed at T, prediction depth T + 1 when the last anchor is not the model's answer) "
+                 "is late by construction, so the pairs it makes disagree say which definition has a fallback, not "
+                 "where the network decides (early_a_late_b and late_a_early_b count those too).</p>")
+    if worst.is_empty():
+        return "".join(parts) + "<p>No pair has an image early by one definition and decided late by another.</p>"
+    parts.append(_table(worst.join(result.agreement, on=["a", "b"]).select(
+        "a", "b", "n", "spearman", "same_band", "early_late_decided", "early_a_late_b", "late_a_early_b")))
+    parts.append(_disagreement_gallery(figs, con, model, result.decided.join(worst.select("a", "b"), on=["a", "b"]),
+                                       shown))
     return "".join(parts)
 
 
+# a run's recorded params that name its probes rather than say what they compute: the store name (which holds the
+# seed) and the weights version (new at every fit)
+NOT_IDENTITY = ("probe_name", "probe_version")
+
+
+def probe_identity(params: str | dict | None) -> dict:
+    """A run's recorded parameters less its probes' name and version: what two runs of one probe share whatever
+    their seed, so that a second seed is found by what it computes."""
+    values = json.loads(params) if isinstance(params, str) else dict(params or {})
+    return {k: v for k, v in values.items() if k not in NOT_IDENTITY}
+
+
+def _same_family(reference: dict, other: dict) -> bool:
+    """Runs of one probe, parameters, split and training view: they can differ only in their probe seed."""
+    return (other["probe"] == reference["probe"] and other["cross_fit"] == reference["cross_fit"]
+            and other["train_view"] == reference["train_view"]
+            and probe_identity(other["params"]) == probe_identity(reference["params"]))
+
+
+def _changed_params(reference: dict, other: dict) -> str:
+    """The parameters whose values differ, each named with both values ('C 0.1 (reference 0)'); probe_id, the
+    canonical name that spells the changed ones, is left out."""
+    a, b = probe_identity(reference["params"]), probe_identity(other["params"])
+    keys = sorted(k for k in a.keys() | b.keys() if k != "probe_id" and a.get(k) != b.get(k))
+    return ", ".join(f"{k} {b.get(k, 'unset')} (reference {a.get(k, 'unset')})" for k in keys)
+
+
+def seed_dependence(probe: str, params: dict) -> tuple[bool | None, str]:
+    """Whether a second probe seed can change a run's predictions, and why (measured by probing twice, see
+    docs/design.md §5); None for a variant, or a knn with references from another store, not measured."""
+    sgd = bool(params.get("streamed")) or params.get("full_batch", 1) == 0
+    if probe == "knn":
+        if params.get("refs"):
+            return None, ""
+        return True, ("only at ties: neighbours at exactly equal distance fall to the order the seed shuffles the "
+                      "train rows into")
+    if probe in ("linear", "lens-direct", "lens") and not sgd:
+        return False, (f"{probe} is solved full-batch by L-BFGS to the one optimum of a strictly convex objective, "
+                       "so another seed repeats it bit for bit")
+    if probe in ("linear", "lens-direct"):
+        return True, "SGD (rows streamed, or full_batch=0): the seed shuffles the batches and sizes the steps"
+    if probe == "paper":
+        return True, "SGD: the seed draws the initial weights and shuffles the batches"
+    if probe == "projected":
+        return True, "the seed draws the random projection of every wider anchor"
+    return None, ""
+
+
+def _seed_advice(runs: pl.DataFrame, reference: dict) -> tuple[list[str], str]:
+    """Per probe family among `runs` with a single seed, a line advising a second one where its results depend on
+    the seed; and, where the reference's do not, a paragraph saying why it has no seed spread."""
+    lines, families, note = [], [], ""
+    for run in runs.sort(["seed", "run_id"]).iter_rows(named=True):
+        if not any(_same_family(f, run) for f in families):
+            families.append(run)
+    for family in families:
+        if any(_same_family(family, r) and r["seed"] != family["seed"] for r in runs.iter_rows(named=True)):
+            continue
+        depends, why = seed_dependence(family["probe"], probe_identity(family["params"]))
+        variant = probe_identity(family["params"]).get("probe_id", family["probe"])
+        if depends:
+            lines.append(f"no second seed of <code>{html.escape(family['run_id'])}</code>, whose results depend on "
+                         f"it ({html.escape(why)}): <code>featstore probe --variant {html.escape(variant)} --seed "
+                         f"{family['seed'] + 1}</code> with the same options adds one")
+        elif depends is False and family["run_id"] == reference["run_id"]:
+            note = (f"<p>The reference has no seed spread to show: {html.escape(why)}. What moves its timeline is the "
+                    "probe family and its parameters (the rows below).</p>")
+    return lines, note
+
+
 def _differs(reference: dict, other: dict) -> str:
-    """What sets a run apart from the reference run, in words ('probe paper', 'seed 1', ...)."""
+    """What sets a run apart from the reference run, in words ('probe paper', 'C 0.1 (reference 0)', 'seed 1')."""
     same_family = other["probe"] == reference["probe"]  # another family's params say nothing beside its name
     parts = [f"probe {other['probe']}" if not same_family else "",
-             f"params {other['params']}" if same_family and other["params"] != reference["params"] else "",
+             _changed_params(reference, other) if same_family else "",
              f"trained on {other['train_view']}" if other["train_view"] != reference["train_view"] else "",
              (f"cross-fit {other['cross_fit']}" if other["cross_fit"] else "single split")
              if other["cross_fit"] != reference["cross_fit"] else "",
@@ -590,31 +713,27 @@ def _probe_sensitivity(figs: _Figures, con, model: str, runs: pl.DataFrame, k: i
     """The default probe's run beside every other clean run of the model (paper, other families, another seed):
     how often they predict the same class at each anchor and give the same l*(k) and band, on the images both
     count, so a reader sees how much of the timeline is the probe's rather than the network's."""
-    linear = runs.filter(pl.col("probe") == "linear").with_columns(
-        (pl.col("params").cast(pl.Utf8).str.strip_chars() != "{}").alias("pinned"))
+    linear = [run for run in runs.iter_rows(named=True) if run["probe"] == "linear"]
     parts = [f"<h2>How much does the timeline depend on the probe? {html.escape(model)}</h2>"]
-    if linear.is_empty():
+    if not linear:
         return "".join(parts) + "<p>No run of the default probe (linear) on clean to compare the others with.</p>"
-    reference = linear.sort(["pinned", "seed", "cross_fit", "run_id"], descending=[False, False, True, False]).row(
-        0, named=True)
+    reference = min(linear, key=lambda run: (probe_identity(run["params"]).get("probe_id", "linear") != "linear",
+                                             run["seed"], -run["cross_fit"], run["run_id"]))  # unpinned first
     others = runs.filter(pl.col("run_id") != reference["run_id"]).sort("run_id")
     parts.append(f"<p>Reference: <code>{html.escape(reference['run_id'])}</code>. Each row counts the images both "
-                 f"runs predicted that the scope counts for both (n); same l*({k}) and same band are the shares of "
-                 f"those with an identical decision layer and an identical early/mid/late band; mean and late are "
+                 f"runs predicted that the scope (<code>{html.escape(scope)}</code>: by default the test split, or "
+                 f"every image of two cross-fit runs) counts for both (n); same l*({k}) and same band are the shares "
+                 f"of those with an identical decision layer and an identical early/mid/late band; mean and late are "
                  f"each run's mean l*({k}) and late share on those same images (<code>run_agreement</code>).</p>")
-    same_seed_family = others.filter((pl.col("probe") == reference["probe"])
-                                     & (pl.col("params") == reference["params"])
-                                     & (pl.col("cross_fit") == reference["cross_fit"])
-                                     & (pl.col("train_view") == reference["train_view"]))
     missing = []
     if others.filter(pl.col("probe") == "paper").is_empty():
         missing.append(f"no paper run of {html.escape(model)} on clean (<code>featstore probe --variant paper</code> "
                        "adds one)")
-    if same_seed_family.is_empty():
-        missing.append("no second seed of the reference run (<code>featstore probe --seed 1</code> with the same "
-                       "options adds one)")
+    seeds, note = _seed_advice(runs, reference)
+    missing += seeds
     if missing:
-        parts.append(f"<p>This database has {' and '.join(missing)}.</p>")
+        parts.append(f"<p>This database has {'; '.join(missing)}.</p>")
+    parts.append(note)
     if others.is_empty():
         return "".join(parts)
     rows, curves = [], {}
@@ -648,9 +767,9 @@ def _probe_sensitivity(figs: _Figures, con, model: str, runs: pl.DataFrame, k: i
     return "".join(parts)
 
 
-def _disagreement_gallery(figs: _Figures, con, model: str, result: q.Comparison, pairs: pl.DataFrame) -> str:
-    """Thumbnails of images on which two definitions disagree most, each with the label and both layers."""
-    picked = result.disagreements.join(pairs.select("a", "b"), on=["a", "b"])
+def _disagreement_gallery(figs: _Figures, con, model: str, picked: pl.DataFrame, shown: list[int]) -> str:
+    """Thumbnails of images on which two definitions disagree most, each with its id, label and both layers, and
+    links to their per-image timelines (the ids added to `shown`)."""
     if picked.is_empty():
         return ""
     meta = q.meta(con)
@@ -667,10 +786,12 @@ def _disagreement_gallery(figs: _Figures, con, model: str, result: q.Comparison,
         if image is not None:
             ax.imshow(image, interpolation="nearest")
         label = classes[ex["label"]] if ex["label"] < len(classes) else str(ex["label"])
-        ax.set_title(f"{label}\n{ex['a'][:24]}: {ex['layer_a']}\n{ex['b'][:24]}: {ex['layer_b']}", fontsize=8.5)
-    caption = (f"Images of {model} early (l < 0.3T) by one definition and late (l >= 0.7T) by the other, for the "
-               "pairs above (layer per definition above each image)")
-    return figs.save(fig, f"{model}_disagreements", caption, tight=False)
+        ax.set_title(f"image {ex['image_id']}: {label}\n{ex['a'][:24]}: {ex['layer_a']}\n{ex['b'][:24]}: "
+                     f"{ex['layer_b']}", fontsize=8.5)
+    caption = (f"Images of {model} early (l < 0.3T) by one definition and decided late (l >= 0.7T) by the other, "
+               "for the pairs above (image id and layer per definition above each image)")
+    return (figs.save(fig, f"{model}_disagreements", caption, tight=False)
+            + _timeline_links(picked["image_id"].to_list(), shown))
 
 
 def _tap_heatmap(figs: _Figures, con, run_id: str, scope: str) -> str:

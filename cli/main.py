@@ -413,10 +413,10 @@ def export(db: Path, out: Path) -> None:
 
 @cli.command()
 @option("--db", "read")
-@options(option("--run", "any"), option("--k"), option("--min-conf"), option("--scope"), option("--format"),
-         option("--image"), option("--spread"))
+@options(option("--run", "any"), option("--k"), option("--min-conf"), option("--scope"), option("--band"),
+         option("--format"), option("--image"), option("--spread"))
 @user_errors
-def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope: str, fmt: str,
+def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope: str, band: str, fmt: str,
              image_id: int | None, spread: bool) -> None:
     """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong
     (--image ID: that image's class and confidence at every anchor of every run instead; --run: only those runs;
@@ -437,26 +437,26 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
         first = frame.row(0, named=True)
         if fmt == "table":
             click.echo(f"image {image_id}: {first['label_name'] or first['label']} ({first['path']}, {first['split']});"
-                       f" each cell: class and confidence, ◆ at l*({k})")
+                       f" each cell: class and confidence, ◆ at l*({k}) (none in a run headed never stable)")
             print_frame(image_timeline_table(frame), full=True)
         else:
             print_frame(frame, fmt)
         return
-    frame = k_sweep(db, ks, scope, min_conf, chosen)
+    frame = k_sweep(db, ks, scope, min_conf, chosen, band)
     print_frame(frame.drop("model", "view", "probe"), fmt)
-    print_late_notes(db, frame, ks, fmt)
+    print_late_notes(db, frame, ks, fmt, band)
 
 
-def print_late_notes(db: Path, frame, ks: list[int], fmt: str) -> None:
-    """Where no stable l* can be late at some k of a sweep (its runs' anchor counts), say so once per note."""
+def print_late_notes(db: Path, frame, ks: list[int], fmt: str, band: str = "paper") -> None:
+    """Where no stable l* can be late at some k of a sweep in the paper's band (its runs' anchor counts), say so
+    once per note (the window's band has no such k)."""
     from featstore.analytics.queries import runs
-    from featstore.analytics.report import late_caveat
+    from featstore.analytics.report import late_notes
 
     shown = runs(db)
-    lengths = sorted(set(shown.filter(shown["run_id"].is_in(frame["run_id"].to_list()))["n_anchors"]))
-    for note in dict.fromkeys(late_caveat(n - 1, k) for n in lengths for k in ks):
-        if note:
-            click.echo(f"note: {note}", err=fmt != "table")
+    lasts = sorted({n - 1 for n in shown.filter(shown["run_id"].is_in(frame["run_id"].to_list()))["n_anchors"]})
+    for note in late_notes(lasts, ks) if band == "paper" else []:
+        click.echo(f"note: {note}", err=fmt != "table")
 
 
 def print_spread(db: Path, ks: list[int], scope: str, chosen: list[str] | None, min_conf: float, fmt: str) -> None:
@@ -755,18 +755,24 @@ def anchors(model: str, show_all: bool) -> None:
 @user_errors
 def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, threads: int | None, progress: bool) -> None:
     """The whole pipeline offline: images -> trained ResNet-18 -> store -> probes -> DuckDB -> k-sweep, report."""
+    from featstore.analytics.queries import runs
+    from featstore.analytics.report import late_notes
     from featstore.workflows.demo import run_demo
 
     result = run_demo(out, dataset=dataset, epochs=epochs, limit=limit,
                       run=RunOptions(threads=threads, progress=progress))
-    click.echo(f"\nWhere the clean test images decide (l*(k), {result.sweep['n'][0]} images, anchors 0..11):")
+    run_id = result.sweep["run_id"][0]  # one run: the images of one probe, not every probe's summed
+    shown = runs(result.db)
+    t = shown.filter(shown["run_id"] == run_id)["n_anchors"][0] - 1
+    click.echo(f"\nWhere the clean test images decide (l*(k), {result.sweep['n'][0]} images, anchors 0..{t}):")
     print_frame(result.sweep.select("k", "mean", "median", "f_early", "f_mid", "f_late", "never_stable",
                                     "stable_but_wrong"))
+    for note in late_notes([t], result.sweep["k"].to_list()):
+        click.echo(f"note: {note}")
     shifts = ", ".join(f"{v} {d:+.2f}" for v, d in result.shift.select("view", "delta").rows())
     click.echo(f"corruption shift of mean l* (k = 2): {shifts}")
     timing = ", ".join(f"{k} {v:.0f}s" for k, v in result.seconds.items())
     click.echo(f"time: {timing} (total {sum(result.seconds.values()):.0f}s)")
-    run_id = result.sweep["run_id"][0]  # one run: the images of one probe, not every probe's summed
     click.echo(f"\nreport: {result.report}\ntry:    featstore sql --db {result.db} \"SELECT layer, count(*) AS images "
                f"FROM decision_layers(2) WHERE run_id = '{run_id}' GROUP BY layer ORDER BY layer\"")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from featstore.analytics.bands import BANDS
 from featstore.analytics.exit_policies import DEFAULT_POLICIES
 from featstore.analytics.scopes import SCOPES
 from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
@@ -248,6 +249,10 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                              "(stable from l* and conf >= this at l*) among the definitions compared; 0 leaves "
                              "it out.")),
     },
+    "--band": {"": ((), dict(type=click.Choice(BANDS), default="paper",
+                             help="Early/mid/late of the sweep: paper = thirds of T, never-stable images (at T) "
+                                  "counted late; window = thirds of T - k, the anchors a stable l*(k) can take, "
+                                  "never-stable images apart (docs/design.md §5)."))},
     "--image": {"": (("image_id",), dict(type=click.IntRange(min=0), help="Print this image's timeline instead: "
                                          "class and confidence at every anchor of every run (or of --run's), "
                                          "l*(k) marked (k: the one --k given, else 2)."))},

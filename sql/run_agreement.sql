@@ -1,10 +1,11 @@
--- run_agreement(run_a, run_b, k := 2, scope := 'all') -> (anchor, n, same_pred, same_layer, same_band, mean_a,
+-- run_agreement(run_a, run_b, k := 2, scope := 'auto') -> (anchor, n, same_pred, same_layer, same_band, mean_a,
 -- mean_b, late_a, late_b): how far two runs of one model and view (two probe families, two probe seeds) agree, on
--- the n images both predicted that the scope counts for both: per anchor, the share with identical predictions;
+-- the n images both predicted that the scope counts for both (by default the test split, or every image of two
+-- cross-fit runs, as every other summary counts): per anchor, the share with identical predictions;
 -- last, anchor NULL: the share with identical l*(k) (decision_layers) and in the same early/mid/late band
 -- (decision_band), same_pred there being the share identical at every anchor, with each run's mean l*(k) and late
 -- share on those same images. Runs of different models or views are an error (their anchors or images differ).
-CREATE OR REPLACE MACRO run_agreement(run_a, run_b, k := 2, scope := 'all') AS TABLE
+CREATE OR REPLACE MACRO run_agreement(run_a, run_b, k := 2, scope := 'auto') AS TABLE
 WITH pair AS (
     SELECT (SELECT count(*) FROM runs WHERE run_id = run_a) AS has_a, (SELECT count(*) FROM runs WHERE run_id = run_b)
            AS has_b, (SELECT count(DISTINCT model || '/' || view) FROM runs WHERE run_id IN (run_a, run_b)) AS kinds),

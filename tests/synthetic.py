@@ -173,3 +173,30 @@ def register_toy_images(con, labels: np.ndarray, split: np.ndarray, models: tupl
     for model in models:
         fsdb.register_anchors(con, model, [SimpleNamespace(index=a, name=f"a{a}", module=f"a{a}", dim=2,
                                                            depth_frac=a / last) for a in range(anchors)])
+
+
+def toy_database(path: str | Path, n: int, anchors: int, models: tuple[str, ...] = ("m",), seed: int = 0):
+    """A hand-made database of n toy images (3 classes, a 60/10/30 train/val/test split, `register_toy_images`) and
+    a head right on about 80% of them; returns the open connection, the generator (to draw the timelines from),
+    the labels, the split and the head's answers."""
+    from types import SimpleNamespace
+
+    from featstore.analytics import db as fsdb
+
+    rng = np.random.default_rng(seed)
+    con = fsdb.connect(path)
+    labels = rng.integers(0, 3, n)
+    split = rng.choice(["train", "val", "test"], n, p=[0.6, 0.1, 0.3])
+    register_toy_images(con, labels, split, models, anchors)
+    head = np.where(rng.random(n) < 0.8, labels, rng.integers(0, 3, n))
+    return SimpleNamespace(con=con, rng=rng, labels=labels, split=split, head=head)
+
+
+def settling_timelines(rng: np.random.Generator, head: np.ndarray, anchors: int, latest: int) -> np.ndarray:
+    """Predictions [n, anchors] of 3 classes, random until a random anchor below `latest` and the head's answer from
+    there on (`latest` = anchors + 1: some never reach it)."""
+    settle = rng.integers(0, latest, len(head))
+    preds = rng.integers(0, 3, (len(head), anchors))
+    for i in range(len(head)):
+        preds[i, settle[i]:] = head[i]
+    return preds
