@@ -303,7 +303,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     },
     "--variant": {
         "probe": ((), dict(default="linear", help="linear | paper | projected[:dim=N] | "
-                           "knn[:k=30,metric=cosine,refs=STORE] | lens | lens-direct (or a registered one).")),
+                           "knn[:k=30,metric=euclidean|cosine,ties=lowest|nearer,leave_out=self|none,"
+                           "refs=STORE] | lens | lens-direct (or a registered one).")),
         "ddb": ((), dict(type=click.Choice(["global", "deep", "out"]), default="global")),
     },
     "--train-on-view": {"": ((), dict(type=checked("train_on_view"),
