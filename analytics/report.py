@@ -598,7 +598,9 @@ def _definitions(figs: _Figures, con, model: str, runs: list[str], k: int, min_c
              "paper); joint: the same, confident (conf &ge; "
              f"{min_conf:g}) at l* (the paper's proposed criterion); depth: prediction depth (Baldock et al., NeurIPS "
              "2021), the first anchor from which every later prediction is the model's own (T + 1 when even the last "
-             "disagrees; computed for every probe, Baldock's own is the knn probe's).</p>",
+             "disagrees; computed for every probe, Baldock's own is the knn probe's; its layer 0 is the first "
+             "stored anchor, not the input the paper counts as layer 0: the store holds no input anchor, "
+             "docs/design.md §5).</p>",
              _table(result.summary.drop("kind", "run_id"))]
     fig, axes = figs.plt.subplots(1, 2, figsize=(4.2 + 0.75 * len(names), 1.6 + 0.35 * len(names)))
     for ax, value, title, cmap in ((axes[0], "spearman", "Spearman ρ of the layers", "RdBu_r"),

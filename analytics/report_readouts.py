@@ -94,6 +94,8 @@ def _overthinking(figs: _Figures, con, run_ids: Sequence[str], scope: str) -> st
     for run_id, frame in frames.items():
         line = ax.plot(frame["anchor"].to_list(), frame["correct_by"].to_list(), marker="o", ms=3,
                        label=f"{run_id}: right at some anchor <= l")[0]
+        ax.plot(frame["anchor"].to_list(), frame["correct_by_chance"].to_list(), color=line.get_color(), ls="--",
+                lw=1, label=f"{run_id}: chance (anchors right independently)")
         if not one_head:
             ax.axhline(frame["head_accuracy"][0], color=line.get_color(), ls=":", lw=1,
                        label=f"{run_id}: the model's head")
@@ -108,14 +110,21 @@ def _overthinking(figs: _Figures, con, run_ids: Sequence[str], scope: str) -> st
     ax.set_ylim(0, 1.02)
     ax.legend(fontsize=TICKS - 1, loc="lower right")
     caption = (f"Overthinking (Kaya et al. 2019) of {', '.join(frames)}: share of images whose probe is right at "
-               f"some anchor <= l (solid) against the head's accuracy (dotted), scope {scope}")
-    shares = pl.DataFrame([{"run_id": k, "wasteful": v["wasteful"][0], "destructive": v["destructive"][0],
+               f"some anchor <= l (solid), what chance gives (dashed: every anchor right independently at its own "
+               f"accuracy) and the head's accuracy (dotted), scope {scope}")
+    shares = pl.DataFrame([{"run_id": k, "wasteful": v["wasteful"][0], "wasteful_chance": v["wasteful_chance"][0],
+                            "destructive": v["destructive"][0], "destructive_chance": v["destructive_chance"][0],
                             "head_accuracy": v["head_accuracy"][0],
-                            "right_at_some_internal_anchor": v["wasteful"][0] + v["destructive"][0], "n": v["n"][0]}
+                            "right_at_some_internal_anchor": v["wasteful"][0] + v["destructive"][0],
+                            "chance": v["wasteful_chance"][0] + v["destructive_chance"][0], "n": v["n"][0]}
                            for k, v in frames.items()])
     return ("<h2>Overthinking: right earlier than the end</h2>"
             "<p>wasteful: right at some internal anchor (0..T-1) and the head right too; destructive: right at "
-            "some internal anchor but the head wrong.</p>" + figs.save(fig, "overthinking", caption) + _table(shares))
+            "some internal anchor but the head wrong. Each <em>_chance</em> is what the same count gives if every "
+            "anchor were right independently of the others, at its own accuracy on the images of the same head "
+            "outcome (docs/design.md §7): a union over many near-chance early probes is often right by luck, so only "
+            "a share above its chance says the network knew the answer earlier.</p>"
+            + figs.save(fig, "overthinking", caption) + _table(shares))
 
 
 def _cka(figs: _Figures, con, model: str) -> str:

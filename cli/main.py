@@ -495,8 +495,8 @@ def compare(db: Path, run_id: str | None, ks: list[int], min_conf: float, per_pa
         print_frame(getattr(result, part or "agreement"), fmt)
         return
     joint = f", joint(k, {min_conf:g}) = l*(k) with conf >= {min_conf:g} at l*" if min_conf > 0 else ""
-    click.echo(f"decision layer per definition (k = {k}{joint}; depth = prediction depth, T + 1 when unsettled; "
-               f"runs {', '.join(result.runs)}):")
+    click.echo(f"decision layer per definition (k = {k}{joint}; depth = prediction depth, T + 1 when unsettled, "
+               f"its layer 0 the first stored anchor, not the input; runs {', '.join(result.runs)}):")
     print_frame(result.summary.drop("kind", "run_id"))
     click.echo("\nSpearman correlation of the layers, image by image:")
     print_frame(result.matrix("spearman"))

@@ -313,8 +313,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     },
     "--variant": {
         "probe": ((), dict(default="linear", help="linear | paper | projected[:dim=N] | "
-                           "knn[:k=30,metric=cosine,refs=STORE] | head-probe | tuned-lens[:steps=250] | lens-direct "
-                           "(or a registered one; lens: the old name of head-probe).")),
+                           "knn[:k=30,metric=euclidean|cosine,ties=lowest|nearer,leave_out=self|none,"
+                           "refs=STORE] | head-probe | tuned-lens[:steps=250] | lens-direct (or a registered one; "
+                           "lens: the old name of head-probe).")),
         "ddb": ((), dict(type=click.Choice(["global", "deep", "out"]), default="global")),
     },
     "--train-on-view": {"": ((), dict(type=checked("train_on_view"),

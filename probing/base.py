@@ -101,6 +101,11 @@ class FittedProbe(ABC):
     def arrays(self) -> dict[str, np.ndarray]:
         """What the store keeps of this fit (one fold), by array name; folds are stacked along a first axis."""
 
+    def predict_rows(self, x: torch.Tensor, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """`predict` of the block x whose rows are the store's rows `rows` (knn leaves a row out of its own
+        neighbours); the same as `predict` unless a probe needs to know which rows it predicts."""
+        return self.predict(x)
+
     def unprojected(self, projection: torch.Tensor) -> FittedProbe:
         """This probe reading the raw features, given the fixed [D, D'] projection it was trained behind."""
         raise NotImplementedError(f"{type(self).__name__} cannot fold a projection into itself")
@@ -180,6 +185,11 @@ class ProbeGroup(ABC):
     def fitted(self, val_x: Sequence[torch.Tensor], val_y: torch.Tensor) -> dict[int, FittedProbe]:
         """Every anchor's final probe, in the raw feature space."""
 
+    def batch_rows(self, rows: torch.Tensor) -> None:
+        """The store rows (int64, on the device) of the mini-batch the next `step` gets, in its order (knn keeps
+        which row each reference is, to leave a row out of its own neighbours). Nothing by default."""
+        return None
+
     def ready_to_finish(self) -> bool:
         """True when some anchors want `finish` (only asked when `resident`)."""
         return False
@@ -251,14 +261,18 @@ class ProbeVariant(ABC):
         return self.name
 
     label_params: ClassVar[tuple[str, ...]] = ()  # parameters `label` already shows
+    identity_params: ClassVar[tuple[str, ...]] = ()  # parameters every id spells, default or not (knn's metric:
+    # its default changed, and a run id must never mean one distance in an old database and another in a new one)
     cap_param: ClassVar[str] = "max_epochs"  # the parameter that sets the epoch cap (`Plan.max_epochs`)
 
     @property
     def canonical_id(self) -> str:
-        """`label` plus every parameter that differs from the variant's defaults, sorted: 'linear:epochs=12'.
-        Equal settings always give the same id (12 and 12.0 alike), so it names runs and stored probes."""
+        """`label` plus every parameter that differs from the variant's defaults (and every `identity_params`),
+        sorted: 'linear:epochs=12'. Equal settings always give the same id (12 and 12.0 alike), so it names runs and
+        stored probes."""
         defaults = _defaults(type(self))
-        changed = {k: v for k, v in self.params.items() if k not in self.label_params and defaults.get(k) != v}
+        changed = {k: v for k, v in self.params.items() if k not in self.label_params
+                   and (defaults.get(k) != v or k in self.identity_params)}
         if not changed:
             return self.label
         return self.label + ":" + ",".join(f"{k}={self.shown_value(k, v)}" for k, v in sorted(changed.items()))

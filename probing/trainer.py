@@ -89,8 +89,9 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
         unit()
         epoch_batches = (batches.epoch(active, plan.batch_size) if batches is not None else
                          streamed_batches(source, active, fit, labels, is_val_row, rng, plan.batch_size))
-        for xs, y, is_val in epoch_batches:
+        for xs, y, is_val, batch_rows in epoch_batches:
             for g, x in zip(active, xs, strict=True):
+                g.batch_rows(batch_rows)
                 shown = g.step(x, y, is_val, report=bar is not None and g is active[-1]) or shown
             if bar is not None:
                 bar.rows(len(y))
@@ -115,7 +116,8 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     return probes
 
 
-Batch = tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]  # per active group [G, n, D]; labels; is-val flags
+Batch = tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]  # per active group [G, n, D]; labels;
+# is-val flags; the rows' positions in the store
 
 
 def streamed_batches(source: FeatureSource, groups: Sequence[ProbeGroup], fit: np.ndarray, labels: torch.Tensor,
@@ -127,7 +129,7 @@ def streamed_batches(source: FeatureSource, groups: Sequence[ProbeGroup], fit: n
         prepared = [g.prepare(stack_anchors(feats, g.anchors)) for g in groups]
         for i in range(0, len(positions), batch_size):
             sl = slice(i, i + batch_size)
-            yield [x[:, sl] for x in prepared], y_block[sl], val_block[sl]
+            yield [x[:, sl] for x in prepared], y_block[sl], val_block[sl], pos[sl]
 
 
 class ResidentBatches:
@@ -140,8 +142,8 @@ class ResidentBatches:
         feats = source.gather(fit)
         self.x = {id(g): (list(g.anchors), g.prepare(stack_anchors(feats, g.anchors))) for g in groups}
         del feats
-        pos = torch.from_numpy(fit).to(device)
-        self.y, self.is_val = labels[pos], is_val_row[pos]
+        self.rows = torch.from_numpy(fit).to(device)
+        self.y, self.is_val = labels[self.rows], is_val_row[self.rows]
         self.gen = torch.Generator(device=device).manual_seed(seed)
 
     def stack(self, g: ProbeGroup) -> torch.Tensor:
@@ -158,7 +160,7 @@ class ResidentBatches:
         order = torch.randperm(len(self.y), generator=self.gen, device=self.y.device)
         for i in range(0, len(order), batch_size):
             idx = order[i : i + batch_size]
-            yield [x.index_select(1, idx) for x in stacks], self.y[idx], self.is_val[idx]
+            yield [x.index_select(1, idx) for x in stacks], self.y[idx], self.is_val[idx], self.rows[idx]
 
 
 def anchor_groups(dims: Sequence[int], batched: bool) -> list[list[int]]:
@@ -186,7 +188,7 @@ def predict(source: FeatureSource, probes: Sequence[FittedProbe], rows: np.ndarr
     for positions, feats in source.blocks(rows):
         where = np.fromiter((index[r] for r in positions.tolist()), dtype=np.int64, count=len(positions))
         for a, (probe, x) in enumerate(zip(probes, feats, strict=True)):
-            pred, conf = probe.predict(x)
+            pred, conf = probe.predict_rows(x, positions)
             preds[where, a] = pred.cpu().numpy()
             confs[where, a] = conf.cpu().numpy()
         if bar is not None:

@@ -2,7 +2,7 @@
 -- depth (Baldock, Maennel and Neyshabur, NeurIPS 2021) of every run against the model's own final prediction
 -- (`model_outputs` of the run's view): the smallest anchor l such that the run's prediction equals the model's at
 -- every anchor l..T; settled is false, and depth T + 1, when even anchor T disagrees. Their probes are k-NN
--- (`knn`); any run can be read this way.
+-- (`knn`); any run can be read this way. Layer 0 is the first stored anchor, not the input (docs/design.md §5).
 CREATE OR REPLACE MACRO prediction_depths(scope := 'auto') AS TABLE
 WITH d AS (
     SELECT p.run_id, p.image_id, any_value(mo.pred) AS head_pred,

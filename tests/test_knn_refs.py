@@ -1,8 +1,9 @@
 """`knn:refs=STORE` (Baldock et al.'s protocol: the network's training images vote) against scikit-learn's
-KNeighborsClassifier fitted on the reference store's own features and labels, same k and metric: every prediction
-that differs is a tie, counted here independently (equal k-th and (k+1)-th distances at float32 precision, or two
-classes with the top vote count); refusals of a reference store of other weights or anchors (one line, exit 2,
-nothing written); the run records where its references came from, and refs is part of its id."""
+KNeighborsClassifier fitted on the reference store's own features and labels, same k and metric: by default
+(euclidean, ties to the lowest class) its `predict`, identical except where the k-th and (k+1)-th neighbours are
+equally far at float32 precision; the old rule (cosine, ties to the nearer voters) against scikit-learn's
+neighbours voting by that rule, every difference a tie; refusals of a reference store of other weights or anchors
+(one line, exit 2, nothing written); the run records where its references came from, and refs is part of its id."""
 
 from __future__ import annotations
 
@@ -39,14 +40,14 @@ def probe(store, db, variant: str, ok: bool = True):
                    "--no-progress", "--threads", "1", ok=ok)
 
 
-@pytest.mark.parametrize("k, metric", [(30, "cosine"), (7, "euclidean")])
-def test_references_from_another_store_equal_scikit_learn(stores, tmp_path, k, metric):
+@pytest.mark.parametrize("k, metric, ties", [(30, "euclidean", "lowest"), (7, "cosine", "nearer")])
+def test_references_from_another_store_equal_scikit_learn(stores, tmp_path, k, metric, ties):
     root, ref, probed = stores
-    variant = f"knn:refs={ref}" + ("" if k == 30 else f",k={k},metric={metric}")
+    variant = f"knn:refs={ref}" + ("" if k == 30 else f",k={k},metric={metric},ties={ties}")
     db = tmp_path / "f.duckdb"
     probe(probed, db, variant)
     rid = "synthetic/clean/knn:" + ",".join(sorted(
-        [f"refs={location_digest(str(ref))}"] + ([] if k == 30 else [f"k={k}", f"metric={metric}"])))
+        [f"refs={location_digest(str(ref))}", f"metric={metric}", f"ties={ties}"] + ([] if k == 30 else [f"k={k}"])))
     con = duckdb.connect(str(db), read_only=True)
     got = con.execute("SELECT pred, conf FROM predictions WHERE run_id = ? ORDER BY image_id, anchor",
                       [rid]).fetchnumpy()
@@ -71,11 +72,14 @@ def test_references_from_another_store_equal_scikit_learn(stores, tmp_path, k, m
         tied = np.array([explained(gap[i], tolerance[i], ref_labels[index[i]], k) for i in range(n)])
         mine = pred[:, anchor.index]
         differ = np.flatnonzero(mine != expected)
-        assert tied[differ].all(), f"{anchor.name}: rows {differ[~tied[differ]][:5]} differ without a tie"
         clear = gap > tolerance
+        if ties == "lowest":  # scikit-learn's own rule: identical wherever the k nearest are one set
+            tied = ~clear
+        assert tied[differ].all(), f"{anchor.name}: rows {differ[~tied[differ]][:5]} differ without a tie"
         assert np.allclose(conf[clear, anchor.index], sk.predict_proba(x).max(axis=1)[clear], atol=1e-6)
-        by_rule = np.array([nearer_voters(ref_labels[index[i]], distance[i], k) for i in range(n)])
-        assert (mine[clear] == by_rule[clear]).all(), anchor.name
+        if ties == "nearer":
+            by_rule = np.array([nearer_voters(ref_labels[index[i]], distance[i], k) for i in range(n)])
+            assert (mine[clear] == by_rule[clear]).all(), anchor.name
         ties, differ_total = ties + int(tied.sum()), differ_total + len(differ)
         mask = read_probe_arrays(probed, "synthetic", rid.split("/")[-1] + "@clean", anchor.name)["reference"][0]
         assert mask.shape == (N_REF,) and mask.all()  # over the reference store's rows
@@ -84,10 +88,10 @@ def test_references_from_another_store_equal_scikit_learn(stores, tmp_path, k, m
 
 
 def test_the_default_still_votes_with_the_probe_train_split(stores, tmp_path):
-    """Without refs nothing changes: the run id is plain `knn` and its references are the probed store's rows."""
+    """Without refs the references are the probed store's rows; the run id spells the metric and tie rule."""
     _, ref, probed = stores
     probe(probed, tmp_path / "f.duckdb", "knn")
-    mask = read_probe_arrays(probed, "synthetic", "knn@clean", "anchor00")["reference"][0]
+    mask = read_probe_arrays(probed, "synthetic", "knn:metric=euclidean,ties=lowest@clean", "anchor00")["reference"][0]
     assert mask.shape == (FeatureStore(probed).num_images,) and 0 < mask.sum() < len(mask)
 
 

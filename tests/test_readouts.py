@@ -1,8 +1,10 @@
-"""Overthinking (Kaya et al.), first correct anchor and calibration (Guo et al.) of a hand-made run, each against a
-plain numpy loop over the same images, predictions and confidences."""
+"""Overthinking (Kaya et al.) and its chance baseline, first correct anchor and calibration (Guo et al.) of a hand-made
+run, each against a plain numpy loop over the same images, predictions and confidences; a knn run's calibration
+against exact fractions of its vote counts."""
 
 from __future__ import annotations
 
+from fractions import Fraction
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,6 +17,7 @@ from featstore.analytics.report_readouts import readout_sections
 from featstore.errors import FeatstoreError
 
 N, T, RUN = 300, 6, "m/clean/linear"
+KNN_RUN, K = "m/clean/knn:metric=euclidean,ties=lowest", 30
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +43,18 @@ def world(tmp_path_factory):
     head = np.where(rng.random(N) < 0.6, labels, (labels + 2) % 5)
     fsdb.replace_model_outputs(con, "m", "clean", head_ids, head[head_ids], np.full(len(head_ids), 0.9))
     fsdb.write_runs(con, [run_rows({"run_id": RUN, "model": "m", "view": "clean"}, np.arange(N), preds, confs)])
+    votes = rng.integers(0, K + 1, (N, T + 1))
+    votes[::3] = 2 * rng.integers(0, K // 2 + 1, (len(votes[::3]), T + 1))  # many even counts: on a bin edge at B = 15
+    knn = {"run_id": KNN_RUN, "model": "m", "view": "clean", "probe": "knn",
+           "params": {"k": K, "metric": "euclidean", "ties": "lowest", "leave_out": "self", "tile": 8192, "refs": ""}}
+    fsdb.write_runs(con, [run_rows(knn, np.arange(N), preds, (votes / K).astype(np.float32))])
     cka = np.eye(T + 1) + 0.5 * (1 - np.eye(T + 1))
     cka[0, 1] = cka[1, 0] = np.nan  # an anchor pair without variance
     fsdb.replace_anchor_cka(con, "m", "clean", "biased", cka, N)
     con.close()
     reader = fsdb.connect(db, read_only=True)
     yield SimpleNamespace(db=reader, labels=labels, split=split, preds=preds, confs=confs, head=head,
-                          has_head=np.isin(np.arange(N), head_ids))
+                          has_head=np.isin(np.arange(N), head_ids), votes=votes)
     reader.close()
 
 
@@ -89,6 +97,32 @@ def test_overthinking_shares_match_a_loop(world):
     assert 0 < got["destructive"][0] < got["wasteful"][0]
 
 
+def test_overthinking_chance_is_each_anchor_right_independently_at_its_own_accuracy(world):
+    """The baseline by hand: within the images the head gets right (and those it gets wrong), anchor j is right with
+    its own accuracy there, independently of the other anchors: right by l with 1 - Π_{j<=l} (1 - acc_j)."""
+    got = r.overthinking(world.db, RUN)
+    rows = np.array([i for i in np.flatnonzero(world.split == "test") if world.has_head[i]])
+    hits = world.preds[rows] == world.labels[rows][:, None]
+    head_right = world.head[rows] == world.labels[rows]
+    by_group = {}
+    for group in (True, False):
+        members = hits[head_right == group]
+        none, chance = 1.0, []
+        for layer in range(T + 1):
+            none *= 1.0 - members[:, layer].mean()
+            chance.append(len(members) / len(rows) * (1.0 - none))
+        by_group[group] = chance
+    for layer in range(T + 1):
+        row = got.row(layer, named=True)
+        assert row["wasteful_by_chance"] == pytest.approx(by_group[True][layer], abs=1e-12)
+        assert row["destructive_by_chance"] == pytest.approx(by_group[False][layer], abs=1e-12)
+        assert row["correct_by_chance"] == pytest.approx(by_group[True][layer] + by_group[False][layer], abs=1e-12)
+    assert got["wasteful_chance"][0] == pytest.approx(by_group[True][T - 1], abs=1e-12)
+    assert got["destructive_chance"][0] == pytest.approx(by_group[False][T - 1], abs=1e-12)
+    # the anchors of this run are right together (an image turns right and stays so): fewer than chance would give
+    assert got["destructive"][0] < got["destructive_chance"][0]
+
+
 def ece_loop(conf: np.ndarray, hit: np.ndarray, bins: int) -> tuple[float, float, dict[int, tuple]]:
     """Guo et al.'s ECE literally: bin m holds conf in ((m-1)/M, m/M] (conf 0 in bin 1)."""
     ece, mce, table = 0.0, 0.0, {}
@@ -124,6 +158,43 @@ def test_calibration_error_and_bins_match_a_loop(world, bins):
         assert mine["confidence"].to_list() == pytest.approx([table[m][2] for m in sorted(table)])
         assert mine["share"].sum() == pytest.approx(1.0)
     assert got["ece"][T] == pytest.approx(got["accuracy"][T])  # all confidences 0 there: ECE = accuracy
+
+
+def exact_calibration(votes: np.ndarray, hit: np.ndarray, k: int, bins: int) -> tuple[float, float, dict[int, int]]:
+    """ECE and MCE of vote shares v/k in exact fractions: bin m holds v/k in ((m-1)/M, m/M] (0 in bin 1)."""
+    shares = [Fraction(int(v), k) for v in votes]
+    ece = mce = Fraction(0)
+    table = {}
+    for m in range(1, bins + 1):
+        lo, hi = Fraction(m - 1, bins), Fraction(m, bins)
+        inside = np.array([(s > lo or (m == 1 and s == 0)) and s <= hi for s in shares])
+        if not inside.any():
+            continue
+        n = int(inside.sum())
+        gap = abs(Fraction(int(hit[inside].sum()), n) - sum(s for s, i in zip(shares, inside, strict=True) if i) / n)
+        ece += Fraction(n, len(shares)) * gap
+        mce = max(mce, gap)
+        table[m] = n
+    return float(ece), float(mce), table
+
+
+@pytest.mark.parametrize("bins", [15, 10])
+def test_knn_calibration_bins_exact_vote_counts(world, bins):
+    got = r.calibration(world.db, KNN_RUN, bins=bins)
+    got_bins = r.calibration_bins(world.db, KNN_RUN, bins=bins)
+    test = world.split == "test"
+    moved = 0
+    for layer in range(T + 1):
+        votes, hit = world.votes[test, layer], world.preds[test, layer] == world.labels[test]
+        ece, mce, table = exact_calibration(votes, hit, K, bins)
+        row = got.row(layer, named=True)
+        assert row["ece"] == pytest.approx(ece, abs=1e-12)
+        assert row["mce"] == pytest.approx(mce, abs=1e-12)
+        mine = got_bins.filter(got_bins["anchor"] == layer)
+        assert dict(zip(mine["bin"].to_list(), mine["n"].to_list(), strict=True)) == table
+        by_float = ece_loop((votes / K).astype(np.float32), hit.astype(float), bins)[2]
+        moved += {m: cell[0] for m, cell in by_float.items()} != table
+    assert moved == T + 1  # float32 shares on a bin edge land in the upper bin: the float rule bins otherwise
 
 
 def test_bad_bins_are_one_line(world):
