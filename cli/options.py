@@ -174,7 +174,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
         "override": ((), dict(type=PATH, help="Image folder [default: the study's data.path].")),
     },
     "--labels": {"": ((), dict(type=PATH, default=_default(ImageSource, "labels"),
-                               help="CSV filename,label for a flat folder."))},
+                               help="Labels of a flat folder: a CSV filename,label, or ImageNet's val labels as "
+                                    "they ship (ILSVRC2012_validation_ground_truth.txt with meta.mat beside it, or "
+                                    "LOC_val_solution.csv).  See docs/build.md."))},
     "--limit": {
         "": ((), dict(type=checked("limit"), default=_default(ImageSource, "limit"),
                       help="Deterministic subset of N images (ids stay those of the full set) [default: all; "

@@ -51,6 +51,7 @@ from featstore.store.repair import check_image_files, repair_images, repair_view
 from featstore.store.writer import StoreWriter
 from featstore.threads import ThreadPolicy
 from featstore.workflows.chunk_pipeline import ChunkPipeline, LaunchedBatch
+from featstore.workflows.label_check import HeadAgreement, checks_labels, head_agreement, warn_if_near_chance
 
 BATCH_SIZE = 64  # images per forward when RunOptions.batch_size is not given
 
@@ -99,6 +100,8 @@ class BuildResult:
     model_seconds: float = 0.0
     first_chunk_seconds: float = 0.0
     main_cpu_seconds: float = 0.0
+    # a pretrained 1,000-way head's top-1 agreement with the labels on the first chunk computed (label_check.py)
+    head_agreement: HeadAgreement | None = None
 
 
 @dataclass
@@ -312,7 +315,9 @@ def _run_chunks(job: BuildJob, store: StoreWriter, views: list[View], done: dict
     anchors = job.tapper.anchors
     dtypes = [a.dtype for a in anchors] + [job.config.logits_dtype]
     names = [f"anchor {a.name!r} of {job.key}" for a in anchors] + [f"the logits of {job.key}"]
-    pipeline = ChunkPipeline(store, job.key, names, dtypes, lambda row, view: f"{images.paths[row]} (view {view})")
+    check = checks_labels(job.config.weights_id, job.config.num_classes)
+    pipeline = ChunkPipeline(store, job.key, names, dtypes, lambda row, view: f"{images.paths[row]} (view {view})",
+                             keep_first=check)
     autocast = _autocast(job)
     bar = _progress(job, sum(len(b) for b in batches), views)
     current, threads = None, 0
@@ -332,6 +337,7 @@ def _run_chunks(job: BuildJob, store: StoreWriter, views: list[View], done: dict
                                                           job.memory_format, dtypes)
             last = batch.rows[-1] + 1 == rows_of_chunk(chunk).stop
             pipeline.put(LaunchedBatch(chunk, batch.rows, skipped, outputs, batch.content, last, threads))
+            check = check and not _labels_checked(job, pipeline, result)
             if bar is not None:
                 bar.update(len(batch.rows))
             if last:
@@ -346,6 +352,20 @@ def _run_chunks(job: BuildJob, store: StoreWriter, views: list[View], done: dict
         finally:
             if pipeline.first_commit is not None:
                 result.first_chunk_seconds = pipeline.first_commit - job.started
+    if check:
+        _labels_checked(job, pipeline, result)
+
+
+def _labels_checked(job: BuildJob, pipeline: ChunkPipeline, result: BuildResult) -> bool:
+    """Once the first chunk's logits are in: a pretrained 1,000-way head's agreement with the labels, recorded in
+    the result and one warning line when it is about chance (`workflows/label_check.py`); the build goes on."""
+    first = pipeline.first
+    if first is None:
+        return False
+    result.head_agreement = head_agreement(first.logits, job.images.labels[first.rows])
+    if result.head_agreement is not None:
+        warn_if_near_chance(result.head_agreement, job.key, job.images.source)
+    return True
 
 
 def _autocast(job: BuildJob):

@@ -31,6 +31,16 @@ BATCHES_IN_FLIGHT = 8  # batches launched but not yet collected: bounds pinned m
 
 
 @dataclass
+class FirstChunk:
+    """The logits of the first chunk the pipeline gathered, in one view (clean where it was computed): what the
+    build's label check reads (`workflows/label_check.py`)."""
+
+    view: str
+    rows: np.ndarray  # int64 [rows]: image rows of the set
+    logits: np.ndarray  # [rows, classes], NaN on skipped rows
+
+
+@dataclass
 class LaunchedBatch:
     """One batch of the chunk loop as the main thread hands it over: its forward outputs per view still to write
     (views already done for this chunk are not computed), which rows were skipped, and where it sits."""
@@ -50,8 +60,11 @@ class ChunkPipeline:
     names an image in a refusal."""
 
     def __init__(self, store: StoreWriter, key: str, names: list[str], dtypes: list[str],
-                 where: Callable[[int, str], str], writers: int = WRITERS, depth: int = BATCHES_IN_FLIGHT):
+                 where: Callable[[int, str], str], writers: int = WRITERS, depth: int = BATCHES_IN_FLIGHT,
+                 keep_first: bool = False):
         self.store, self.key, self.names, self.dtypes, self.where = store, key, names, dtypes, where
+        self.keep_first = keep_first  # keep the first chunk's logits (`first`), set once by the collector
+        self.first: FirstChunk | None = None
         self.error: BaseException | None = None
         self.committed = 0
         self.first_commit: float | None = None  # perf_counter() when the first chunk was committed
@@ -86,6 +99,7 @@ class ChunkPipeline:
     def _collect(self) -> None:
         pieces: dict[str, list] = {}
         content: list[int] = []
+        rows: list[int] = []
         while (batch := self._batches.get()) is not None:
             if self.error is not None:
                 continue  # drained, never committed: the build stops
@@ -101,11 +115,16 @@ class ChunkPipeline:
                             values[batch.skipped] = np.nan
                     pieces[view].append((feats, logits, batch.skipped))
                 content += batch.content
+                rows += batch.rows
                 if batch.last:
                     sums = np.asarray(content, dtype=np.int64)
+                    if self.keep_first and self.first is None and pieces:
+                        view = "clean" if "clean" in pieces else next(iter(pieces))
+                        self.first = FirstChunk(view, np.asarray(rows, dtype=np.int64),
+                                                np.concatenate([logits for _, logits, _ in pieces[view]]))
                     for view, parts in pieces.items():
                         self._submit(view, parts, batch, sums)
-                    pieces, content = {}, []
+                    pieces, content, rows = {}, [], []
             except BaseException as e:
                 self._fail(e)
 

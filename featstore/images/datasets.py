@@ -1,4 +1,5 @@
-"""Image sets: an ImageFolder tree or a flat folder plus a labels CSV, with stable image ids.
+"""Image sets: an ImageFolder tree, or a flat folder plus a labels file (a filename,label CSV, or ImageNet's val
+labels as they ship: `imagenet_val`), with stable image ids.
 
 `image_id` is an image's rank in the sorted relative paths of the whole set, so ids stay the same when
 `--limit` takes a subset. When every class (folder or labels-file name) is an ImageNet-1k WNID, labels are the
@@ -25,6 +26,14 @@ import torch
 from PIL import Image
 
 from featstore.errors import FeatstoreError, FeatstoreWarning
+from featstore.images.imagenet_val import (
+    DEVKIT_FILE,
+    KAGGLE_FILE,
+    devkit_labels,
+    kaggle_labels,
+    labels_format,
+    match_files,
+)
 from featstore.images.preprocessing import Preprocessing
 from featstore.images.views import View
 
@@ -100,7 +109,7 @@ def discover(root: str | Path, labels: str | Path | None = None, limit: int | No
     if not root.is_dir():
         raise FeatstoreError(f"image folder {root} does not exist; pass --data <ImageFolder root or flat folder>")
     if labels is not None:
-        paths, ys, classes = _from_csv(root, Path(labels).expanduser())
+        paths, ys, classes = _from_labels(root, Path(labels).expanduser())
         source = f"flat folder {root} with labels {labels}"
     else:
         paths, ys, classes = _from_tree(root)
@@ -193,15 +202,43 @@ def _label_kind(labels: Path, body: list, raw: list[str]) -> bool:
     return is_index[0]
 
 
-def _from_csv(root: Path, labels: Path) -> tuple[list[str], list[int], list[str]]:
+def _from_labels(root: Path, labels: Path) -> tuple[list[str], list[int], list[str]]:
+    """A labels file of any format `--labels` takes: a filename,label CSV, or ImageNet's val labels as they ship
+    (`featstore.images.imagenet_val`), told apart by content."""
     if not labels.is_file():
-        raise FeatstoreError(f"labels file {labels} does not exist; pass a CSV with header filename,label")
+        raise FeatstoreError(f"labels file {labels} does not exist; pass a CSV with header filename,label (or "
+                             f"ImageNet's {DEVKIT_FILE} or {KAGGLE_FILE})")
+    text = _read_labels_text(labels)
+    kind = labels_format(labels, text)
+    if kind == "csv":
+        return _from_csv(root, labels, text)
+    listed = devkit_labels(labels, text) if kind == "devkit" else kaggle_labels(labels, text)
+    found = match_files(root, labels, listed, _image_files(root))
+    absent = [name for name in listed if name not in found]
+    if absent:
+        warnings.warn(f"labels file {labels} lists {len(listed):,} images; {len(absent):,} of them are not in {root} "
+                      f"(e.g. {absent[0]!r}): the set is the {len(found):,} that are", MissingImages, stacklevel=4)
+    names = [name for name in listed if name in found]
+    classes = sorted({listed[name].wnid for name in names})
+    index = {wnid: i for i, wnid in enumerate(classes)}
+    paths = [found[name] for name in names]
+    _left_out(root, labels, dict.fromkeys(paths, 0))
+    return paths, [index[listed[name].wnid] for name in names], classes
+
+
+def _image_files(root: Path) -> list[str]:
+    """Every image file under `root`, relative and '/'-separated."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if _is_image(p))
+
+
+def _from_csv(root: Path, labels: Path, text: str) -> tuple[list[str], list[int], list[str]]:
     try:
-        rows = list(csv.reader(io.StringIO(_read_labels_text(labels), newline="")))
+        rows = list(csv.reader(io.StringIO(text, newline="")))
     except csv.Error as e:
         raise FeatstoreError(f"labels file {labels} is not a readable CSV ({e}); write lines filename,label") from e
     if not rows or [c.strip().lower() for c in rows[0][:2]] != ["filename", "label"]:
-        raise FeatstoreError(f"labels file {labels} must start with the header line filename,label")
+        raise FeatstoreError(f"labels file {labels} must start with the header line filename,label (or be "
+                             f"ImageNet's {DEVKIT_FILE}, one class id per line, or {KAGGLE_FILE})")
     body = [(n, r) for n, r in enumerate(rows[1:], start=2) if r]
     if not body:
         raise FeatstoreError(f"labels file {labels} lists no images; add lines filename,label")
@@ -247,11 +284,15 @@ class UnlabelledImages(FeatstoreWarning):
     """Image files of the --data folder that its labels file does not list: they are left out of the set."""
 
 
+class MissingImages(FeatstoreWarning):
+    """Images ImageNet's val labels list (all 50,000) that the --data folder does not hold: the set is those it
+    holds (a subset of the val images is a set of its own)."""
+
+
 def _left_out(root: Path, labels: Path, listed: dict[str, int]) -> None:
     """Say how many images of `root` the labels file leaves out (naming one): a labels file may select a subset,
     but a silently shorter image set looks like a complete one."""
-    unlisted = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                      if _is_image(p) and p.relative_to(root).as_posix() not in listed)
+    unlisted = [path for path in _image_files(root) if path not in listed]
     if unlisted:
         warnings.warn(f"labels file {labels} lists {len(listed)} images; {len(unlisted)} other image file(s) in "
                       f"{root} are left out (e.g. {unlisted[0]!r}); add them to the file if they belong to the set",
