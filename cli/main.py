@@ -218,8 +218,14 @@ def only_run(db: Path, given: str | None) -> str:
 
 
 def run_list(given: str | None) -> list[str] | None:
-    """--run's comma list as run ids (None: the command's default runs)."""
-    chosen = [r.strip() for r in given.split(",") if r.strip()] if given else []
+    """--run's comma list as run ids (None: the command's default runs): a piece without a '/' continues the id
+    before it, whose variant spells several parameters."""
+    chosen: list[str] = []
+    for piece in (r.strip() for r in (given or "").split(",")):
+        if chosen and piece and "/" not in piece:  # a run id's own comma (`…/knn:metric=euclidean,ties=lowest`)
+            chosen[-1] += "," + piece
+        elif piece:
+            chosen.append(piece)
     return chosen or None
 
 

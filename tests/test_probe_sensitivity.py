@@ -163,7 +163,10 @@ def test_the_seed_rule_is_what_probing_twice_measures(store, tmp_path, variant):
              for r in runs["run_id"]]
     differ = int((preds[0] != preds[1]).sum())
     depends, why = seed_dependence(runs["probe"][0], probe_identity(runs["params"][0]))
-    assert depends == (differ > 0), (variant, differ, why)
+    if why.startswith("only at ties"):  # knn: the seed orders equally far neighbours, which this store may lack
+        assert depends and variant == "knn", (variant, differ, why)
+    else:
+        assert depends == (differ > 0), (variant, differ, why)
 
 
 # -- the definitions' disagreements ------------------------------------------------------------------------------------
