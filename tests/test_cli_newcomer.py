@@ -17,7 +17,7 @@ from featstore.nets.listing import _built_listing, preset_listing
 
 from conftest import run_cli
 
-PRESET_MODELS = [*PRESETS, *(f"timm/{name}" for name in TIMM_PRESETS)]
+PRESET_MODELS = [*PRESETS, *(f"timm/{name}" for name in TIMM_PRESETS), "convnext_tiny.fb_in1k"]  # a timm tag too
 
 
 @pytest.mark.parametrize("model", PRESET_MODELS)

@@ -4,7 +4,7 @@ choice (`depth`), which import neither it nor each other's callers."""
 
 from __future__ import annotations
 
-from featstore.nets.anchors import PRESETS, TIMM_PRESETS
+from featstore.nets.anchors import PRESETS, preset_for
 
 
 def anchor_listing(model_name: str, every: bool = False) -> list[str]:
@@ -19,9 +19,9 @@ def preset_listing(model_name: str) -> list[str] | None:
     """The default anchors of a preset model with what they hook, from the preset's names alone (a `.mid` anchor
     hooks the block's bn1 and applies its ReLU); None for a model without a preset. The same lines as the model
     itself gives (tests/test_cli_newcomer.py compares them)."""
-    library, _, arch = model_name.rpartition("/")
-    presets = {"": PRESETS.get(arch) or TIMM_PRESETS.get(arch), "torchvision": PRESETS.get(arch),
-               "timm": TIMM_PRESETS.get(arch)}.get(library)
+    library, _, arch = model_name.rpartition("/")  # a bare name is torchvision's where torchvision has it
+    timm = preset_for("timm", arch)  # as the build reads it: a pretrained tag (`convnext_tiny.fb_in1k`) ignored
+    presets = {"": PRESETS.get(arch) or timm, "torchvision": PRESETS.get(arch), "timm": timm}.get(library)
     if presets is None:
         return None
     lines = []
