@@ -1,7 +1,7 @@
 """featstore: a feature store of pooled anchor activations, and the analytics of when a network decides.
 
-The public API (docs/python.md) is the names in `__all__`, defined in `featstore.api` and imported on first use,
-so that `import featstore` loads neither torch nor DuckDB.
+The public API (docs/python.md) is the names in `__all__`, defined in `featstore.api` (the api/ folder, a layer
+above the jobs) and imported on first use, so that `import featstore` loads neither torch nor DuckDB.
 """
 
 __version__ = "0.1.0"
