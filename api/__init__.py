@@ -12,9 +12,10 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-__all__ = ["BuildConfig", "FeatstoreError", "ImageSource", "LoadedProbe", "ModelData", "ModelSpec", "Probe",
-           "ProbeConfig", "ProbeResult", "Results", "RunOptions", "Store", "build", "connect", "load_probe",
-           "open_store", "probe", "register_probe"]
+__all__ = ["BuildConfig", "CircuitConfig", "FeatstoreError", "ImageSource", "LoadedProbe", "ModelData", "ModelSpec",
+           "Probe", "ProbeConfig", "ProbeResult", "Results", "RunOptions", "Store", "ZooConfig", "anchors", "build",
+           "circuits", "cka", "connect", "cost", "demo", "export", "gate", "gc", "load_probe", "merge", "open_store",
+           "probe", "register_probe", "study", "zoo"]
 
 # name -> the module that defines it (the job records pull in torch; the API's own modules import it late)
 _WHERE = {
@@ -28,7 +29,13 @@ _WHERE = {
     "build": "featstore.api.jobs", "probe": "featstore.api.jobs", "register_probe": "featstore.api.jobs",
     "default_name": "featstore.api.jobs", "estimator_digest": "featstore.api.jobs",
     "LoadedProbe": "featstore.api.saved", "load_probe": "featstore.api.saved",
-    "Results": "featstore.api.results", "connect": "featstore.api.results",
+    "Results": "featstore.api.results", "connect": "featstore.api.results", "runs_written": "featstore.api.results",
+    "Sweep": "featstore.api.results", "ImageTimeline": "featstore.api.results",
+    "ExitSimulation": "featstore.api.results", "TapGrid": "featstore.api.results",
+    "Verification": "featstore.api.store", "split_options": "featstore.compute.specs",
+    "CircuitConfig": "featstore.compute.attribution", "ZooConfig": "featstore.workflows.zoo",
+    **dict.fromkeys(("anchors", "merge", "export", "gc", "cost", "circuits", "cka", "gate", "zoo", "study", "demo"),
+                    "featstore.api.tasks"),
 }
 
 

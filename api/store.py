@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, is_dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,6 +15,20 @@ from featstore.schema import VAL_FRAC
 if TYPE_CHECKING:
     from featstore.nets.anchors import Anchor
     from featstore.store.reader import FeatureStore
+    from featstore.workflows.gc import Unreferenced
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What `Store.verify` found: every problem, one line each (none: the store is sound), and the saved probe
+    versions no run names (`fs.gc` removes the removable ones; they are no damage)."""
+
+    problems: list[str]
+    unreferenced: list[Unreferenced]
+
+    @property
+    def sound(self) -> bool:
+        return not self.problems
 
 
 class Store:
@@ -22,7 +38,10 @@ class Store:
         from featstore.store.reader import FeatureStore
 
         if isinstance(location, Path) or "://" not in str(location):  # a folder: where it is now, whatever cwd later
+            self._named = str(location)  # as given: what info() says the store is
             location = Path(location).absolute()
+        else:
+            self._named = str(location)
         self._fs = FeatureStore(location)  # mode "r": a missing store is an error, nothing is created
 
     @property
@@ -40,6 +59,27 @@ class Store:
         key = model_key(name)
         self._fs.model_attrs(key)
         return ModelData(self._fs, key)
+
+    def info(self) -> Any:
+        """What the store holds: images, models, views, anchors, widths and completeness (`featstore info`), its
+        path as it was given to `open_store`."""
+        summary = self._fs.info()
+        if isinstance(summary, dict):
+            return {**summary, "path": self._named}
+        return replace(summary, path=self._named) if is_dataclass(summary) else summary
+
+    def verify(self, model: str | None = None, deep: bool = True, dbs: Sequence[str | Path] = ()) -> Verification:
+        """Check everything the store holds (`featstore verify`): the image table, each model's and array's
+        metadata, and (`deep`) every chunk marked done; with `dbs`, that every probe run of those databases finds
+        its weights here. Also lists the saved probe versions no run names."""
+        from featstore.workflows.gc import unreferenced
+        from featstore.workflows.probe import missing_weights
+
+        dbs = [Path(d) for d in dbs]
+        problems = [str(p) for p in self._fs.verify(model, deep=deep)]
+        if dbs:
+            problems += missing_weights(self.location, dbs)
+        return Verification(problems, unreferenced(self.location, dbs, model))
 
     def __repr__(self) -> str:
         return f"Store({self.location!r}, models={self.models})"
