@@ -4,7 +4,7 @@ DDB and CSS, the report), each a thin call of the analytics function that comput
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -82,6 +82,13 @@ class Results:
         from featstore.analytics.queries import query as run_query
 
         return run_query(self.db, query, params)
+
+    def stream(self, query: str, params: Sequence | dict | None = None) -> Iterator[pl.DataFrame]:
+        """One statement's result as frames of bounded size, in order (`featstore sql`): memory stays bounded at
+        any row count; closing the iterator early (or Ctrl-C) cancels the query."""
+        from featstore.analytics.queries import stream
+
+        return stream(self.db, query, params)
 
     @property
     def runs(self) -> pl.DataFrame:
