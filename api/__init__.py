@@ -14,8 +14,8 @@ from typing import Any
 
 __all__ = ["BuildConfig", "CircuitConfig", "FeatstoreError", "ImageSource", "LoadedProbe", "ModelData", "ModelSpec",
            "Probe", "ProbeConfig", "ProbeResult", "Results", "RunOptions", "Store", "ZooConfig", "anchors", "build",
-           "circuits", "cka", "connect", "cost", "demo", "export", "gate", "gc", "load_probe", "merge", "open_store",
-           "probe", "register_probe", "study", "zoo"]
+           "circuits", "cka", "connect", "cost", "demo", "example_images", "export", "gate", "gc", "load_probe",
+           "merge", "open_store", "probe", "register_probe", "study", "zoo"]
 
 # name -> the module that defines it (the job records pull in torch; the API's own modules import it late)
 _WHERE = {
@@ -34,8 +34,8 @@ _WHERE = {
     "ExitSimulation": "featstore.api.results", "TapGrid": "featstore.api.results",
     "Verification": "featstore.api.store", "split_options": "featstore.compute.specs",
     "CircuitConfig": "featstore.compute.attribution", "ZooConfig": "featstore.workflows.zoo",
-    **dict.fromkeys(("anchors", "merge", "export", "gc", "cost", "circuits", "cka", "gate", "zoo", "study", "demo"),
-                    "featstore.api.tasks"),
+    **dict.fromkeys(("anchors", "merge", "export", "gc", "cost", "circuits", "cka", "gate", "zoo", "study", "demo",
+                     "example_images"), "featstore.api.tasks"),
 }
 
 

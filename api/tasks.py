@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 
 def anchors(model: str, every: bool = False) -> list[str]:
-    """The anchor names a model gets by default, or (`every`) every name `anchors=` accepts (`featstore anchors`):
-    a preset's defaults are read without loading the model."""
+    """The lines `featstore anchors` prints: the anchors a model gets by default with what each hooks, or (`every`)
+    every name `anchors=` accepts, one per line; a preset's defaults are read without loading the model."""
     from featstore.nets.listing import anchor_listing
 
     return anchor_listing(model, every)
@@ -122,3 +122,11 @@ def demo(out: str | Path, dataset: str = "layouts", epochs: int | None = None, l
     from featstore.workflows.demo import run_demo
 
     return run_demo(Path(out), dataset=dataset, epochs=epochs, limit=limit, run=run)
+
+
+def example_images(folder: str | Path, size: int = 32, limit: int | None = None) -> Path:
+    """scikit-learn's handwritten digits (real images that ship offline) as a folder of PNGs, one subfolder per
+    class, `size` px: the images docs/python.md builds its store of (needs scikit-learn)."""
+    from featstore.workflows.demo import digits_image_folder
+
+    return digits_image_folder(folder, size, limit)
