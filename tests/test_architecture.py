@@ -162,6 +162,23 @@ def test_the_front_door_only_reexports_the_api_on_first_use():
     assert out.strip() == "[]", out
 
 
+def test_the_cli_is_thin_over_the_api():
+    """cli/ imports of featstore only the API (featstore.api), its own modules and featstore.errors, function-level
+    imports included: every command is options -> one fs call -> print."""
+    allowed = ("featstore.api", "featstore.cli", "featstore.errors")
+    wrong = [f"cli/{path.name}:{line} imports {name}" for path in _files("cli") for line, name in _imports(path)
+             if not any(name == a or name.startswith(a + ".") for a in allowed)]
+    assert not wrong, "\n".join(wrong)
+    assert _imports(ROOT / "cli" / "main.py")  # the scan sees the CLI's imports
+
+
+def test_the_core_folder_imports_nothing_above_it():
+    """featstore/ (all but its front door) imports no module of probing/, analytics/, workflows/, the API or cli/."""
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {name}" for path in _files("featstore")
+             for line, name in _imports(path) if (_layer_of(name) or 0) > 0]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_layering_test_sees_function_level_imports(tmp_path):
     bad = tmp_path / "x.py"
     bad.write_text("def f():\n    from featstore.workflows import probe\n    import duckdb\n    return probe\n")
@@ -242,15 +259,18 @@ def test_analytics_runs_without_loading_torch():
 
 def test_jobs_that_persist_live_in_workflows():
     """Only analytics/db.py opens a database for writing, and only workflows/ call it that way; the CLI opens
-    none itself (its query commands go through analytics, read-only)."""
+    none itself (its query commands go through the API's `connect`, read-only: a `Results`)."""
     writers = []
     for folder in ("featstore", "probing", "analytics", "workflows", "api", "cli"):
         for path in _files(folder):
             if (folder, path.name) == ("analytics", "db.py"):
                 continue
-            for node in ast.walk(ast.parse(path.read_text())):
+            tree = ast.parse(path.read_text())
+            results = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                       and n.module == "featstore.api" for a in n.names if a.name == "connect"}  # read-only
+            for node in ast.walk(tree):
                 if not (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
-                        == "connect"):
+                        == "connect") or getattr(node.func, "id", None) in results:
                     continue
                 read_only = any(k.arg == "read_only" and getattr(k.value, "value", None) is True
                                 for k in node.keywords)
