@@ -65,16 +65,21 @@ def summary_lines(result: Comparison) -> list[str]:
 def pair_lines(result: Comparison, shown: int | None = None) -> list[str]:
     """The pairs of definitions, those that disagree most first (definition_ranking), `shown` of them (all: None),
     with a legend of the columns."""
+    total = len(result.ranking)
     ranking = result.ranking if shown is None else result.ranking.head(shown)
+    title = (f"the {len(ranking)} of {total} pairs of definitions that disagree most:" if len(ranking) < total
+             else "the one pair of definitions:" if total == 1
+             else f"all {total} pairs of definitions, those that disagree most first:")
     rows = [[str(r["early_late_decided"]), str(r["early_a_late_b"]), str(r["late_a_early_b"]),
              _cell(r["same_band"], 3), _cell(r["spearman"], 3), str(r["n"]), (f"{r['a']}  vs", r["b"])]
             for r in ranking.iter_rows(named=True)]
     legend = wrapped("decided: images early by one definition and late by the other where both layers are decisions "
                      "(no fallback: a never-stable l* or joint layer at T, an unsettled depth at T + 1); "
                      "early/late, late/early: early by a and late by b, and the reverse, fallbacks counted; "
-                     "same: share of the images in the same band; spearman: Spearman's rho of the layers "
+                     "same: share of the images in the same band; spearman: Spearman's ρ of the layers "
                      "(- when one is constant); n: images both place.")
-    return columns(["decided", "early/late", "late/early", "same", "spearman", "n", "a  vs  b"], rows) + legend
+    return [title, *columns(["decided", "early/late", "late/early", "same", "spearman", "n", "a  vs  b"], rows),
+            *legend]
 
 
 def overview_lines(result: Comparison, k: int, min_conf: float, shown: int = SHOWN_PAIRS) -> list[str]:
@@ -83,11 +88,10 @@ def overview_lines(result: Comparison, k: int, min_conf: float, shown: int = SHO
     lines = wrapped(f"decision layer per definition (k = {k}{joint}; depth = prediction depth, T + 1 when "
                     "unsettled, its layer 0 the first stored anchor, not the input; bands: early l < 0.3T, late "
                     f"l >= 0.7T, mid between; runs {', '.join(result.runs)}):")
-    lines += summary_lines(result)
+    lines += [*summary_lines(result), "", *pair_lines(result, shown)]
     total = len(result.ranking)
-    lines += ["", f"the {min(shown, total)} of {total} pairs of definitions that disagree most:"]
-    lines += pair_lines(result, shown)
-    more = f"{total - shown} more pairs not shown; --part agreement lists every pair, " if total > shown else ""
+    left = total - shown
+    more = f"{left} more pair{'s' * (left > 1)} not shown; --part agreement lists every pair, " if left > 0 else ""
     lines += [""] + wrapped(f"{more}--part crosstab the 3x3 early/mid/late tables of each pair, --part matrix the "
                             "Spearman and early/late matrices, --part disagreements images early by one and late by "
                             "the other.")
@@ -119,4 +123,13 @@ def disagreement_lines(result: Comparison) -> list[str]:
                  r["side"], r["path"]] for r in images.iter_rows(named=True)]
         lines += ["", *_fit((f"a = {pair['a']}  vs", f"b = {pair['b']}"), WIDTH)]
         lines += ["  " + line for line in columns(["image", "label", "a", "b", "T", "side", "path"], rows, WIDTH - 2)]
-    return lines
+    return lines if not result.disagreements.is_empty() else [*lines, "none"]
+
+
+def comparison_lines(result: Comparison, part: str | None, k: int, min_conf: float) -> list[str]:
+    """What `featstore compare` prints in the table format: one part (summary, agreement, crosstab,
+    disagreements), or by default the overview."""
+    if part is None:
+        return overview_lines(result, k, min_conf)
+    return {"summary": summary_lines, "agreement": pair_lines, "crosstab": crosstab_lines,
+            "disagreements": disagreement_lines}[part](result)

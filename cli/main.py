@@ -492,7 +492,7 @@ def compare(db: Path, run_id: str | None, ks: list[int], min_conf: float, per_pa
             scope: str, fmt: str) -> None:
     """When does the network decide, by every established definition: l*(k), prediction depth (Baldock et al.)
     and the joint stable-and-confident criterion, per run; Spearman, early/late cross-tables, disagreeing images."""
-    from featstore.analytics import comparison_text as text
+    from featstore.analytics.comparison_text import comparison_lines
     from featstore.analytics.queries import compare as run_compare
 
     k = one_k(ks)
@@ -509,9 +509,7 @@ def compare(db: Path, run_id: str | None, ks: list[int], min_conf: float, per_pa
         click.echo("\nimages early (l < 0.3T) by the row's definition and late (l >= 0.7T) by the column's:")
         print_frame(result.matrix("early_late"))
     else:
-        lines = {"summary": text.summary_lines, "agreement": text.pair_lines, "crosstab": text.crosstab_lines,
-                 "disagreements": text.disagreement_lines}
-        click.echo("\n".join(lines[part](result) if part else text.overview_lines(result, k, min_conf)))
+        click.echo("\n".join(comparison_lines(result, part, k, min_conf)))
 
 
 @cli.command()
