@@ -495,6 +495,7 @@ class Comparison:
     crosstab: pl.DataFrame  # per pair: the early/mid/late cross-table
     disagreements: pl.DataFrame  # per pair: a few images early by one and late by the other
     decided: pl.DataFrame  # the same where both layers are decisions (no fallback at T or T + 1), with their count n
+    ranking: pl.DataFrame  # per pair: the agreement with that count (early_late_decided), most disagreeing first
 
     def shortened(self) -> Comparison:
         """The same tables with the run ids' common 'model/view/' prefix left out of every definition's name."""
@@ -508,7 +509,7 @@ class Comparison:
             return frame.with_columns(pl.col(c).str.replace(prefix, "", literal=True) for c in names)
 
         return Comparison([r.removeprefix(prefix) for r in self.runs], short(self.summary), short(self.agreement),
-                          short(self.crosstab), short(self.disagreements), short(self.decided))
+                          short(self.crosstab), short(self.disagreements), short(self.decided), short(self.ranking))
 
     def matrix(self, value: str) -> pl.DataFrame:
         """A per-pair statistic as a square table, rows and columns in the summary's order (columns #1, #2, ...):
@@ -562,7 +563,8 @@ def compare(db: Db, runs: Sequence[str] | None = None, k: int = 2, min_conf: flo
                           query(con, f"SELECT * FROM definition_crosstab{tail}", args),
                           query(con, f"SELECT * FROM definition_disagreements{picked}", [*args[:3], per_pair, args[3]]),
                           query(con, f"SELECT * FROM definition_decided_disagreements{picked}",
-                                [*args[:3], per_pair, args[3]]))
+                                [*args[:3], per_pair, args[3]]),
+                          query(con, f"SELECT * FROM definition_ranking{tail}", args))
     finally:
         if con is not db:
             con.close()
