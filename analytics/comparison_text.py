@@ -1,19 +1,67 @@
-"""`featstore compare` as text a 120-column terminal shows whole: each definition's layers, the pairs of
-definitions ranked by how much they disagree (named, not numbered) and the 3x3 early/mid/late cross-tables. The
-numbers are the Comparison's (SQL); this module only lays them out."""
+"""`featstore compare`'s record, and its text a 120-column terminal shows whole: each definition's layers, the
+pairs of definitions ranked by how much they disagree (named, not numbered) and the 3x3 early/mid/late
+cross-tables. The numbers are the Comparison's (SQL); this module only lays them out."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import polars as pl
-
-from featstore.analytics.queries import Comparison
 
 WIDTH = 120  # no line is longer: a terminal of that width shows the output unbroken
 SHOWN_PAIRS = 10  # pairs the default output lists, those that disagree most
 BANDS = ("early", "mid", "late")
+
+
+@dataclass
+class Comparison:
+    """Every established definition of when the network decides, side by side (`featstore compare`)."""
+
+    runs: list[str]
+    summary: pl.DataFrame  # per definition: n, mean, median, band shares
+    agreement: pl.DataFrame  # per pair: n, Spearman, same band, early-by-one-late-by-the-other counts
+    crosstab: pl.DataFrame  # per pair: the early/mid/late cross-table
+    disagreements: pl.DataFrame  # per pair: a few images early by one and late by the other
+    decided: pl.DataFrame  # the same where both layers are decisions (no fallback at T or T + 1), with their count n
+    ranking: pl.DataFrame  # per pair: the agreement with that count (early_late_decided), most disagreeing first
+
+    def shortened(self) -> Comparison:
+        """The same tables with the run ids' common 'model/view/' prefix left out of every definition's name."""
+        prefix = os.path.commonprefix(self.runs)
+        prefix = prefix[: prefix.rfind("/") + 1]
+        if not prefix:
+            return self
+
+        def short(frame: pl.DataFrame) -> pl.DataFrame:
+            names = [c for c in ("definition", "a", "b") if c in frame.columns]
+            return frame.with_columns(pl.col(c).str.replace(prefix, "", literal=True) for c in names)
+
+        return Comparison([r.removeprefix(prefix) for r in self.runs], short(self.summary), short(self.agreement),
+                          short(self.crosstab), short(self.disagreements), short(self.decided), short(self.ranking))
+
+    def lines(self, part: str | None, k: int, min_conf: float) -> list[str]:
+        """The text `featstore compare` prints: one part (summary, agreement, crosstab, disagreements), or by
+        default the overview, each line at most 120 characters."""
+        return comparison_lines(self, part, k, min_conf)
+
+    def matrix(self, value: str) -> pl.DataFrame:
+        """A per-pair statistic as a square table, rows and columns in the summary's order (columns #1, #2, ...):
+        'spearman' (symmetric, 1 on the diagonal) or 'early_late' (row early, column late: image counts)."""
+        names = self.summary["definition"].to_list()
+        cells: dict[tuple[str, str], float | int | None] = {}
+        for row in self.agreement.iter_rows(named=True):
+            a, b = row["a"], row["b"]
+            if value == "spearman":
+                cells[a, b] = cells[b, a] = row["spearman"]
+            else:
+                cells[a, b], cells[b, a] = row["early_a_late_b"], row["late_a_early_b"]
+        diagonal = 1.0 if value == "spearman" else None
+        columns = {f"#{j + 1}": [diagonal if a == b else cells.get((a, b)) for a in names]
+                   for j, b in enumerate(names)}
+        return pl.DataFrame({"definition": [f"#{i + 1} {n}" for i, n in enumerate(names)], **columns})
 
 
 def _cell(value: object, digits: int) -> str:

@@ -17,20 +17,22 @@ from pathlib import Path
 
 import click
 
-from featstore.analytics.bands import BANDS
-from featstore.analytics.exit_policies import DEFAULT_POLICIES
-from featstore.analytics.scopes import SCOPES
-from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
-from featstore.schema import (
+from featstore.api.declared import (
+    BANDS,
     CHUNK_ROWS,
+    DEFAULT_POLICIES,
     FIELDS,
     IG_STEPS,
     MEMORY_BUDGET,
     MIN_AGE_S,
+    SCOPES,
     VAL_FRAC,
+    ImageSource,
     Int,
+    ModelSpec,
     Number,
     Real,
+    RunOptions,
     Size,
     Value,
     shown,
