@@ -405,19 +405,19 @@ def compare(db: Path, run_id: str | None, ks: list[int], min_conf: float, per_pa
 
     results = connect(db)
     k = results.window(ks, run_id)
+    if part == "matrix" and fmt != "table":
+        raise FeatstoreError(f"--part matrix: the matrices are a table; --format {fmt} writes the same numbers "
+                             "with --part agreement")
     result = results.compare(run_id, k, min_conf, scope, per_pair).shortened()
-    if fmt != "table" or part:
+    if fmt != "table":
         print_frame(getattr(result, part or "agreement"), fmt)
-        return
-    joint = f", joint(k, {min_conf:g}) = l*(k) with conf >= {min_conf:g} at l*" if min_conf > 0 else ""
-    click.echo(f"decision layer per definition (k = {k}{joint}; depth = prediction depth, T + 1 when unsettled, "
-               f"its layer 0 the first stored anchor, not the input; runs {', '.join(result.runs)}):")
-    print_frame(result.summary.drop("kind", "run_id"))
-    click.echo("\nSpearman correlation of the layers, image by image:")
-    print_frame(result.matrix("spearman"))
-    click.echo("\nimages early (l < 0.3T) by the row's definition and late (l >= 0.7T) by the column's "
-               "(--part disagreements lists some; the report shows them):")
-    print_frame(result.matrix("early_late"))
+    elif part == "matrix":
+        click.echo("Spearman correlation of the layers, image by image (columns #i: the row #i's definition):")
+        print_frame(result.matrix("spearman"))
+        click.echo("\nimages early (l < 0.3T) by the row's definition and late (l >= 0.7T) by the column's:")
+        print_frame(result.matrix("early_late"))
+    else:
+        click.echo("\n".join(result.lines(part, k, min_conf)))
 
 
 @cli.command()
