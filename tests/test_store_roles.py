@@ -186,7 +186,7 @@ def test_an_estimator_variant_is_handed_to_the_job_not_registered(store, tmp_pat
     import shutil
 
     from featstore.probing.base import VARIANTS
-    from featstore.probing.estimator import EstimatorVariant
+    from featstore.probing.estimator_variant import EstimatorVariant
     from featstore.workflows.probe import ProbeConfig, probe_job
 
     store = shutil.copytree(store, tmp_path / "s.zarr")  # the probes it saves stay in the copy

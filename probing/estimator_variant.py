@@ -153,12 +153,12 @@ class EstimatorFit(FittedProbe):
         return cls(estimator=pickle.loads(blob), pickled=blob)
 
 
-def pickle_bytes(values: np.ndarray) -> bytes:
+def pickle_bytes(values: np.ndarray, where: str) -> bytes:
     """One fold's stored pickle as bytes: uint8, or float32 holding byte values in stores written before bytes
-    stayed bytes; anything else is refused (it is no pickle this code wrote)."""
+    stayed bytes; anything else is refused (it is no pickle this code wrote), the message starting with `where`."""
     values = np.asarray(values)
     if values.dtype != np.uint8 and not (values.dtype == np.float32 and np.isin(values, np.arange(256)).all()):
-        raise FeatstoreError(f"the store keeps {values.dtype} values where a pickle's bytes belong")
+        raise FeatstoreError(f"{where}: the store keeps {values.dtype} values where a pickle's bytes belong")
     return values.astype(np.uint8).tobytes()
 
 
