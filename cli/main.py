@@ -25,7 +25,7 @@ from featstore.cli.options import (
 from featstore.errors import FeatstoreError, FeatstoreWarning, Interrupted, RunReplaced, interrupted, storage_failure
 
 if TYPE_CHECKING:
-    from featstore.store.summary import ModelInfo, StoreInfo
+    from featstore.api import ModelInfo, StoreInfo
 
 
 def user_errors(fn):
@@ -599,7 +599,7 @@ def info(store: str, fmt: str) -> None:
 
 def format_info(summary: StoreInfo) -> str:
     """`featstore info`'s table: the images, then per model its network, anchors, views and probes."""
-    from featstore.store.summary import Damaged
+    from featstore.api import Damaged
 
     lines = [f"store  {summary.path}"]
     im = summary.images
