@@ -201,3 +201,26 @@ def test_an_estimator_variant_is_handed_to_the_job_not_registered(store, tmp_pat
         EstimatorVariant(Watching(), name="linear")
     with pytest.raises(FeatstoreError, match=r"variant=Watching: give an instance \(Watching\(\)\)"):
         EstimatorVariant(Watching)
+
+
+def test_the_api_estimator_probe_and_load_probe_go_through_the_layers_below(store, tmp_path):
+    """`fs.probe(variant=estimator)` fits with the registry untouched, and `fs.load_probe` reads its pickles back
+    through `read_probe`: each anchor's fit predicts the train rows' class frequencies, counted here."""
+    import shutil
+
+    import featstore as fs
+    from featstore.probing.base import VARIANTS
+    from featstore.probing.split import make_split
+
+    store = shutil.copytree(store, tmp_path / "s.zarr")
+    before, db = dict(VARIANTS), tmp_path / "p.duckdb"
+    Watching.seen.clear()
+    (run,) = fs.probe(store=store, model="synthetic", db=db, variant=Watching(), name="prior")
+    assert run == "synthetic/clean/prior" and VARIANTS == before
+    assert len(Watching.seen) == len(DIMS) and all(seen == set(before) for seen in Watching.seen)
+    labels = FeatureStore(store).image_table()["label"]
+    train = make_split(np.arange(N), 0) == "train"
+    prior = np.bincount(labels[train], minlength=CLASSES) / train.sum()
+    loaded = fs.load_probe(store, "synthetic", run, db=db, trust_pickle=True)
+    for a, dim in zip(loaded.anchors, DIMS, strict=True):
+        np.testing.assert_allclose(loaded.predict_proba(a, np.zeros((2, dim))), [prior, prior])
