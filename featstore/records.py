@@ -106,10 +106,12 @@ class RunIdentity:
                                  f"part, so its probe name would read back as another run; rename the variant")
         for what in ("cross_fit", "seed"):
             value = getattr(self, what)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer) or value < 0:
                 raise FeatstoreError(f"{what}={value!r}: a run identity's {what} is an integer >= 0")
-        if not isinstance(self.streamed, bool):
+            object.__setattr__(self, what, int(value))
+        if not isinstance(self.streamed, bool | np.bool_):
             raise FeatstoreError(f"streamed={self.streamed!r}: a run identity's streamed is True or False")
+        object.__setattr__(self, "streamed", bool(self.streamed))
 
     @property
     def run_id(self) -> str:
