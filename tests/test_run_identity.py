@@ -285,8 +285,9 @@ OLD_RUNS = """CREATE TABLE runs (
 
 def test_an_older_database_is_upgraded_once_and_reads_the_same(typed_db, tmp_path):
     """A file as a featstore before the typed columns wrote it (identity only in runs.params, each fit's C only in
-    probe_fits.info) reads the same columns read-only (the file untouched) and gains them on a write connection,
-    once: after that, what params says is never copied over them again."""
+    probe_fits.info) reads the same columns read-only (the file untouched), merges into a new file and onto the
+    same runs with them, and gains them on a write connection, once: after that, what params says is never copied
+    over them again."""
     db, _ = typed_db
     runs_sql = "SELECT run_id, probe_id, probe_name, probe_version, streamed, C FROM runs ORDER BY run_id"
     fits_sql = "SELECT run_id, fold, anchor, C FROM probe_fits ORDER BY ALL"
@@ -301,6 +302,10 @@ def test_an_older_database_is_upgraded_once_and_reads_the_same(typed_db, tmp_pat
     con.close()
     before = hashlib.sha256(old.read_bytes()).hexdigest()
     assert query(old, runs_sql).rows() == want_runs and query(old, fits_sql).rows() == want_fits
+    assert hashlib.sha256(old.read_bytes()).hexdigest() == before
+    for target in (tmp_path / "empty.duckdb", shutil.copy(db, tmp_path / "same.duckdb")):
+        run_cli("merge", "--db", target, old)  # into a new file, and onto the same runs: no conflict of content
+        assert rows(target, runs_sql) == want_runs and rows(target, fits_sql) == want_fits
     assert hashlib.sha256(old.read_bytes()).hexdigest() == before
     fsdb.connect(old).close()  # a write connection upgrades the file
     assert rows(old, runs_sql) == want_runs and rows(old, fits_sql) == want_fits
