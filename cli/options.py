@@ -17,20 +17,22 @@ from pathlib import Path
 
 import click
 
-from featstore.analytics.bands import BANDS
-from featstore.analytics.exit_policies import DEFAULT_POLICIES
-from featstore.analytics.scopes import SCOPES
-from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
-from featstore.schema import (
+from featstore.api.declared import (
+    BANDS,
     CHUNK_ROWS,
+    DEFAULT_POLICIES,
     FIELDS,
     IG_STEPS,
     MEMORY_BUDGET,
     MIN_AGE_S,
+    SCOPES,
     VAL_FRAC,
+    ImageSource,
     Int,
+    ModelSpec,
     Number,
     Real,
+    RunOptions,
     Size,
     Value,
     shown,
@@ -266,9 +268,10 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--full": {"": ((), dict(is_flag=True, help="Show every row and whole lists (timelines) in the table format."))},
     # compare
     "--per-pair": {"": ((), dict(default=4, type=click.IntRange(min=0), help="Disagreeing images listed per pair."))},
-    "--part": {"": ((), dict(type=click.Choice(["summary", "agreement", "crosstab", "disagreements"]),
-                             help="Print only this table [default: all but the cross-tables; csv/json: "
-                                  "agreement]."))},
+    "--part": {"": ((), dict(type=click.Choice(["summary", "agreement", "crosstab", "matrix", "disagreements"]),
+                             help="Print only this part: summary, agreement (every pair), crosstab (3x3 per pair), "
+                                  "matrix (table format only) or disagreements [default: the summary and the pairs "
+                                  "that disagree most; csv/json: agreement]."))},
     "--out": {
         "report": ((), dict(type=OUT_FOLDER, help="Folder for report.html and PNGs [default: report/ beside the "
                             "database].")),
