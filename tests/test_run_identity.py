@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from synthetic import class_clusters, read_probe, write_feature_store
 
+import featstore as fs
 from featstore.analytics import db as fsdb
 from featstore.analytics.queries import query
 from featstore.compute.specs import RunOptions
@@ -241,14 +242,10 @@ IDENTITY = ("model", "view", "probe_id", "train_view", "cross_fit", "seed", "str
 @pytest.fixture(scope="module")
 def typed_db(store, tmp_path_factory):
     """One database of a chosen-C linear probe, a pinned-C one with a seed and cross-fit, and knn (no C)."""
-    from featstore.workflows.probe import ProbeConfig, probe_job
-
     db = tmp_path_factory.mktemp("typed") / "f.duckdb"
     probe(store, db, "--variant", "linear:tol=0.02")
     probe(store, db, "--variant", "linear:C=0.5,tol=0.02", "--seed", "1", "--cross-fit", "2")
-    result = probe_job(ProbeConfig(store=store, model="synthetic", db=db, variant="knn",
-                                   run=RunOptions(progress=False)))
-    return db, result
+    return db, fs.probe(store=store, model="synthetic", db=db, variant="knn", run=RunOptions(progress=False))
 
 
 def test_a_database_holds_each_runs_identity_and_strength_in_typed_columns(typed_db):
@@ -276,6 +273,7 @@ def test_a_database_holds_each_runs_identity_and_strength_in_typed_columns(typed
             assert c == 0.5 if "C=0.5" in run_id else c > 0  # pinned, or the one the search chose
     assert knn.runs == ("synthetic/clean/knn:metric=euclidean,ties=lowest",) and list(knn) == list(knn.runs)
     assert knn.identities == (RunIdentity("synthetic", "clean", "knn:metric=euclidean,ties=lowest", "clean"),)
+    assert fs.RunIdentity is RunIdentity
 
 
 OLD_RUNS = """CREATE TABLE runs (
