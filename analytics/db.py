@@ -126,13 +126,18 @@ def _stand_in_for_newer_tables(con: duckdb.DuckDBPyConnection, database: str | N
                                               [] if database is None else [database]).fetchall()}
     if "meta" not in existing:
         return []
-    made = []
-    for statement in _without_comments(sql_text("schema")).split(";"):
-        found = re.search(r"CREATE TABLE IF NOT EXISTS (\w+)", statement)
-        if found and found.group(1) not in existing:
-            con.execute(statement.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
-            made.append(found.group(1))
+    made = [table for table in schema_tables() if table not in existing]
+    for table in made:
+        _create_temp_table(con, table)
     return made
+
+
+def _create_temp_table(con: duckdb.DuckDBPyConnection, table: str) -> None:
+    """An empty TEMP table as sql/schema.sql creates `table`."""
+    for statement in _without_comments(sql_text("schema")).split(";"):
+        if re.search(rf"CREATE TABLE IF NOT EXISTS {table}\b", statement):
+            con.execute(statement.replace("CREATE TABLE", "CREATE TEMP TABLE", 1))
+            return
 
 
 # No connection featstore opens on a database reaches another file (ATTACH, COPY, EXPORT, read_text, read_csv),
@@ -248,19 +253,30 @@ def _builtin_functions() -> list[str]:
         con.close()
 
 
-def _migrated_runs(con: duckdb.DuckDBPyConnection, database: str | None = None) -> str | None:
-    """A read-only file whose `runs` predates the identity columns (probe_id, probe_name, probe_version) gets a
-    TEMP copy of it migrated as a write connection would migrate the file (sql/migrate_runs.sql), which the
-    macros read in its place. `database`: the attached database (default: the connection's own). Returns the
-    copy's name, or None when the file's table already has the columns (or has no runs table)."""
+# the columns migrate_runs.sql gives the tables of a file an older featstore wrote
+MIGRATED_COLUMNS = {"runs": ("probe_id", "probe_name", "probe_version", "streamed", "c"), "probe_fits": ("c",)}
+
+
+def _migrated_runs(con: duckdb.DuckDBPyConnection, database: str | None = None) -> list[str]:
+    """A read-only file whose `runs` or `probe_fits` predates a typed column of this version (MIGRATED_COLUMNS)
+    gets TEMP copies of both, migrated as a write connection would migrate the file (sql/migrate_runs.sql), which the
+    macros read in their place. `database`: the attached database (default: the connection's own). Returns the
+    tables copied (none when the file's tables have every column, or it has no runs table)."""
     database = database or con.execute("SELECT current_database()").fetchone()[0]
-    columns = {c for (c,) in con.execute("SELECT column_name FROM duckdb_columns() WHERE database_name = ? AND "
-                                         "schema_name = 'main' AND table_name = 'runs'", [database]).fetchall()}
-    if not columns or "probe_id" in columns:
-        return None
-    con.execute(f'CREATE OR REPLACE TEMP TABLE runs AS SELECT * FROM "{database}".main.runs')
+    held = {}
+    for table in MIGRATED_COLUMNS:
+        held[table] = {c.lower() for (c,) in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE database_name = ? AND schema_name = 'main' AND "
+            "table_name = ?", [database, table]).fetchall()}
+    if not held["runs"] or all(set(MIGRATED_COLUMNS[t]) <= held[t] for t in MIGRATED_COLUMNS if held[t]):
+        return []
+    for table in MIGRATED_COLUMNS:
+        if held[table]:
+            con.execute(f'CREATE OR REPLACE TEMP TABLE {table} AS SELECT * FROM "{database}".main.{table}')
+        elif not con.execute("SELECT 1 FROM duckdb_tables() WHERE temporary AND table_name = ?", [table]).fetchall():
+            _create_temp_table(con, table)  # a file older than the table: an empty one, as a stand-in
     con.execute(sql_text("migrate_runs"))
-    return "runs"
+    return list(MIGRATED_COLUMNS)
 
 
 def _check_not_foreign(con: duckdb.DuckDBPyConnection, path: Path) -> None:
@@ -400,10 +416,11 @@ def connect_several(paths: Sequence[str | Path], runs: Sequence[str] | None = No
     if runs is not None:
         con.execute("CREATE TEMP TABLE declared_runs AS SELECT unnest(?::VARCHAR[]) AS run_id", [list(runs)])
     sources = {(a, table): f"{a}.{table}" for a, table in present}
-    for alias in aliases:  # an older featstore's runs: a migrated TEMP copy stands in (see `_migrated_runs`)
-        if _migrated_runs(con, alias):
-            con.execute(f"ALTER TABLE temp.runs RENAME TO runs_{alias}")
-            sources[(alias, "runs")] = f"temp.runs_{alias}"
+    for alias in aliases:  # an older featstore's runs: migrated TEMP copies stand in (see `_migrated_runs`)
+        for table in _migrated_runs(con, alias):
+            con.execute(f"ALTER TABLE temp.{table} RENAME TO {table}_{alias}")
+            sources[(alias, table)] = f"temp.{table}_{alias}"
+            present.add((alias, table))
     for table in schema_tables():
         parts = [f"SELECT * FROM {sources[(a, table)]}" for a in ([images_from] if table in SHARED_TABLES else aliases)
                  if (a, table) in present]
@@ -665,8 +682,7 @@ def _replace_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
     })
     for table in ("predictions", "decisions", "folds", "probe_fits", "gate_scores", "gates", "runs"):
         con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])  # a gate learnt the old predictions
-    _insert_records(con, "runs", [rows.run])
-    con.execute(sql_text("migrate_runs"))  # the identity columns, from params by the one rule older files get
+    _insert_records(con, "runs", [rows.run])  # its identity and C in their columns, as the record has them
     _insert(con, "predictions", predictions)
     if rows.fold is not None:
         _insert(con, "folds", pa.table({"run_id": pa.array([run_id] * n),
@@ -679,7 +695,7 @@ def _replace_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
             "run_id": [run_id] * len(fit), "fold": pa.array([f for f, _, _ in rows.fits], pa.int16()),
             "anchor": pa.array([anchor for _, anchor, _ in rows.fits], pa.int16()),
             **{c: [r.get(c) for r in fit] for c in ("val_accuracy", "epochs", "converged", "train_loss", "val_loss")},
-            "info": [json.dumps(r) for r in fit]}))
+            "C": pa.array([r.get("C") for r in fit], pa.float64()), "info": [json.dumps(r) for r in fit]}))
 
 
 def write_gate(con: duckdb.DuckDBPyConnection, scores: GateScores) -> None:

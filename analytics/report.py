@@ -688,7 +688,7 @@ def _seed_advice(runs: pl.DataFrame, reference: dict) -> tuple[list[str], str]:
         if any(_same_family(family, r) and r["seed"] != family["seed"] for r in runs.iter_rows(named=True)):
             continue
         depends, why = seed_dependence(family["probe"], probe_identity(family["params"]))
-        variant = probe_identity(family["params"]).get("probe_id", family["probe"])
+        variant = family["probe_id"]
         if depends:
             lines.append(f"no second seed of <code>{html.escape(family['run_id'])}</code>, whose results depend on "
                          f"it ({html.escape(why)}): <code>featstore probe --variant {html.escape(variant)} --seed "
@@ -719,7 +719,7 @@ def _probe_sensitivity(figs: _Figures, con, model: str, runs: pl.DataFrame, k: i
     parts = [f"<h2>How much does the timeline depend on the probe? {html.escape(model)}</h2>"]
     if not linear:
         return "".join(parts) + "<p>No run of the default probe (linear) on clean to compare the others with.</p>"
-    reference = min(linear, key=lambda run: (probe_identity(run["params"]).get("probe_id", "linear") != "linear",
+    reference = min(linear, key=lambda run: (run["probe_id"] != "linear",
                                              run["seed"], -run["cross_fit"], run["run_id"]))  # unpinned first
     others = runs.filter(pl.col("run_id") != reference["run_id"]).sort("run_id")
     parts.append(f"<p>Reference: <code>{html.escape(reference['run_id'])}</code>. Each row counts the images both "

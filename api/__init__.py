@@ -13,14 +13,15 @@ from importlib import import_module
 from typing import Any
 
 __all__ = ["BuildConfig", "CircuitConfig", "FeatstoreError", "ImageSource", "LoadedProbe", "ModelData", "ModelSpec",
-           "Probe", "ProbeConfig", "ProbeResult", "Results", "RunOptions", "Store", "StoreInfo", "ZooConfig",
-           "anchors", "build", "circuits", "cka", "connect", "cost", "demo", "example_images", "export", "gate", "gc",
-           "load_probe", "merge", "open_store", "probe", "register_probe", "study", "zoo"]
+           "Probe", "ProbeConfig", "ProbeResult", "Results", "RunIdentity", "RunOptions", "Store", "StoreInfo",
+           "ZooConfig", "anchors", "build", "circuits", "cka", "connect", "cost", "demo", "example_images", "export",
+           "gate", "gc", "load_probe", "merge", "open_store", "probe", "register_probe", "study", "zoo"]
 
 # name -> the module that defines it (the job records pull in torch; the API's own modules import it late)
 _WHERE = {
     "BuildConfig": "featstore.workflows.build", "ProbeConfig": "featstore.workflows.probe",
     "ProbeResult": "featstore.workflows.probe", "FeatstoreError": "featstore.errors",
+    "RunIdentity": "featstore.records",
     "ImageSource": "featstore.compute.specs", "ModelSpec": "featstore.compute.specs",
     "RunOptions": "featstore.compute.specs",
     "Store": "featstore.api.store", "ModelData": "featstore.api.store", "open_store": "featstore.api.store",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +13,7 @@ from featstore.api.estimator import _predict, _proba
 from featstore.api.results import Results
 from featstore.api.store import ModelData, Store, open_store
 from featstore.errors import FeatstoreError
+from featstore.records import RunIdentity
 from featstore.store.probes import GROUP_NAME
 
 if TYPE_CHECKING:
@@ -54,19 +54,11 @@ class LoadedProbe:
 
 
 def _probe_name(key: str, run: str) -> str:
-    """A run id's stored probe name, as `probe_name_for` spells it: 'm/clean/linear/seed1' -> 'linear-seed1@clean'."""
-    parts = run.split("/")
-    if len(parts) < 3 or parts[0] != key:
+    """A run id's stored probe name ('m/clean/linear/seed1' -> 'linear-seed1@clean'), read by `RunIdentity`."""
+    identity = RunIdentity.parse(run)
+    if identity.model != key:
         raise FeatstoreError(f"run {run!r} is no run id of {key!r} (<model>/<view>/<variant>[/...])")
-    view, label, extra = parts[1], parts[2], dict.fromkeys(("train", "cf", "seed", "streamed"), "")
-    for part in parts[3:]:
-        if part.startswith("train="):
-            extra["train"] = part.removeprefix("train=")
-        elif part == "streamed":
-            extra["streamed"] = "-streamed"
-        elif m := re.fullmatch(r"(cf|seed)(\d+)", part):
-            extra[m[1]] = f"-{m[1]}{m[2]}"
-    return label + extra["cf"] + extra["seed"] + extra["streamed"] + "@" + (extra["train"] or view)
+    return identity.probe_name
 
 
 def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path | None = None, *,

@@ -8,11 +8,13 @@ database layer that writes them both depend on it, and it on nothing but the sha
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
 
+from featstore.errors import FeatstoreError
 from featstore.schema import VAL_FRAC
 
 
@@ -65,23 +67,149 @@ def _anchor_list(anchors: str) -> str:
     return f"({len(names)}: {names[0]} … {names[-1]})" if len(names) > 2 else f"({len(names)}: {', '.join(names)})"
 
 
+# what follows the model, view and variant in a run id, and the variant in a probe name, each part at most once and
+# in this order (a count without leading zeros: "cf0" or "seed01" is never written)
+_RUN_TAIL = re.compile(r"(?:/train=(?P<train>[^/@]+))?(?:/cf(?P<cf>[1-9][0-9]*))?(?:/seed(?P<seed>[1-9][0-9]*))?"
+                       r"(?P<streamed>/streamed)?")
+_NAME_TAIL = re.compile(r"(?:-cf(?P<cf>[1-9][0-9]*))?(?:-seed(?P<seed>[1-9][0-9]*))?(?P<streamed>-streamed)?"
+                        r"@(?P<train>[^/@]+)")
+_LOOKS_LIKE_TAIL = re.compile(r"-(?:cf|seed)[1-9][0-9]*$|-streamed$")
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What names a probe run: every parameter that changes its results. It makes the run id
+    ('resnet50/gaussian_noise-1/linear:max_epochs=12/train=clean/cf5/seed1/streamed') and the name its probes are
+    stored under in the store ('linear:max_epochs=12-cf5-seed1-streamed@clean', shared by every view the probes
+    predict), and parses both back (`parse`, `from_probe_name`): the one place either is spelled or read.
+
+    `probe_id` is the variant's canonical id (`ProbeVariant.canonical_id`: its label and every changed parameter);
+    `streamed` says the probes trained on shuffled chunks because the fit rows did not fit the memory budget (other
+    batches, other results)."""
+
+    model: str
+    view: str
+    probe_id: str
+    train_view: str
+    cross_fit: int = 0
+    seed: int = 0
+    streamed: bool = False
+
+    def __post_init__(self) -> None:
+        for what in ("model", "view", "probe_id", "train_view"):
+            value = getattr(self, what)
+            if not isinstance(value, str) or not value or "/" in value or (what != "model" and "@" in value):
+                raise FeatstoreError(f"{what}={value!r}: a run identity's {what} is a non-empty name without '/'"
+                                     f"{'' if what == 'model' else ' or @'}")
+        if _LOOKS_LIKE_TAIL.search(self.probe_id):
+            raise FeatstoreError(f"probe_id={self.probe_id!r} ends like a probe name's cross-fit, seed or streamed "
+                                 f"part, so its probe name would read back as another run; rename the variant")
+        for what in ("cross_fit", "seed"):
+            value = getattr(self, what)
+            if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer) or value < 0:
+                raise FeatstoreError(f"{what}={value!r}: a run identity's {what} is an integer >= 0")
+            object.__setattr__(self, what, int(value))
+        if not isinstance(self.streamed, bool | np.bool_):
+            raise FeatstoreError(f"streamed={self.streamed!r}: a run identity's streamed is True or False")
+        object.__setattr__(self, "streamed", bool(self.streamed))
+
+    @property
+    def run_id(self) -> str:
+        """<model>/<view>/<probe_id>[/train=<train view>][/cf<k>][/seed<s>][/streamed] (a part only where it is
+        not the default: training on the view predicted, no cross-fit, seed 0, not streamed)."""
+        rid = f"{self.model}/{self.view}/{self.probe_id}"
+        if self.train_view != self.view:
+            rid += f"/train={self.train_view}"
+        if self.cross_fit:
+            rid += f"/cf{self.cross_fit}"
+        if self.seed:
+            rid += f"/seed{self.seed}"
+        if self.streamed:
+            rid += "/streamed"
+        return rid
+
+    @property
+    def probe_name(self) -> str:
+        """Where the run's probes live in the store, <model>/probes/<name>/: the same for every view they predict."""
+        return (self.probe_id + (f"-cf{self.cross_fit}" if self.cross_fit else "")
+                + (f"-seed{self.seed}" if self.seed else "") + ("-streamed" if self.streamed else "")
+                + f"@{self.train_view}")
+
+    @classmethod
+    def parse(cls, run_id: str) -> RunIdentity:
+        """The identity whose `run_id` is exactly `run_id`; anything else (another order of its parts, a default
+        spelled out, a part it has not) is refused in one line naming it."""
+        parts = run_id.split("/", 3) if isinstance(run_id, str) else []
+        found = _RUN_TAIL.fullmatch("/" + parts[3]) if len(parts) == 4 else _RUN_TAIL.fullmatch("")
+        identity = None
+        if len(parts) >= 3 and found:
+            try:
+                identity = cls(parts[0], parts[1], parts[2], found["train"] or parts[1], int(found["cf"] or 0),
+                               int(found["seed"] or 0), bool(found["streamed"]))
+            except FeatstoreError:
+                identity = None
+        if identity is None or identity.run_id != run_id:
+            raise FeatstoreError(f"{run_id!r} is no run id (<model>/<view>/<variant>[/train=<view>][/cf<k>]"
+                                 f"[/seed<s>][/streamed])")
+        return identity
+
+    @classmethod
+    def from_probe_name(cls, model: str, view: str, name: str) -> RunIdentity:
+        """The identity of the run of `model` on `view` whose probes are stored as `name` (the inverse of
+        `probe_name`); a name `probe_name` never makes is refused in one line."""
+        head, at, _ = name.rpartition("@") if isinstance(name, str) else ("", "", "")
+        identity = None
+        for cut in range(1, len(head) + 1) if at else ():  # the shortest variant id whose rest is a name's tail
+            found = _NAME_TAIL.fullmatch(name, cut)
+            if found:
+                try:
+                    identity = cls(model, view, name[:cut], found["train"], int(found["cf"] or 0),
+                                   int(found["seed"] or 0), bool(found["streamed"]))
+                except FeatstoreError:
+                    identity = None
+                break
+        if identity is None or identity.probe_name != name:
+            raise FeatstoreError(f"{name!r} is no probe name (<variant>[-cf<k>][-seed<s>][-streamed]@<train view>)")
+        return identity
+
+
 @dataclass(frozen=True)
 class ProbeRun:
-    """One row of `runs`: a set of probes' predictions of one view. `params` holds the variant's parameters and
-    what identifies the probes (probe_id, probe_name, probe_version, split seed, weights)."""
+    """One row of `runs`: a set of probes' predictions of one view. Its identity (`RunIdentity`) fills the run id,
+    model, view, train view, cross-fit, seed, probe_id, probe_name and streamed columns; `C` is the L2 strength
+    the variant pins (`linear:C=0.5`), None where its search chooses one per anchor (`probe_fits.C`) or it has
+    none; `params` holds the variant's parameters and the job's settings (split seed, weights, versions)."""
 
     run_id: str
     model: str
     view: str
     train_view: str
-    probe: str
+    probe: str  # the variant's name (its family)
     params: dict
     cross_fit: int
     seed: int
     n_images: int
     n_anchors: int
     store: str
+    probe_id: str
+    probe_name: str | None = None
+    probe_version: str | None = None  # the stored weights' version
+    streamed: bool = False
+    C: float | None = None
     created_at: datetime = field(default_factory=_now)
+
+    @classmethod
+    def of(cls, identity: RunIdentity, probe: str, params: dict, n_images: int, n_anchors: int, store: str,
+           probe_version: str | None, C: float | None) -> ProbeRun:
+        """The row of the run `identity` names."""
+        return cls(identity.run_id, identity.model, identity.view, identity.train_view, probe, params,
+                   identity.cross_fit, identity.seed, n_images, n_anchors, store, identity.probe_id,
+                   identity.probe_name, probe_version, identity.streamed, C)
+
+    @property
+    def identity(self) -> RunIdentity:
+        return RunIdentity(self.model, self.view, self.probe_id, self.train_view, self.cross_fit, self.seed,
+                           self.streamed)
 
 
 @dataclass(frozen=True)

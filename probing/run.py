@@ -3,7 +3,7 @@ K cross-fit folds) and predict views with them. `featstore.workflows.probe` chec
 
 A run's identity carries every parameter that changes its results (variant parameters, probe seed, projection
 width, training view, cross-fit, and whether the fit rows fit the memory budget or were streamed by chunk, which
-gives other batches): `run_id_for` and `probe_name_for` are the only places it is spelled.
+gives other batches): `featstore.records.RunIdentity` is the only place it is spelled and read.
 """
 
 from __future__ import annotations
@@ -30,28 +30,6 @@ def parse_bytes(text: str | int) -> int:
         return parse_size(text)
     except ValueError as e:
         raise FeatstoreError(f"--memory-budget {shown(text)}: {e}") from None
-
-
-def run_id_for(key: str, view: str, label: str, train_view: str, cross_fit: int, seed: int,
-               streamed: bool = False) -> str:
-    """'resnet50/gaussian_noise-1/linear:max_epochs=12/train=clean/cf5/seed1/streamed'; `label` is the variant's
-    canonical id, `streamed` says the probes trained on shuffled chunks (the fit rows did not fit the budget)."""
-    rid = f"{key}/{view}/{label}"
-    if train_view != view:
-        rid += f"/train={train_view}"
-    if cross_fit:
-        rid += f"/cf{cross_fit}"
-    if seed:
-        rid += f"/seed{seed}"
-    if streamed:
-        rid += "/streamed"
-    return rid
-
-
-def probe_name_for(label: str, train_view: str, cross_fit: int, seed: int, streamed: bool = False) -> str:
-    """Where a run's probes live in the store: <model>/probes/<name>/ (shared by every view it predicts)."""
-    return (label + (f"-cf{cross_fit}" if cross_fit else "") + (f"-seed{seed}" if seed else "")
-            + ("-streamed" if streamed else "") + f"@{train_view}")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 -- merge_conflicts: with a source database attached as `src`, each result the target also holds under the same key
 -- but with other content: (what, key). `featstore merge` refuses a source with any, unless --replace.
--- Content: a run's row (all but created_at and the probe identity columns, which migrate_runs derives from params,
+-- Content: a run's row (all but created_at and the columns migrate_runs derives from params, run_content.sql,
 -- so that a source written before they existed compares by the same content) and its predictions; a circuit run's
 -- row and its edges; a model's outputs per view; a measurement's costs; a zoo row; a stored graph distance; a run's
 -- learned gate and its scores; a model's anchor CKA matrix per view and estimator.

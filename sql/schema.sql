@@ -19,12 +19,15 @@ CREATE TABLE IF NOT EXISTS model_sources (
     model VARCHAR PRIMARY KEY, store VARCHAR, images VARCHAR, weights_id VARCHAR, anchors VARCHAR);
 
 -- one row per (model, view, probe variant[, cross-fit, seed]): rerunning replaces it. probe = the variant's name;
--- the probes' identity: probe_id (the variant with its parameters), probe_name (the name its weights are stored
--- under) and probe_version (the stored weights' version); params = the variant's parameters and the job's settings
+-- the run's identity (featstore.records.RunIdentity, which spells run_id from it): model, view, probe_id (the
+-- variant with its parameters), train_view, cross_fit, seed, streamed (the fit rows did not fit the memory budget
+-- and were streamed by chunk); probe_name (the name its weights are stored under) and probe_version (the stored
+-- weights' version); C = the L2 strength the variant pins (linear:C=0.5; NULL where the search chooses one per
+-- anchor, probe_fits.C, or the variant has none); params = the variant's parameters and the job's settings
 CREATE TABLE IF NOT EXISTS runs (
     run_id VARCHAR PRIMARY KEY, model VARCHAR, view VARCHAR, train_view VARCHAR, probe VARCHAR, params JSON,
     cross_fit INTEGER, seed INTEGER, n_images INTEGER, n_anchors INTEGER, store VARCHAR,
-    created_at TIMESTAMP, probe_id VARCHAR, probe_name VARCHAR, probe_version VARCHAR);
+    created_at TIMESTAMP, probe_id VARCHAR, probe_name VARCHAR, probe_version VARCHAR, streamed BOOLEAN, C DOUBLE);
 -- (a database written before the identity had columns: sql/migrate_runs.sql, run on opening it)
 
 -- every image at every anchor: the probe's argmax and max softmax probability
@@ -35,13 +38,15 @@ CREATE TABLE IF NOT EXISTS predictions (
 CREATE TABLE IF NOT EXISTS folds (run_id VARCHAR, image_id BIGINT, fold SMALLINT);
 
 -- per run, fold and anchor: how training ended (epochs, whether its stopping criterion was met before the epoch
--- cap, final objective on the rows it learnt from, loss and accuracy on the val rows) and what it chose (info)
+-- cap, final objective on the rows it learnt from, loss and accuracy on the val rows) and what it chose (info;
+-- C: the L2 strength the fit used, pinned or chosen, NULL for a variant without one)
 CREATE TABLE IF NOT EXISTS probe_fits (
     run_id VARCHAR, fold SMALLINT, anchor SMALLINT, val_accuracy DOUBLE, info JSON);
 ALTER TABLE probe_fits ADD COLUMN IF NOT EXISTS epochs INTEGER;
 ALTER TABLE probe_fits ADD COLUMN IF NOT EXISTS converged BOOLEAN;
 ALTER TABLE probe_fits ADD COLUMN IF NOT EXISTS train_loss DOUBLE;
 ALTER TABLE probe_fits ADD COLUMN IF NOT EXISTS val_loss DOUBLE;
+ALTER TABLE probe_fits ADD COLUMN IF NOT EXISTS C DOUBLE;
 
 -- the model's own head on each view (full-depth baseline, from the stored logits)
 CREATE TABLE IF NOT EXISTS model_outputs (

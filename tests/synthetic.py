@@ -133,6 +133,9 @@ def run_rows(run: dict, image_id, pred, conf, fold=None):
 
     pred, conf = np.asarray(pred), np.asarray(conf)
     fields = {"train_view": "clean", "probe": "linear", "params": {}, "cross_fit": 0, "seed": 0, "store": "-", **run}
+    params = fields["params"]  # the identity a test records in params (as older featstores kept it) in its columns
+    fields = {"probe_id": params.get("probe_id", fields["probe"]), "probe_name": params.get("probe_name"),
+              "probe_version": params.get("probe_version"), "streamed": bool(params.get("streamed", False)), **fields}
     return RunRows(ProbeRun(**fields, n_images=pred.shape[0], n_anchors=pred.shape[1]), np.asarray(image_id), pred,
                    conf, fold)
 

@@ -3,14 +3,23 @@ probe weights and the database's rows commit together (a failure on either side 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import random
+import shutil
 
 import duckdb
 import numpy as np
 import pytest
 from synthetic import class_clusters, read_probe, write_feature_store
 
+import featstore as fs
+from featstore.analytics import db as fsdb
+from featstore.analytics.queries import query
+from featstore.compute.specs import RunOptions
+from featstore.errors import FeatstoreError
 from featstore.probing import run as probe_run
+from featstore.records import RunIdentity
 from featstore.store.reader import FeatureStore
 from featstore.store.writer import StoreWriter
 
@@ -152,3 +161,156 @@ def test_probes_stored_before_versions_existed_are_still_read(tmp_path):
     old.create_array("bias", shape=(1, 3), dtype="float32")[:] = 2.0
     weight, bias, _ = read_probe(fs, "synthetic", "linear@clean", "anchor00")
     assert weight.sum() == 12 and bias.sum() == 6
+
+
+# ---- the typed identity: one record makes and parses run ids and probe names; the database holds it in columns ----
+
+def _random_identity(rng: random.Random) -> RunIdentity:
+    """An identity with the characters variant ids carry (',' ':' '=' '.' '-' '_') and names that look like the
+    parts that follow them (a view called 'streamed', a variant called 'seed1')."""
+    labels = ["linear", "knn", "projected64", "head-probe", "tuned-lens", "lens-direct", "a.b_c-d", "seed1", "cf2",
+              "x-cf", "streamed", "train=x"]
+    values = ["0.5", "1e-05", "-1", "euclidean", "lowest", "3", "0.002", "a1b2c3d4e5f6", "x-seed"]
+    probe_id = rng.choice(labels)
+    if rng.random() < 0.7:
+        keys = rng.sample(["C", "C_step", "metric", "ties", "max_iterations", "tol", "refs", "dim"], rng.randint(1, 4))
+        probe_id += ":" + ",".join(f"{k}={rng.choice(values)}" for k in sorted(keys))
+    views = ["clean", "gaussian_noise-1", "brightness-5", "noise", "streamed", "cf3", "train=clean", "v.2"]
+    view = rng.choice(views)
+    return RunIdentity(rng.choice(["resnet50", "synthetic", "m", "vit_b_16.augreg", "m-1"]), view, probe_id,
+                       view if rng.random() < 0.5 else rng.choice(views), rng.choice([0, 0, 2, 3, 10]),
+                       rng.choice([0, 0, 1, 7, 12, 100]), rng.random() < 0.3)
+
+
+def test_an_identity_makes_and_parses_its_run_id_and_probe_name():
+    example = RunIdentity("resnet50", "gaussian_noise-1", "linear:max_epochs=12", "clean", 5, 1, True)
+    assert example.run_id == "resnet50/gaussian_noise-1/linear:max_epochs=12/train=clean/cf5/seed1/streamed"
+    assert example.probe_name == "linear:max_epochs=12-cf5-seed1-streamed@clean"
+    plain = RunIdentity("m", "clean", "knn:metric=euclidean,ties=lowest", "clean")
+    assert (plain.run_id, plain.probe_name) == ("m/clean/knn:metric=euclidean,ties=lowest",
+                                                "knn:metric=euclidean,ties=lowest@clean")
+    rng = random.Random(49)
+    made = [_random_identity(rng) for _ in range(3000)]
+    assert len({i.run_id for i in made}) == len(set(made))  # one id per identity, no two identities share one
+    for identity in made:
+        assert RunIdentity.parse(identity.run_id) == identity, identity
+        assert RunIdentity.from_probe_name(identity.model, identity.view, identity.probe_name) == identity, identity
+    # the ids the tests' own databases hold, as an older featstore wrote them
+    for run_id in ("resnet18/clean/linear:max_epochs=3", "resnet18/gaussian_noise-1/linear:max_epochs=3/train=clean",
+                   "m11/noise-1/linear/train=clean", "synthetic/clean/linear:max_iterations=3/seed1",
+                   "synthetic/clean/projected8", "m/clean/knn:k=5,metric=euclidean,ties=lowest/cf3/seed2"):
+        assert RunIdentity.parse(run_id).run_id == run_id
+
+
+@pytest.mark.parametrize("bad", ["", "m", "m/clean", "m//linear", "m/clean/linear/", "m/clean/linear/cf0",
+                                 "m/clean/linear/seed0", "m/clean/linear/seed01", "m/clean/linear/seed1/cf2",
+                                 "m/clean/linear/train=clean", "m/clean/linear/streamed/seed1", "m/clean/linear/x",
+                                 "m/clean/linear/cf2/cf2", "m/clean/linear-seed1", "m/clean/linear/train="])
+def test_a_malformed_run_id_is_refused_in_one_line_naming_it(bad):
+    with pytest.raises(FeatstoreError) as e:
+        RunIdentity.parse(bad)
+    assert repr(bad) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_probe_name_that_no_identity_makes_is_refused():
+    for bad in ("linear", "linear@", "linear-cf2-cf2@clean", "linear-seed1-cf2@clean", "@clean", "a@b@c"):
+        with pytest.raises(FeatstoreError, match="no probe name"):
+            RunIdentity.from_probe_name("m", "clean", bad)
+    with pytest.raises(FeatstoreError, match="probe_id='x-seed1'"):  # its name would read back as seed 1
+        RunIdentity("m", "clean", "x-seed1", "clean")
+
+
+def _by_hand(run_id: str) -> dict:
+    """A run id's parts, read without RunIdentity."""
+    model, view, probe_id, *rest = run_id.split("/")
+    out = {"model": model, "view": view, "probe_id": probe_id, "train_view": view, "cross_fit": 0, "seed": 0,
+           "streamed": False}
+    for part in rest:
+        if part.startswith("train="):
+            out["train_view"] = part[len("train="):]
+        elif part == "streamed":
+            out["streamed"] = True
+        else:
+            key = "cross_fit" if part.startswith("cf") else "seed"
+            out[key] = int(part.lstrip("cfsed"))
+    return out
+
+
+IDENTITY = ("model", "view", "probe_id", "train_view", "cross_fit", "seed", "streamed")
+
+
+@pytest.fixture(scope="module")
+def typed_db(store, tmp_path_factory):
+    """One database of a chosen-C linear probe, a pinned-C one with a seed and cross-fit, and knn (no C)."""
+    db = tmp_path_factory.mktemp("typed") / "f.duckdb"
+    probe(store, db, "--variant", "linear:tol=0.02")
+    probe(store, db, "--variant", "linear:C=0.5,tol=0.02", "--seed", "1", "--cross-fit", "2")
+    return db, fs.probe(store=store, model="synthetic", db=db, variant="knn", run=RunOptions(progress=False))
+
+
+def test_a_database_holds_each_runs_identity_and_strength_in_typed_columns(typed_db):
+    db, knn = typed_db
+    columns = ", ".join(IDENTITY)
+    runs = rows(db, f"SELECT run_id, {columns}, probe_name, probe_version, C, params FROM runs ORDER BY run_id")
+    assert [r[0] for r in runs] == ["synthetic/clean/knn:metric=euclidean,ties=lowest",
+                                    "synthetic/clean/linear:C=0.5,tol=0.02/cf2/seed1",
+                                    "synthetic/clean/linear:tol=0.02"]
+    for run_id, *typed, name, version, c, params in runs:
+        params = json.loads(params)
+        assert dict(zip(IDENTITY, typed, strict=True)) == _by_hand(run_id), run_id
+        assert (name, version) == (params["probe_name"], params["probe_version"])
+        assert typed[IDENTITY.index("streamed")] == params["streamed"]
+        variant = typed[IDENTITY.index("probe_id")]  # its parameters, read by hand: C as the variant string pins it
+        pinned = dict(kv.split("=") for kv in variant.partition(":")[2].split(",") if kv).get("C")
+        assert c == (float(pinned) if pinned else None), run_id
+    fits = rows(db, "SELECT run_id, fold, anchor, C, info FROM probe_fits ORDER BY ALL")
+    assert len(fits) == len(DIMS) * (1 + 2 + 1)  # the cross-fit run's one per fold
+    for run_id, fold, anchor, c, info in fits:
+        assert c == json.loads(info).get("C"), (run_id, fold, anchor)
+        if "knn" in run_id:
+            assert c is None  # no L2 strength
+        else:
+            assert c == 0.5 if "C=0.5" in run_id else c > 0  # pinned, or the one the search chose
+    assert knn.runs == ("synthetic/clean/knn:metric=euclidean,ties=lowest",) and list(knn) == list(knn.runs)
+    assert knn.identities == (RunIdentity("synthetic", "clean", "knn:metric=euclidean,ties=lowest", "clean"),)
+    assert fs.RunIdentity is RunIdentity
+
+
+OLD_RUNS = """CREATE TABLE runs (
+    run_id VARCHAR PRIMARY KEY, model VARCHAR, view VARCHAR, train_view VARCHAR, probe VARCHAR, params JSON,
+    cross_fit INTEGER, seed INTEGER, n_images INTEGER, n_anchors INTEGER, store VARCHAR, created_at TIMESTAMP)"""
+
+
+def test_an_older_database_is_upgraded_once_and_reads_the_same(typed_db, tmp_path):
+    """A file as a featstore before the typed columns wrote it (identity only in runs.params, each fit's C only in
+    probe_fits.info) reads the same columns read-only (the file untouched), merges into a new file and onto the
+    same runs with them, and gains them on a write connection, once: after that, what params says is never copied
+    over them again."""
+    db, _ = typed_db
+    runs_sql = "SELECT run_id, probe_id, probe_name, probe_version, streamed, C FROM runs ORDER BY run_id"
+    fits_sql = "SELECT run_id, fold, anchor, C FROM probe_fits ORDER BY ALL"
+    want_runs, want_fits = rows(db, runs_sql), rows(db, fits_sql)
+    old = tmp_path / "old.duckdb"
+    shutil.copy(db, old)
+    con = duckdb.connect(str(old))
+    con.execute("CREATE TABLE old_runs AS SELECT * EXCLUDE (probe_id, probe_name, probe_version, streamed, C) "
+                "FROM runs; DROP TABLE runs;" + OLD_RUNS + "; INSERT INTO runs SELECT * FROM old_runs; "
+                "DROP TABLE old_runs; CREATE TABLE old_fits AS SELECT * EXCLUDE (C) FROM probe_fits; "
+                "DROP TABLE probe_fits; ALTER TABLE old_fits RENAME TO probe_fits")
+    con.close()
+    before = hashlib.sha256(old.read_bytes()).hexdigest()
+    assert query(old, runs_sql).rows() == want_runs and query(old, fits_sql).rows() == want_fits
+    assert hashlib.sha256(old.read_bytes()).hexdigest() == before
+    for target in (tmp_path / "empty.duckdb", shutil.copy(db, tmp_path / "same.duckdb")):
+        run_cli("merge", "--db", target, old)  # into a new file, and onto the same runs: no conflict of content
+        assert rows(target, runs_sql) == want_runs and rows(target, fits_sql) == want_fits
+    assert hashlib.sha256(old.read_bytes()).hexdigest() == before
+    fsdb.connect(old).close()  # a write connection upgrades the file
+    assert rows(old, runs_sql) == want_runs and rows(old, fits_sql) == want_fits
+    con = duckdb.connect(str(old))
+    con.execute("""UPDATE runs SET params = json_merge_patch(params, '{"probe_name": "other", "C": 9, "streamed":
+                   true}')""")
+    con.execute("UPDATE probe_fits SET info = json_merge_patch(info, '{\"C\": 9}')")
+    con.close()
+    fsdb.connect(old).close()  # upgraded already: the columns are the file's own now, not a copy of params
+    assert rows(old, runs_sql) == want_runs and rows(old, fits_sql) == want_fits

@@ -42,12 +42,10 @@ from featstore.probing.run import (
     model_outputs,
     parse_bytes,
     predict_view,
-    probe_name_for,
-    run_id_for,
     save_probes,
     trains_streamed,
 )
-from featstore.records import DatasetInfo, ProbeRun, RunRows
+from featstore.records import DatasetInfo, ProbeRun, RunIdentity, RunRows
 from featstore.runtime import resolve_device
 from featstore.schema import MEMORY_BUDGET, VAL_FRAC, check_fields
 from featstore.store.reader import FeatureStore, model_key, new_probe_version
@@ -115,14 +113,25 @@ class _Job:
     def streamed(self) -> bool:
         return trains_streamed(self.data, self.variant)
 
+    def identity(self, view: str) -> RunIdentity:
+        """The run that predicts `view`."""
+        return RunIdentity(self.key, view, self.variant.canonical_id, self.train_view, self.cfg.cross_fit,
+                           self.cfg.run.seed, self.streamed)
+
     @property
     def probe_name(self) -> str:
-        return probe_name_for(self.variant.canonical_id, self.train_view, self.cfg.cross_fit, self.cfg.run.seed,
-                              self.streamed)
+        """The name the probes are stored under: one for every view they predict."""
+        return self.identity(self.train_view).probe_name
 
     def run_id(self, view: str) -> str:
-        return run_id_for(self.key, view, self.variant.canonical_id, self.train_view, self.cfg.cross_fit,
-                          self.cfg.run.seed, self.streamed)
+        return self.identity(view).run_id
+
+
+def pinned_strength(params: dict) -> float | None:
+    """The L2 strength C a variant's parameters pin (`linear:C=0.5`); None where C=0 leaves it to the search (each
+    fit's C is in `probe_fits.C`) or the variant has no C."""
+    c = params.get("C")
+    return float(c) if isinstance(c, int | float) and not isinstance(c, bool) and c > 0 else None
 
 
 def check_val_rows(data: ProbeData, cfg: ProbeConfig) -> None:
@@ -145,14 +154,19 @@ def planned_run_ids(cfg: ProbeConfig) -> list[str]:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What one probe job did: the run ids it wrote (one per predicted view), those of them that replaced a run of
-    the same id the database held (a rerun, or another estimator under the same name), and whether `keep_landed`
-    found every run landed and fitted nothing. Iterating it, indexing it and `len` read `runs`, as the list of run
-    ids `probe` returned before."""
+    """What one probe job did: the runs it wrote (one per predicted view) as `identities` (`RunIdentity`: model,
+    view, variant id, train view, cross-fit, seed, streamed) and as their ids, `runs`; those of them that replaced a
+    run of the same id the database held (a rerun, or another estimator under the same name), and whether
+    `keep_landed` found every run landed and fitted nothing. Iterating it, indexing it and `len` read `runs`, the
+    run ids."""
 
-    runs: tuple[str, ...]
+    identities: tuple[RunIdentity, ...]
     replaced: tuple[str, ...] = ()
     kept: bool = False
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        return tuple(identity.run_id for identity in self.identities)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.runs)
@@ -218,12 +232,14 @@ def probe_job(cfg: ProbeConfig) -> ProbeResult:
     info = DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store),
                        cfg.split_seed, cfg.val_frac)
     source = store.source(key)
-    probe_id, seed, probe_name = variant.canonical_id, cfg.run.seed, job.probe_name
+    probe_id, probe_name = variant.canonical_id, job.probe_name
+    pinned_c = pinned_strength(variant.params)
     version = new_probe_version()
     params = {**variant.params, "probe_id": probe_id, "probe_name": probe_name, "probe_version": version,
               "split_seed": cfg.split_seed, "val_frac": cfg.val_frac, "streamed": job.streamed,
               "featstore": __version__, "weights_id": store.config(key).weights_id}
-    planned, held = [job.run_id(view) for view in views], {}
+    identities = tuple(job.identity(view) for view in views)
+    planned, held = [identity.run_id for identity in identities], {}
     if Path(cfg.db).exists():  # read-only beside `featstore sql`'s readers; a writer holding it is refused now
         con = fsdb.connect(cfg.db, read_only=True)
         try:
@@ -234,15 +250,15 @@ def probe_job(cfg: ProbeConfig) -> ProbeResult:
         finally:
             con.close()
     if cfg.keep_landed and _landed(held, planned, params, store, key):
-        return ProbeResult(tuple(planned), kept=True)
+        return ProbeResult(identities, kept=True)
     outputs = []
     with ThreadPolicy(cfg.run.threads, data.device) as threads:  # the reads and predictions too, not only the fits
         fits = fit_all(data, variant, train_view, cfg.run.progress, cfg.run.threads)
         for view in views:
             threads.update()  # a view is the unit of prediction
             predicted = predict_view(data, fits, view, cfg.run.progress, f"{key} {variant.name} predict {view}")
-            run = ProbeRun(job.run_id(view), key, view, train_view, variant.name, params, cfg.cross_fit, seed,
-                           len(data.valid), len(data.anchors), str(cfg.store))
+            run = ProbeRun.of(job.identity(view), variant.name, params, len(data.valid), len(data.anchors),
+                              str(cfg.store), version, pinned_c)
             rows = RunRows(run, data.table["image_id"][data.valid], predicted.pred, predicted.conf, predicted.fold,
                            predicted.fit_records)
             outputs.append((rows, model_outputs(data, view)))
@@ -287,7 +303,7 @@ def probe_job(cfg: ProbeConfig) -> ProbeResult:
                 fsdb.replace_model_outputs(con, key, rows.run.view, table["image_id"][data.valid], pred, conf)
         finally:
             con.close()
-    return ProbeResult(tuple(rows.run.run_id for rows, _ in outputs), replaced)
+    return ProbeResult(identities, replaced)
 
 
 def _committed(con, run_ids: list[str], version: str) -> bool:

@@ -29,7 +29,7 @@ from featstore.images.views import parse_view
 from featstore.nets.anchors import PRESETS
 from featstore.nets.depth import DEFAULT_COUNT
 from featstore.probing.base import get_variant
-from featstore.probing.run import run_id_for
+from featstore.records import RunIdentity
 from featstore.schema import CHUNK_ROWS, FIELDS, MEMORY_BUDGET, VAL_FRAC, Either, ListOf, Real, Text, shown
 from featstore.store.location import StoreLocation
 from featstore.store.reader import FeatureStore, model_key
@@ -235,7 +235,8 @@ def plan(study: Study) -> list[Step]:
         for variant in study.variants:
             for seed in study.seeds:
                 cfg = _probe_config(study, m, variant, seed)
-                first = run_id_for(m.key, "clean", get_variant(variant).canonical_id, "clean", study.cross_fit, seed)
+                first = RunIdentity(m.key, "clean", get_variant(variant).canonical_id, "clean", study.cross_fit,
+                                    seed).run_id
                 steps.append(Step(f"probe {first}", _params(cfg), f"probe {m.key} {variant} seed {seed}",
                                   lambda cfg=cfg: probe(cfg), lambda cfg=cfg: _probed(cfg)))
     report = study.out / "report"
