@@ -24,6 +24,7 @@ from featstore.analytics.db import connect, connect_several, in_memory
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
 from featstore.analytics.scopes import SCOPES
 from featstore.errors import FeatstoreError
+from featstore.schema import JOINT_MIN_CONF, PER_PAIR
 
 Db = str | Path | Sequence[str | Path] | duckdb.DuckDBPyConnection  # a database, several, or an open connection
 READ_WAIT_S = 30.0  # a probe holds the write lock only for its final transaction: wait that out
@@ -548,8 +549,8 @@ def comparison_runs(db: Db, runs: Sequence[str] | None = None) -> list[str]:
     return clean
 
 
-def compare(db: Db, runs: Sequence[str] | None = None, k: int = 2, min_conf: float = 0.5, scope: str = "auto",
-            per_pair: int = 4) -> Comparison:
+def compare(db: Db, runs: Sequence[str] | None = None, k: int = 2, min_conf: float = JOINT_MIN_CONF,
+            scope: str = "auto", per_pair: int = PER_PAIR) -> Comparison:
     """l*(k), prediction depth and the joint criterion of each run, compared image by image."""
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True, wait_s=READ_WAIT_S)
     try:

@@ -113,7 +113,7 @@ class Linear(ProbeVariant):
         "decays": Int(3, ge=0, help="step-size cuts before a plateau means converged"),
         "full_batch": Int(1, ge=0, le=1, help="1: full-batch L-BFGS on resident rows; 0: SGD throughout"),
         **strength_parameters("|W|^2", solve="full_batch: "),
-        "C_step": Int(0, ge=-MAX_C_STEP, le=MAX_C_STEP,
+        "C_step": Int(StrengthGrid.step, ge=-MAX_C_STEP, le=MAX_C_STEP,
                       help="a neighbour run: solve each anchor at the grid value this many steps from the C its "
                            "val rows choose (-1: the next stronger penalty; clamped to the grid)"),
     }

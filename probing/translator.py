@@ -118,7 +118,7 @@ class Translator(HeadReadout):
     name = "head-probe"
     parameters = {
         **strength_parameters("|A - A0|^2 on the map's distance from its initialisation"),
-        "memory": Int(10, ge=1, le=100, help="L-BFGS curvature pairs kept per anchor"),
+        "memory": Int(Tolerances.memory, ge=1, le=100, help="L-BFGS curvature pairs kept per anchor"),
     }
     cap_param = "max_iterations"
 

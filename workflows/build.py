@@ -43,7 +43,7 @@ from featstore.runtime import (
     resolve_device,
     tune_allocator,
 )
-from featstore.schema import CHUNK_ROWS
+from featstore.schema import CHUNK_ROWS, VIEW, check_fields, default
 from featstore.store.config import StoreConfig
 from featstore.store.location import StoreLocation
 from featstore.store.reader import model_key
@@ -64,19 +64,22 @@ class BuildConfig:
     model: ModelSpec
     images: ImageSource
     store: str | Path | StoreLocation  # a folder, or an object-store URL (featstore.store.location)
-    views: str = "clean"
+    views: str = VIEW
     anchors: str | None = None
     taps: str | None = None
     pool: str | None = None
     chunk_rows: int = CHUNK_ROWS
-    precision: str = "auto"
-    store_dtype: str = "auto"  # featstore.nets.stored_types: float16, float32 where float16 cannot hold the values
-    decode: str = "auto"
+    precision: str = default("precision")
+    store_dtype: str = default("store_dtype")  # featstore.nets.stored_types: float16, float32 where float16 cannot hold
+    decode: str = default("decode")
     skip_bad: bool = False
     rebuild_changed: bool = False  # images changed since the store was built: recompute their chunks, not refuse
     name: str | None = None
     compile: bool = False  # the tapped forward under torch.compile (recorded: a resume must match it)
     run: RunOptions = field(default_factory=RunOptions)
+
+    def __post_init__(self) -> None:
+        check_fields(self, ("views", "chunk_rows", "precision", "store_dtype", "decode", "pool"))
 
     @property
     def batch_size(self) -> int:
@@ -131,8 +134,6 @@ def build(cfg: BuildConfig) -> BuildResult:
     """Build (or resume) one model's views in a store; see the module docstring for the guarantees."""
     started = time.perf_counter()
     tune_allocator()
-    if cfg.chunk_rows < 1:
-        raise FeatstoreError(f"--chunk-rows {cfg.chunk_rows}: give a positive number of images per chunk")
     StoreLocation.parse(cfg.store).check_usable()
     ranks = ranks_from_env()
     device = resolve_device(cfg.run.device, ranks.local_rank)

@@ -13,12 +13,13 @@ from featstore.errors import FeatstoreError
 from featstore.nets.anchors import resolve_anchors
 from featstore.nets.models import load_model
 from featstore.runtime import resolve_device, tune_allocator
+from featstore.schema import COST_BATCH_SIZES, REPEATS
 from featstore.store.reader import FeatureStore
 from featstore.threads import ThreadPolicy
 
 
 def measure_model(key: str, db: str | Path, store: str | Path | None = None, device: str = "auto",
-                  batch_sizes: Sequence[int] = (1,), repeats: int = 20,
+                  batch_sizes: Sequence[int] = COST_BATCH_SIZES, repeats: int = REPEATS,
                   image_size: int | None = None, threads: int | None = None) -> list[ModelCost]:
     """Measure a model of the store/DB and save its costs. Weights do not change timings, so the architecture
     is rebuilt with random weights (and the head width the stored model has). On the CPU each batch size is

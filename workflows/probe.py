@@ -49,7 +49,7 @@ from featstore.probing.run import (
 )
 from featstore.records import DatasetInfo, ProbeRun, RunRows
 from featstore.runtime import resolve_device
-from featstore.schema import MEMORY_BUDGET, VAL_FRAC, check_fields
+from featstore.schema import MEMORY_BUDGET, VAL_FRAC, VARIANT, VIEW, check_fields, comma_list, default
 from featstore.store.reader import FeatureStore, model_key, new_probe_version
 from featstore.store.writer import StoreWriter
 from featstore.threads import ThreadPolicy
@@ -64,11 +64,11 @@ class ProbeConfig:
     store: str | Path  # a folder, or an object-store URL (featstore.store.location)
     model: str  # the store group
     db: Path
-    view: str = "clean"
-    variant: str = "linear"
+    view: str = VIEW
+    variant: str = VARIANT
     train_on_view: str | None = None
-    cross_fit: int = 0
-    split_seed: int = 0  # train/val/test split and cross-fit folds, fixed per database
+    cross_fit: int = default("cross_fit")
+    split_seed: int = default("split_seed")  # train/val/test split and cross-fit folds, fixed per database
     val_frac: float = VAL_FRAC
     memory_budget: str = MEMORY_BUDGET
     run: RunOptions = field(default_factory=RunOptions)
@@ -103,7 +103,7 @@ class _Job:
     def resolve(cls, cfg: ProbeConfig, store: FeatureStore, device: torch.device) -> _Job:
         key = model_key(cfg.model)
         store.model_attrs(key)  # an unknown model is a one-line error
-        views = store.views(key) if cfg.view == "all" else [v.strip() for v in cfg.view.split(",") if v.strip()]
+        views = store.views(key) if cfg.view == "all" else comma_list(cfg.view)
         train_view = cfg.train_on_view or ("clean" if "clean" in store.views(key) else views[0])
         variant = get_variant(cfg.variant)
         variant.bind(store, key, train_view)  # its own checks (knn's reference store, the lens's head), before work

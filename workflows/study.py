@@ -30,7 +30,7 @@ from featstore.nets.anchors import PRESETS
 from featstore.nets.depth import DEFAULT_COUNT
 from featstore.probing.base import get_variant
 from featstore.probing.run import run_id_for
-from featstore.schema import CHUNK_ROWS, FIELDS, MEMORY_BUDGET, VAL_FRAC, Either, ListOf, Real, Text, shown
+from featstore.schema import CHUNK_ROWS, FIELDS, MEMORY_BUDGET, VAL_FRAC, Either, ListOf, Real, Text, comma_list, shown
 from featstore.store.location import StoreLocation
 from featstore.store.reader import FeatureStore, model_key
 from featstore.workflows.build import BuildConfig, build
@@ -196,7 +196,7 @@ def _check_k(where: str, k: int, models: list[StudyModel]) -> None:
     as the file tells it: its `anchors` list, the model's preset, or the default count; the report checks the
     anchors the store really has)."""
     for m in models:
-        count = len([a for a in m.anchors.split(",") if a.strip()]) if m.anchors else len(
+        count = len(comma_list(m.anchors)) if m.anchors else len(
             PRESETS.get(m.spec.model, [None] * DEFAULT_COUNT))
         if k >= count:
             raise FeatstoreError(f"{where}: k = {k} must be below the {count} anchors of {m.key} (k counts the "

@@ -24,7 +24,7 @@ from featstore.errors import FeatstoreError
 from featstore.images.datasets import ViewDataset, labels_for_head
 from featstore.images.views import parse_view
 from featstore.records import ZooRow
-from featstore.schema import FIELDS, IG_STEPS, Text, check_fields
+from featstore.schema import FIELDS, IG_STEPS, TAU, TOP_N, Text, check_fields
 from featstore.threads import ThreadPolicy
 from featstore.workflows.toml_files import TABLE, entries, local_path, read_toml, section
 
@@ -63,8 +63,8 @@ class ZooConfig:
     db: Path
     ig_steps: int = IG_STEPS
     limit: int | None = None
-    tau: float = 0.3
-    top_n: int = 200
+    tau: float = TAU
+    top_n: int = TOP_N
     run: RunOptions = field(default_factory=RunOptions)
 
     def __post_init__(self) -> None:

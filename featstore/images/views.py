@@ -22,6 +22,7 @@ from functools import cache
 import torch
 
 from featstore.errors import FeatstoreError
+from featstore.schema import comma_list
 
 VIEW_GENERATOR = 2  # how new views are made (recorded per view): 2 draws noise from the counter-based generator;
 VIEW_GENERATORS = (1, 2)  # 1 (views made before it, which record none) from per-image torch.Generator draws
@@ -194,7 +195,7 @@ def parse_view(name: str) -> View:
 
 def parse_views(spec: str) -> list[View]:
     """'clean,gaussian_noise-1' -> views in the given order, without repeats."""
-    names = [n.strip() for n in spec.split(",") if n.strip()]
+    names = comma_list(spec)
     if not names:
         raise FeatstoreError("--views is empty: give e.g. clean or clean,gaussian_noise-1")
     return [parse_view(n) for n in dict.fromkeys(names)]

@@ -22,6 +22,7 @@ from torch import nn
 from featstore.errors import FeatstoreError
 from featstore.nets.anchors import INPUT_SUFFIX, check_anchor_names, preset_for
 from featstore.nets.extraction import is_channels_last, noisy_pair
+from featstore.schema import comma_list
 
 DEFAULT_COUNT = 12
 
@@ -44,7 +45,7 @@ def anchor_names_for(arch: str, library: str, model: nn.Module, anchors: str | N
                      token_pool: str = "cls") -> list[str]:
     """The user's --anchors, else the preset for this model, else the traced defaults (one forward on `sample`)."""
     if anchors:
-        names = [a.strip() for a in anchors.split(",") if a.strip()]
+        names = comma_list(anchors)
     else:
         names = preset_for(library, arch) or default_anchor_names(model, sample, token_pool)
     return check_anchor_names(names)
