@@ -513,7 +513,7 @@ def image_timeline(db, image_id: int, k: int = 2, runs: Sequence[str] | None = N
         frame = frame.filter(pl.col("run_id").is_in(chosen))
     if frame.is_empty():
         which = f"run {', '.join(chosen)}" if chosen else "run of this database"
-        raise FeatstoreError(f"--image {image_id}: no {which} predicted an image of that id")
+        raise FeatstoreError(f"image_id={image_id}: no {which} predicted an image of that id")
     return frame
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -411,6 +412,34 @@ ALIASES: dict[str, dict[str, str | None]] = {
     "--out": {"--to": None},
     "--format": {"--json": "json"},
 }
+
+
+def _flags_by_field() -> dict[str, str]:
+    """field name -> the flag that sets it, from the declarations above: the flag's own name (`val_frac`), the
+    name click hands the command (`run_id` for --run) and an old spelling's name (`runs`)."""
+    table: dict[str, str] = {}
+    for flag, roles in OPTIONS.items():
+        name = flag.split("/")[0]
+        for extra, _ in roles.values():
+            for field in (name.lstrip("-").replace("-", "_"), *extra[:1]):
+                table.setdefault(field, name)
+    for flag, aliases in ALIASES.items():  # an old spelling is a field name too (`runs`: compare's argument)
+        for alias, means in aliases.items():
+            if means is None:
+                table.setdefault(alias.lstrip("-").replace("-", "_"), flag)
+    return table
+
+
+FLAGS = _flags_by_field()
+# a field the library names: `name=value` (at the start, or after a space or '(': not knn:k=30 nor 'a,k=3') or
+# `name` in backquotes (a mention without a value)
+_FIELD = re.compile(r"(?<![^\s(])(%s)=|`(%s)`" % (("|".join(sorted(FLAGS, key=len, reverse=True)),) * 2))
+
+
+def as_flags(message: str) -> str:
+    """A library message, which names fields as a Python caller sets them (`val_frac=1.5: ...`, `` `taps` ``), as
+    the CLI says it: with the flags that set them (`--val-frac 1.5: ...`, `--taps`)."""
+    return _FIELD.sub(lambda m: f"{FLAGS[m[1]]} " if m[1] else FLAGS[m[2]], message)
 
 
 def _alias_dest(flag: str) -> str:

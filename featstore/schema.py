@@ -289,16 +289,13 @@ def comma_list(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def check_field(name: str, value: Any, where: str | None = None) -> Any:
-    """`value` checked as `FIELDS[name]`; else one FeatstoreError naming it as `where` (default: its CLI flag)."""
+def check_field(name: str, value: Any) -> Any:
+    """`value` checked as `FIELDS[name]`; else one FeatstoreError that names the field as a caller sets it
+    (`val_frac=1.5: must be ...`; the CLI says the flag that sets it instead: `--val-frac 1.5: ...`)."""
     try:
         return FIELDS[name].check(value)
     except ValueError as e:
-        raise FeatstoreError(f"{where or flag(name)} {shown(value)}: {e}") from None
+        raise FeatstoreError(f"{name}={shown(value)}: {e}") from None
 
 
 def check_fields(record: object, names: Sequence[str]) -> None:

@@ -168,8 +168,8 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, fam
     n_val = n - n_train
     cs = grid.values()
     if n_val == 0 and len(cs) > 1:
-        raise FeatstoreError(f"no val rows to choose the probe's L2 strength on ({n} fit rows); raise --val-frac, "
-                             f"or pin it with C=1 (e.g. --variant linear:C=1)")
+        raise FeatstoreError(f"no val rows to choose the probe's L2 strength on ({n} fit rows); raise `val_frac`, "
+                             f"or pin it with C=1 (e.g. variant=linear:C=1)")
     w = family.start(x)
     best_w = w.clone()
     best_loss = [math.inf] * g

@@ -163,3 +163,43 @@ def test_a_comma_list_reads_alike_everywhere():
 
     assert comma_list(" clean, ,brightness-1,") == ["clean", "brightness-1"]
     assert [v.name for v in parse_views(" clean, ,brightness-1,")] == ["clean", "brightness-1"]
+
+
+def test_the_library_names_the_field_and_the_cli_its_flag(tmp_path, image_dir):
+    """A Python caller reads the field it set (`val_frac=1.5: ...`, no flag); the command line reads the flag it gave,
+    in the same words as before."""
+    import featstore as fs
+    from featstore.store.location import StoreLocation
+    from featstore.workflows.probe import ProbeConfig
+
+    from conftest import fails
+
+    db = tmp_path / "p.duckdb"
+    for call in (lambda: ProbeConfig(store=tmp_path / "s.zarr", model="m", db=db, val_frac=1.5),
+                 lambda: fs.probe(store=tmp_path / "s.zarr", model="m", db=db, val_frac=1.5)):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value) == "val_frac=1.5: must be a number > 0 and < 1"
+    assert fails("probe", "--store", tmp_path / "s.zarr", "--model", "m", "--db", db, "--val-frac", "1.5") == (
+        "featstore: error: --val-frac 1.5: must be a number > 0 and < 1 (featstore COMMAND -h lists the options)")
+    assert not db.exists()
+    # a message raised deep in the library (the store's URL), as each face says it
+    with pytest.raises(ValueError, match="^store=ftp://b/s.zarr: ftp:// is not a storage featstore can reach; "):
+        StoreLocation.parse("ftp://b/s.zarr")
+    line = fails("build", "--model", "resnet18", "--weights", "none", "--data", image_dir, "--store", "ftp://b/s.zarr")
+    assert line.startswith("featstore: error: --store ftp://b/s.zarr: ftp:// is not a storage featstore can reach; ")
+
+
+@pytest.mark.parametrize("said, shown", [
+    ("val_frac=1.5: must be", "--val-frac 1.5: must be"),
+    ("`taps` and `anchors` exclude each other", "--taps and --anchors exclude each other"),
+    ("pass split_seed=3 (`seed` is the probe seed)", "pass --split-seed 3 (--seed is the probe seed)"),
+    ("`runs`: no run 'x'", "--run: no run 'x'"),  # compare's argument, --run's old spelling
+    ("image_id=7: no run predicted it", "--image 7: no run predicted it"),  # the name click hands the command
+    ("variant=knn:refs=a,k=3: differs", "--variant knn:refs=a,k=3: differs"),  # a value's own k= stays
+    ("weights none:seed=0, C_low=0.1", "weights none:seed=0, C_low=0.1"),  # no field: unchanged
+])
+def test_the_cli_says_each_field_as_its_flag(said, shown):
+    from featstore.cli.options import as_flags
+
+    assert as_flags(said) == shown

@@ -155,7 +155,7 @@ def _build(cfg: BuildConfig, ranks: Ranks, device: torch.device, precision: str,
     memory_format = preferred_memory_format(loaded.module)
     model = loaded.module.to(device, memory_format=memory_format)
     if cfg.taps and cfg.anchors:
-        raise FeatstoreError("--taps and --anchors exclude each other: taps define the anchors")
+        raise FeatstoreError("`taps` and `anchors` exclude each other: taps define the anchors")
     sample = loaded.preprocessing.normalize(torch.zeros(1, 3, loaded.preprocessing.crop, loaded.preprocessing.crop))
     sample = sample.to(device).contiguous(memory_format=memory_format)
     # module taps pool over all tokens (docs/design.md §3); other token anchors read the CLS token where there is one
@@ -190,8 +190,8 @@ def compiled_forward(job: BuildJob) -> torch.nn.Module:
         with torch.inference_mode(), _autocast(job):
             forward(batch.contiguous(memory_format=job.memory_format))
     except Exception as e:
-        raise FeatstoreError(f"--compile: torch.compile failed on this model ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0][:200] if str(e) else ''}); build without --compile") from e
+        raise FeatstoreError(f"`compile`: torch.compile failed on this model ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:200] if str(e) else ''}); build without `compile`") from e
     return forward
 
 
@@ -386,7 +386,7 @@ def _skipped(job: BuildJob, rows: list[int], errors: list[str | None], result: B
         path = job.images.root / job.images.paths[rows[i]]
         if not job.cfg.skip_bad:
             raise FeatstoreError(f"cannot decode image {path} ({error}); remove or replace the file, or pass "
-                                 f"--skip-bad to record it as skipped and go on")
+                                 f"`skip_bad` to record it as skipped and go on")
         result.bad_images.append(str(path))
         skipped[i] = True
     return skipped

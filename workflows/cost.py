@@ -34,13 +34,13 @@ def measure_model(key: str, db: str | Path, store: str | Path | None = None, dev
             name, anchors, pool_kind = cfg.model, list(cfg.anchors), cfg.token_pool or "cls"
             if image_size is None and cfg.preprocessing is None:
                 raise FeatstoreError(f"store {store} holds features of {key!r} written without images (no crop "
-                                     f"size recorded); pass --image-size")
+                                     f"size recorded); pass `image_size`")
             crop = image_size or cfg.preprocessing.crop
             head, probe_classes = cfg.num_classes, len(fs.image_attrs().get("class_names", [])) or cfg.num_classes
         else:
             names = q.anchor_names(con, key)
             if not names:
-                raise FeatstoreError(f"database {db} has no anchors of {key!r}; pass --store, or probe the model first")
+                raise FeatstoreError(f"database {db} has no anchors of {key!r}; pass `store`, or probe the model first")
             name, pool_kind, head = key, "cls", None
             probe_classes = q.label_count(con) or 1000
             crop = None

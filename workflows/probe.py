@@ -130,10 +130,10 @@ def check_val_rows(data: ProbeData, cfg: ProbeConfig) -> None:
     fraction that leaves a fit none is refused before training, not learnt as untrained weights marked converged."""
     for k, (rows, _) in enumerate(fit_plans(data)):
         if not len(rows.val):
-            where = f"fold {k} of --cross-fit {cfg.cross_fit}" if cfg.cross_fit else "the split"
-            raise FeatstoreError(f"--val-frac {cfg.val_frac}: {where} holds no val rows ({len(rows.train)} train "
+            where = f"fold {k} of cross_fit={cfg.cross_fit}" if cfg.cross_fit else "the split"
+            raise FeatstoreError(f"val_frac={cfg.val_frac}: {where} holds no val rows ({len(rows.train)} train "
                                  f"rows of {len(data.valid)} usable images); early stopping and the val accuracy "
-                                 f"need some: pass a larger --val-frac")
+                                 f"need some: pass a larger `val_frac`")
 
 
 def planned_run_ids(cfg: ProbeConfig) -> list[str]:
@@ -211,7 +211,7 @@ def probe_job(cfg: ProbeConfig) -> ProbeResult:
         check_complete(store, key, v)
     store.check_writable(key)
     if cfg.cross_fit > len(data.valid) // 2:
-        raise FeatstoreError(f"--cross-fit {cfg.cross_fit}: the store has {len(data.valid)} usable images, so at "
+        raise FeatstoreError(f"cross_fit={cfg.cross_fit}: the store has {len(data.valid)} usable images, so at "
                              f"most {len(data.valid) // 2} folds (each fold must hold out at least 2 images)")
     check_val_rows(data, cfg)
     image_attrs = store.image_attrs()

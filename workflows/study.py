@@ -137,7 +137,7 @@ def load_study(path: str | Path, data: str | Path | None = None, out: str | Path
     section_data, build_section, probe_section = found["data"], found["build"], found["probe"]
     located = data or section_data.get("path")
     if not located:
-        raise FeatstoreError(f"study file {path} names no images: give --data or [data] path")
+        raise FeatstoreError(f"study file {path} names no images: give `data` or [data] path")
     base = path.parent
     labels = section_data.get("labels")
     images = ImageSource(local_path(located, base if not data else Path.cwd()),
@@ -293,7 +293,7 @@ def run_study(path: str | Path, data: str | Path | None = None, out: str | Path 
     study = replace(study, build_run=replace(study.build_run, threads=threads),
                     probe_run=replace(study.probe_run, threads=threads))
     if not study.images.data.is_dir():
-        raise FeatstoreError(f"image folder {study.images.data} does not exist; pass --data or fix [data] path")
+        raise FeatstoreError(f"image folder {study.images.data} does not exist; pass `data` or fix [data] path")
     study.out.mkdir(parents=True, exist_ok=True)
     state_file = study.out / "study-state.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}

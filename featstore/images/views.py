@@ -179,7 +179,7 @@ def with_generator(view: View, recorded: dict) -> View:
     generator = int(recorded.get("view_generator", 1))
     if generator not in VIEW_GENERATORS:
         raise FeatstoreError(f"view {view.name!r} was made with view generator {generator}, which this featstore "
-                             f"does not have; build it with that featstore's version, or under another --name")
+                             f"does not have; build it with that featstore's version, or under another `name`")
     return View(view.name, view.corruption, view.severity, generator)
 
 
@@ -197,5 +197,5 @@ def parse_views(spec: str) -> list[View]:
     """'clean,gaussian_noise-1' -> views in the given order, without repeats."""
     names = comma_list(spec)
     if not names:
-        raise FeatstoreError("--views is empty: give e.g. clean or clean,gaussian_noise-1")
+        raise FeatstoreError("`views` is empty: give e.g. clean or clean,gaussian_noise-1")
     return [parse_view(n) for n in dict.fromkeys(names)]

@@ -69,7 +69,7 @@ def model_key(name: str) -> str:
     """A model name as a store group name: 'timm/vit_base_patch16_224' -> 'timm_vit_base_patch16_224'."""
     key = name.replace("/", "_")
     if not _KEY.match(key):
-        raise FeatstoreError(f"{name!r} cannot name a store group; use --name with letters, digits, _ . -")
+        raise FeatstoreError(f"{name!r} cannot name a store group; use `name` with letters, digits, _ . -")
     return key
 
 
@@ -113,12 +113,12 @@ class FeatureStore:
                                         **({} if mode == "r" else {"attributes": {"featstore_format": FORMAT}}))
         except Exception as e:
             raise FeatstoreError(f"cannot open {self.location} as a Zarr v3 store ({type(e).__name__}: "
-                                 f"{_brief(e)}); point --store at a featstore store or a new path") from e
+                                 f"{_brief(e)}); point `store` at a featstore store or a new path") from e
         fmt = self.root.attrs.get("featstore_format")
         if fmt is None and mode != "r" and not list(self.root.keys()):
             self.root.attrs["featstore_format"] = FORMAT
         elif fmt != FORMAT:
-            raise FeatstoreError(f"{self.location} is not a featstore store (format {fmt!r}); use a new --store path")
+            raise FeatstoreError(f"{self.location} is not a featstore store (format {fmt!r}); use a new `store` path")
 
     # -- images -------------------------------------------------------------------------------------
 
@@ -133,19 +133,19 @@ class FeatureStore:
         if attrs.get("fingerprint") != images.fingerprint() and space != images.label_space:
             raise FeatstoreError(
                 f"store {self.location} labels its images as {space} classes, but this model's head needs "
-                f"{images.label_space} labels (ImageNet-1k indices only fit a 1000-way head); use a new --store")
+                f"{images.label_space} labels (ImageNet-1k indices only fit a 1000-way head); use a new `store`")
         if attrs.get("fingerprint") != images.fingerprint():
             raise FeatstoreError(
                 f"store {self.location} holds a different image list ({attrs.get('count')} images from "
-                f"{attrs.get('source')}) than {images.source} ({len(images)} images); use the same --data, "
-                f"--labels and --limit, or a new --store")
+                f"{attrs.get('source')}) than {images.source} ({len(images)} images); use the same `data`, "
+                f"`labels` and `limit`, or a new `store`")
 
     def image_table(self) -> dict[str, np.ndarray]:
         """The image ids, paths and labels, as written: a table that is damaged is refused, never read as zeros."""
         table, damage = self._image_table()
         if damage:
             raise FeatstoreError(f"store {self.location} is damaged: {damage[0]}; rerun `featstore build` with the "
-                                 f"same --data to rewrite the image table")
+                                 f"same `data` to rewrite the image table")
         return table
 
     def check_images_table(self) -> list[Damage]:
