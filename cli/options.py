@@ -2,9 +2,11 @@
 
 `OPTIONS` maps an option name to its declaration; a name that means different things in different commands
 (`--model` is a network for `build` and a store group for `probe`) has one declaration per role, side by side
-here. Options that fill a record take their default from the record (`featstore.compute.specs`, `ExitPolicies`), so the
-library and the CLI cannot disagree. Commands get options only through `option` and the record decorators
-below; tests/test_architecture.py checks that no other `click.option` call exists.
+here. Options that fill a record take their default and choices from the record or from `featstore.schema`
+(`declared`), where the record reads them too, so the library and the CLI cannot disagree. Commands get options
+only through `option` and the record decorators below; tests/test_every_option.py checks that no other
+`click.option` call exists and that no option repeats a declared default or choice. `as_flags` says the fields
+that the library's errors name as the flags that set them.
 """
 
 from __future__ import annotations
@@ -431,15 +433,26 @@ def _flags_by_field() -> dict[str, str]:
 
 
 FLAGS = _flags_by_field()
+_NAMES = "|".join(sorted(FLAGS, key=len, reverse=True))
 # a field the library names: `name=value` (at the start, or after a space or '(': not knn:k=30 nor 'a,k=3') or
 # `name` in backquotes (a mention without a value)
-_FIELD = re.compile(r"(?<![^\s(])(%s)=|`(%s)`" % (("|".join(sorted(FLAGS, key=len, reverse=True)),) * 2))
+_FIELD = re.compile(rf"(?<![^\s(])({_NAMES})=|`({_NAMES})`")
+# after a variant spec ('variant=knn:k=0: k=0 must be ...') a name=value is that variant's own parameter
+_AFTER_SPEC = re.compile(r"(?<![^\s(])variant=\S+: ")
+_IN_SPEC_TAIL = re.compile(rf"(?<![^\s(])(variant)=|`({_NAMES})`")
+
+
+def _flag(match: re.Match) -> str:
+    return f"{FLAGS[match[1]]} " if match[1] else FLAGS[match[2]]
 
 
 def as_flags(message: str) -> str:
     """A library message, which names fields as a Python caller sets them (`val_frac=1.5: ...`, `` `taps` ``), as
     the CLI says it: with the flags that set them (`--val-frac 1.5: ...`, `--taps`)."""
-    return _FIELD.sub(lambda m: f"{FLAGS[m[1]]} " if m[1] else FLAGS[m[2]], message)
+    spec = _AFTER_SPEC.search(message)
+    if spec is None:
+        return _FIELD.sub(_flag, message)
+    return _FIELD.sub(_flag, message[:spec.end()]) + _IN_SPEC_TAIL.sub(_flag, message[spec.end():])
 
 
 def _alias_dest(flag: str) -> str:

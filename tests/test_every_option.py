@@ -197,6 +197,9 @@ def test_the_library_names_the_field_and_the_cli_its_flag(tmp_path, image_dir):
     ("`runs`: no run 'x'", "--run: no run 'x'"),  # compare's argument, --run's old spelling
     ("image_id=7: no run predicted it", "--image 7: no run predicted it"),  # the name click hands the command
     ("variant=knn:refs=a,k=3: differs", "--variant knn:refs=a,k=3: differs"),  # a value's own k= stays
+    ("variant=knn:k=0: k=0 must be >= 1", "--variant knn:k=0: k=0 must be >= 1"),  # as does the variant's parameter
+    ("variant=head-probe: raise `memory_budget`, or use variant=lens-direct",
+     "--variant head-probe: raise --memory-budget, or use --variant lens-direct"),
     ("weights none:seed=0, C_low=0.1", "weights none:seed=0, C_low=0.1"),  # no field: unchanged
 ])
 def test_the_cli_says_each_field_as_its_flag(said, shown):
