@@ -448,7 +448,10 @@ def _flag(match: re.Match) -> str:
 
 def as_flags(message: str) -> str:
     """A library message, which names fields as a Python caller sets them (`val_frac=1.5: ...`, `` `taps` ``), as
-    the CLI says it: with the flags that set them (`--val-frac 1.5: ...`, `--taps`)."""
+    the CLI says it: with the flags that set them (`--val-frac 1.5: ...`, `--taps`). The database's own words
+    (`SQL error: ...`, which may quote the user's `WHERE seed=0`) stay as they are."""
+    if message.startswith("SQL error: "):
+        return message
     spec = _AFTER_SPEC.search(message)
     if spec is None:
         return _FIELD.sub(_flag, message)

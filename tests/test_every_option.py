@@ -201,6 +201,7 @@ def test_the_library_names_the_field_and_the_cli_its_flag(tmp_path, image_dir):
     ("variant=head-probe: raise `memory_budget`, or use variant=lens-direct",
      "--variant head-probe: raise --memory-budget, or use --variant lens-direct"),
     ("weights none:seed=0, C_low=0.1", "weights none:seed=0, C_low=0.1"),  # no field: unchanged
+    ("SQL error: Conversion Error: view=3 and seed=x", "SQL error: Conversion Error: view=3 and seed=x"),  # user SQL
 ])
 def test_the_cli_says_each_field_as_its_flag(said, shown):
     from featstore.cli.options import as_flags
