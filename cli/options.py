@@ -32,6 +32,7 @@ from featstore.schema import (
     FIELDS,
     JOINT_MIN_CONF,
     PER_PAIR,
+    TIMM_WEIGHTS,
     VARIANT,
     VIEW,
     Int,
@@ -178,7 +179,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
         "auto": ((), dict(default=_default(ModelSpec, "weights"), help="auto (paper for the paper's five models, "
                           "else default) | paper | default | a torchvision weights name or timm pretrained tag | "
                           "PATH | none.")),
-        "timm": ((), dict(default="default", help="default | PATH | none.")),
+        "timm": ((), dict(default=TIMM_WEIGHTS, help="default | PATH | none.")),
     },
     "--image-size": {"": ((), dict(type=checked("image_size"), default=_default(ModelSpec, "image_size"),
                                    help="Crop size override; resizes to S*256/224 first [default: the model's, or the "

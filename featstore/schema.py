@@ -247,6 +247,7 @@ PER_PAIR = 4  # `compare`: disagreeing images listed per pair of definitions
 DDB_VARIANTS = ("global", "deep", "out")  # DDB's variants, the first the default (sql/ddb.sql's too)
 CSS_DISTANCES = ("srcc", "cosine", "l2", "jaccard", "laplacian", "netlsd")  # CSS's, the first the default (sql/css.sql)
 DEMO_DATASET = "layouts"  # the demo's generated image set
+TIMM_WEIGHTS = "default"  # circuits and zoo models: a timm checkpoint's default pretrained tag
 
 # The values every option, record field and file key of that name takes (the CLI flag is --name-with-dashes).
 FIELDS: dict[str, Value] = {

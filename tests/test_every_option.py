@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # options whose default differs from the record's on purpose, with why
 OWN_DEFAULTS = {
-    ("circuits", "weights"): "circuits read a timm checkpoint: its default tag, not the paper's torchvision weights",
-    ("--weights", "timm"): "as above",
+    ("circuits", "weights"): "circuits read a timm checkpoint: its default tag (schema.TIMM_WEIGHTS), not the "
+                             "paper's torchvision weights",
     ("--min-conf", ""): "timeline: stability alone (0), as k_sweep's own default; compare and the report take the "
                         "joint criterion's threshold",
     ("report", "ks"): "None: the report's windows, DEFAULT_POLICIES.ks, which --k's default spells",
