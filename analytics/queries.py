@@ -7,7 +7,6 @@ name returns, so Python, `featstore sql` and any DuckDB client see the same numb
 from __future__ import annotations
 
 import functools
-import os
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -20,6 +19,7 @@ import polars as pl
 import pyarrow as pa
 
 from featstore.analytics.bands import BANDS
+from featstore.analytics.comparison_text import Comparison
 from featstore.analytics.db import connect, connect_several, in_memory
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
 from featstore.analytics.scopes import SCOPES
@@ -486,48 +486,6 @@ def tap_decision_layers(db: Db, run_id: str, tap: str, k: int, scope: str = "aut
                  [run_id, tap, k, check_scope(scope), check_min_conf(min_conf)])
 
 
-@dataclass
-class Comparison:
-    """Every established definition of when the network decides, side by side (`featstore compare`)."""
-
-    runs: list[str]
-    summary: pl.DataFrame  # per definition: n, mean, median, band shares
-    agreement: pl.DataFrame  # per pair: n, Spearman, same band, early-by-one-late-by-the-other counts
-    crosstab: pl.DataFrame  # per pair: the early/mid/late cross-table
-    disagreements: pl.DataFrame  # per pair: a few images early by one and late by the other
-    decided: pl.DataFrame  # the same where both layers are decisions (no fallback at T or T + 1), with their count n
-
-    def shortened(self) -> Comparison:
-        """The same tables with the run ids' common 'model/view/' prefix left out of every definition's name."""
-        prefix = os.path.commonprefix(self.runs)
-        prefix = prefix[: prefix.rfind("/") + 1]
-        if not prefix:
-            return self
-
-        def short(frame: pl.DataFrame) -> pl.DataFrame:
-            names = [c for c in ("definition", "a", "b") if c in frame.columns]
-            return frame.with_columns(pl.col(c).str.replace(prefix, "", literal=True) for c in names)
-
-        return Comparison([r.removeprefix(prefix) for r in self.runs], short(self.summary), short(self.agreement),
-                          short(self.crosstab), short(self.disagreements), short(self.decided))
-
-    def matrix(self, value: str) -> pl.DataFrame:
-        """A per-pair statistic as a square table, rows and columns in the summary's order (columns #1, #2, ...):
-        'spearman' (symmetric, 1 on the diagonal) or 'early_late' (row early, column late: image counts)."""
-        names = self.summary["definition"].to_list()
-        cells: dict[tuple[str, str], float | int | None] = {}
-        for row in self.agreement.iter_rows(named=True):
-            a, b = row["a"], row["b"]
-            if value == "spearman":
-                cells[a, b] = cells[b, a] = row["spearman"]
-            else:
-                cells[a, b], cells[b, a] = row["early_a_late_b"], row["late_a_early_b"]
-        diagonal = 1.0 if value == "spearman" else None
-        columns = {f"#{j + 1}": [diagonal if a == b else cells.get((a, b)) for a in names]
-                   for j, b in enumerate(names)}
-        return pl.DataFrame({"definition": [f"#{i + 1} {n}" for i, n in enumerate(names)], **columns})
-
-
 def known_runs(db: Db, runs: Sequence[str]) -> list[str]:
     """The runs as given, once each, every one of them in the database (else the --run error naming it)."""
     known = query(db, "SELECT run_id FROM runs")["run_id"].to_list()
@@ -563,7 +521,8 @@ def compare(db: Db, runs: Sequence[str] | None = None, k: int = 2, min_conf: flo
                           query(con, f"SELECT * FROM definition_crosstab{tail}", args),
                           query(con, f"SELECT * FROM definition_disagreements{picked}", [*args[:3], per_pair, args[3]]),
                           query(con, f"SELECT * FROM definition_decided_disagreements{picked}",
-                                [*args[:3], per_pair, args[3]]))
+                                [*args[:3], per_pair, args[3]]),
+                          query(con, f"SELECT * FROM definition_ranking{tail}", args))
     finally:
         if con is not db:
             con.close()

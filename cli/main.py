@@ -9,9 +9,11 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from featstore.api import ImageSource, ModelSpec, RunOptions, split_options
 from featstore.cli.options import (
     DB_PATH,
     as_flags,
@@ -21,8 +23,10 @@ from featstore.cli.options import (
     options,
     run_options,
 )
-from featstore.compute.specs import ImageSource, ModelSpec, RunOptions, split_options
 from featstore.errors import FeatstoreError, FeatstoreWarning, Interrupted, RunReplaced, interrupted, storage_failure
+
+if TYPE_CHECKING:
+    from featstore.api import ModelInfo, StoreInfo
 
 
 def user_errors(fn):
@@ -148,8 +152,8 @@ def cli() -> None:
 @user_errors
 def build(**given) -> None:
     """Extract pooled anchor activations (and logits) of MODEL over DATA into STORE; resumable."""
+    from featstore.api import BuildConfig
     from featstore.api import build as run_build
-    from featstore.workflows.build import BuildConfig
 
     (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
     result = run_build(BuildConfig(model=model, images=images, run=run, **rest))
@@ -183,8 +187,8 @@ def build(**given) -> None:
 def probe(**given) -> None:
     """Train a probe per anchor from the store (linear by default, or any --variant) and land every prediction in
     DuckDB."""
+    from featstore.api import ProbeConfig, connect, runs_written
     from featstore.api import probe as run_probe
-    from featstore.workflows.probe import ProbeConfig
 
     (run,), rest = split_options(given, RunOptions)
     project_dim = rest.pop("project_dim")
@@ -192,78 +196,14 @@ def probe(**given) -> None:
         if rest["variant"] != "linear":
             raise FeatstoreError("--project-dim and --variant exclude each other (it means projected:dim=D)")
         rest["variant"] = f"projected:dim={project_dim}"
-    before = _runs_created(rest["db"])
+    before = runs_written(rest["db"])
     with warnings.catch_warnings():  # this command says "replaced" in its own line below
         warnings.simplefilter("ignore", RunReplaced)
         result = run_probe(ProbeConfig(run=run, **rest))
     for run_id in result:
         replaced = f" (replaced the run of that name written {before[run_id]})" if run_id in before else ""
         click.echo(f"wrote run {run_id}{replaced}")
-        print_frame(_probe_summary(rest["db"], run_id))
-
-
-def only_run(db: Path, given: str | None) -> str:
-    """The run a one-run command works on: the one given, else the database's only run; several is one line
-    naming them."""
-    from featstore.analytics.queries import runs
-
-    if given is not None:
-        return given
-    have = runs(db)["run_id"].to_list()
-    if not have:
-        raise FeatstoreError(f"--run: {db} holds no probe run; run featstore probe first")
-    if len(have) > 1:
-        named = ", ".join(have[:8]) + (f" … ({len(have)} in all)" if len(have) > 8 else "")
-        raise FeatstoreError(f"--run: {db} holds {len(have)} runs ({named}); name one with --run RUN_ID")
-    return have[0]
-
-
-def run_list(given: str | None) -> list[str] | None:
-    """--run's comma list as run ids (None: the command's default runs): a piece without a '/' continues the id
-    before it, whose variant spells several parameters."""
-    chosen: list[str] = []
-    for piece in (r.strip() for r in (given or "").split(",")):
-        if chosen and piece and "/" not in piece:  # a run id's own comma (`…/knn:metric=euclidean,ties=lowest`)
-            chosen[-1] += "," + piece
-        elif piece:
-            chosen.append(piece)
-    return chosen or None
-
-
-def one_k(ks: list[int]) -> int:
-    """The one stability window of a command that uses one: the one --k given, else 2 (with the default list)."""
-    from featstore.analytics.exit_policies import DEFAULT_POLICIES
-
-    if len(ks) == 1:
-        return ks[0]
-    if tuple(ks) == tuple(DEFAULT_POLICIES.ks):
-        return 2
-    raise FeatstoreError(f"--k {','.join(map(str, ks))}: this command uses one stability window; give one, e.g. "
-                         f"--k 2")
-
-
-def _runs_created(db: Path) -> dict[str, str]:
-    """Run id -> when it was written, of the runs already in `db` (none when it does not exist yet). Read without
-    waiting for a lock: a database another process writes is refused at once (the job would refuse it too), not
-    after `featstore sql`'s 30 s wait for a probe's final transaction."""
-    from featstore.analytics.db import connect
-    from featstore.analytics.queries import runs
-
-    if not Path(db).is_file():
-        return {}
-    con = connect(db, read_only=True)
-    try:
-        return {r["run_id"]: f"{r['created_at']:%Y-%m-%d %H:%M}" if r["created_at"] else "earlier"
-                for r in runs(con).iter_rows(named=True)}
-    finally:
-        con.close()
-
-
-def _probe_summary(db: Path, run_id: str):
-    """Per anchor: accuracy on the run's scored images (test split) and whether the fit converged."""
-    from featstore.analytics.queries import query
-
-    return query(db, "SELECT * FROM probe_summary(?)", [run_id])
+        print_frame(connect(rest["db"]).probe_summary(run_id))
 
 
 def print_frame(frame, fmt: str = "table", full: bool = False) -> None:
@@ -339,10 +279,10 @@ def _plain(value, single: bool):
 @user_errors
 def sql(dbs: tuple[Path, ...], statement: str, fmt: str, full: bool) -> None:
     """Run STATEMENT on the database(s), read-only (macros: decision_summary(k), decision_layers(k), …)."""
-    from featstore.analytics.queries import stream
+    from featstore.api import connect
 
     try:
-        print_stream(stream(list(dbs), statement), fmt, full)
+        print_stream(connect(list(dbs)).stream(statement), fmt, full)
     except BaseException as e:  # KeyboardInterrupt is no Exception
         if not interrupted(e):
             raise
@@ -397,9 +337,9 @@ def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
 def merge(db: Path, sources: tuple[Path, ...], replace: bool) -> None:
     """Fold SOURCES (databases of jobs that ran at the same time) into DB, all or nothing; merging a source twice
     changes nothing. Refuses sources of another image set, split or anchor list, and results that differ."""
-    from featstore.workflows.merge import merge as run_merge
+    from featstore.api import merge as run_merge
 
-    result = run_merge(db, list(sources), replace)
+    result = run_merge(db, sources, replace)
     replaced = f"; replaced {len(result.replaced)} result(s)" if result.replaced else ""
     click.echo(f"{db}: {len(sources)} source(s) folded in, {result.runs} probe run(s) and {result.circuit_runs} "
                f"circuit run(s) now{replaced}")
@@ -412,7 +352,7 @@ def merge(db: Path, sources: tuple[Path, ...], replace: bool) -> None:
 def export(db: Path, out: Path) -> None:
     """Every table of DB as Parquet under OUT: per-image rows partitioned by run (run_id=...), the rest one
     file each, for any engine (DuckDB, Polars, Spark)."""
-    from featstore.workflows.export import export as run_export
+    from featstore.api import export as run_export
 
     written = run_export(db, out)
     click.echo(f"wrote {len(written)} table(s) under {out}")
@@ -428,60 +368,33 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
     """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong
     (--image ID: that image's class and confidence at every anchor of every run instead; --run: only those runs;
     --spread: the sweep over a set of probes, with intervals and the range over the set)."""
-    from featstore.analytics.queries import k_sweep, stability_windows
-    from featstore.analytics.report import image_timeline, image_timeline_table
+    from featstore.api import connect
 
-    chosen = run_list(run_id)
     if spread and image_id is not None:
         raise FeatstoreError("--spread and --image exclude each other: the sweep's spread, or one image's timeline")
-    if spread:
-        print_spread(db, ks, scope, chosen, min_conf, fmt)
-        return
+    results = connect(db)
     if image_id is not None:
-        ks = stability_windows(db, ks, chosen)  # the default trimmed to the anchors, a k given checked
-        k = ks[0] if len(ks) == 1 else 2 if 2 in ks else ks[0]  # the one --k given, else 2
-        frame = image_timeline(db, image_id, k, chosen)
-        first = frame.row(0, named=True)
+        shown = results.image_timeline(image_id, ks, run_id)
         if fmt == "table":
-            click.echo(f"image {image_id}: {first['label_name'] or first['label']} ({first['path']}, {first['split']});"
-                       f" each cell: class and confidence, ◆ at l*({k}) (none in a run headed never stable)")
-            print_frame(image_timeline_table(frame), full=True)
+            click.echo(f"image {image_id}: {shown.label} ({shown.path}, {shown.split}); each cell: class and "
+                       f"confidence, ◆ at l*({shown.k}) (none in a run headed never stable)")
+            print_frame(shown.shown, full=True)
         else:
-            print_frame(frame, fmt)
+            print_frame(shown.table, fmt)
         return
-    frame = k_sweep(db, ks, scope, min_conf, chosen, band)
-    print_frame(frame.drop("model", "view", "probe"), fmt)
-    print_late_notes(db, frame, ks, fmt, band)
-
-
-def print_late_notes(db: Path, frame, ks: list[int], fmt: str, band: str = "paper") -> None:
-    """Where no stable l* can be late at some k of a sweep in the paper's band (its runs' anchor counts), say so
-    once per note (the window's band has no such k)."""
-    from featstore.analytics.queries import runs
-    from featstore.analytics.report import late_notes
-
-    shown = runs(db)
-    lasts = sorted({n - 1 for n in shown.filter(shown["run_id"].is_in(frame["run_id"].to_list()))["n_anchors"]})
-    for note in late_notes(lasts, ks) if band == "paper" else []:
+    if spread:
+        sweep = results.spread(ks, scope, run_id, min_conf)
+        if fmt != "table":
+            print_frame(sweep.table, fmt)
+            return
+        click.echo("band fractions per probe, [95% bootstrap interval over images]; holds = share whose band is the "
+                   "same under every probe of the set; range = min..max over the set")
+        print_frame(sweep.shown, full=True)
+    else:
+        sweep = results.k_sweep(ks, scope, min_conf, run_id, band)
+        print_frame(sweep.shown, fmt)
+    for note in sweep.notes:
         click.echo(f"note: {note}", err=fmt != "table")
-
-
-def print_spread(db: Path, ks: list[int], scope: str, chosen: list[str] | None, min_conf: float, fmt: str) -> None:
-    """`timeline --spread`: the robustness sweep (analytics/robustness.py); the table shows each fraction as
-    'value [low, high]' and each set's range once per k."""
-    from featstore.analytics.report_robustness import spread_table
-    from featstore.analytics.robustness import robust_sweep
-
-    frame = robust_sweep(db, ks, scope, chosen, min_conf)
-    if frame.is_empty():
-        raise FeatstoreError("no images that every probe of the set counts in this scope; pass --run or --scope")
-    if fmt != "table":
-        print_frame(frame, fmt)
-        return
-    click.echo("band fractions per probe, [95% bootstrap interval over images]; holds = share whose band is the same "
-               "under every probe of the set; range = min..max over the set")
-    print_frame(spread_table(frame), full=True)
-    print_late_notes(db, frame, sorted(set(frame["k"])), fmt)
 
 
 @cli.command()
@@ -493,23 +406,23 @@ def compare(db: Path, run_id: str | None, ks: list[int], min_conf: float, per_pa
             scope: str, fmt: str) -> None:
     """When does the network decide, by every established definition: l*(k), prediction depth (Baldock et al.)
     and the joint stable-and-confident criterion, per run; Spearman, early/late cross-tables, disagreeing images."""
-    from featstore.analytics.queries import compare as run_compare
+    from featstore.api import connect
 
-    k = one_k(ks)
-    result = run_compare(db, run_list(run_id), k, min_conf,
-                         scope, per_pair).shortened()
-    if fmt != "table" or part:
+    results = connect(db)
+    k = results.window(ks, run_id)
+    if part == "matrix" and fmt != "table":
+        raise FeatstoreError(f"--part matrix: the matrices are a table; --format {fmt} writes the same numbers "
+                             "with --part agreement")
+    result = results.compare(run_id, k, min_conf, scope, per_pair).shortened()
+    if fmt != "table":
         print_frame(getattr(result, part or "agreement"), fmt)
-        return
-    joint = f", joint(k, {min_conf:g}) = l*(k) with conf >= {min_conf:g} at l*" if min_conf > 0 else ""
-    click.echo(f"decision layer per definition (k = {k}{joint}; depth = prediction depth, T + 1 when unsettled, "
-               f"its layer 0 the first stored anchor, not the input; runs {', '.join(result.runs)}):")
-    print_frame(result.summary.drop("kind", "run_id"))
-    click.echo("\nSpearman correlation of the layers, image by image:")
-    print_frame(result.matrix("spearman"))
-    click.echo("\nimages early (l < 0.3T) by the row's definition and late (l >= 0.7T) by the column's "
-               "(--part disagreements lists some; the report shows them):")
-    print_frame(result.matrix("early_late"))
+    elif part == "matrix":
+        click.echo("Spearman correlation of the layers, image by image (columns #i: the row #i's definition):")
+        print_frame(result.matrix("spearman"))
+        click.echo("\nimages early (l < 0.3T) by the row's definition and late (l >= 0.7T) by the column's:")
+        print_frame(result.matrix("early_late"))
+    else:
+        click.echo("\n".join(result.lines(part, k, min_conf)))
 
 
 @cli.command()
@@ -519,11 +432,10 @@ def compare(db: Path, run_id: str | None, ks: list[int], min_conf: float, per_pa
 @user_errors
 def report(db: Path, out: Path | None, ks: list[int], min_conf: float, scope: str) -> None:
     """One self-contained HTML page of plots and tables of every run in the database."""
-    from featstore.analytics.report import write_report
+    from featstore.api import connect
 
-    out = Path(db).parent / "report" if out is None else out
-    path = write_report(db, out, ks, scope, min_conf=min_conf,
-                        progress=lambda step: click.echo(f"report: {step} …", err=True))
+    path = connect(db).report(out, ks, scope, min_conf, progress=lambda step: click.echo(f"report: {step} …",
+                                                                                           err=True))
     click.echo(f"wrote {path}")
 
 
@@ -539,11 +451,12 @@ def report(db: Path, out: Path | None, ks: list[int], min_conf: float, scope: st
 def cost(model: str, db: Path, store: str | None, device: str, threads: int | None, batch_sizes: list[int],
          repeats: int, image_size: int | None) -> None:
     """Measure the cost of exiting at each anchor: network prefix + probes, ms and FLOPs, into DuckDB."""
-    from featstore.workflows.cost import measure_model
+    from featstore.api import cost as measure
 
     click.echo(f"cost: timing every prefix and probe of {model} on {device}, batch size(s) "
                f"{', '.join(map(str, batch_sizes))}, {repeats} repeats each …", err=True)
-    for c in measure_model(model, db, store, device, batch_sizes, repeats, image_size, threads):
+    for c in measure(model, db, store, device=device, batch_sizes=batch_sizes, repeats=repeats,
+                     image_size=image_size, threads=threads):
         click.echo(f"{model} on {c.device}, batch {c.batch_size}: full model {c.ms:.2f} ms, {c.flops / 1e9:.3f} GFLOP")
         for a in c.anchors:
             click.echo(f"  anchor {a.anchor:2d}: prefix {a.ms:8.3f} ms {a.flops / 1e9:8.3f} GFLOP  "
@@ -563,14 +476,11 @@ def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], comb
     """Simulate early exit from stored predictions: stability, confidence, combined and learned gates (the learned
     one where `featstore gate` fitted one; its thresholds are --thresholds), oracle, Pareto front, every policy
     counted on the same images (printed first: with a gate, those it did not learn from)."""
-    from featstore.analytics.exit_policies import ExitPolicies
-    from featstore.analytics.queries import describe_population, early_exit
-    from featstore.analytics.report import pareto_rows
+    from featstore.api import connect
 
-    run_id = only_run(db, run_id)
-    policies = ExitPolicies(tuple(ks), tuple(thresholds), tuple(combined_thresholds), () if no_gate else None)
-    result = early_exit(db, run_id, device, batch_size, policies, scope)
-    population = describe_population(result.population.row(0, named=True))
+    result = connect(db).early_exit(run_id, ks, thresholds, combined_thresholds, device, batch_size, scope,
+                                    gate=not no_gate)
+    run_id, population = result.run_id, result.population
     if fmt != "table":
         click.echo(population, err=True)  # stdout stays the machine-readable table (its column n says it too)
         print_frame(result.simulation, fmt)
@@ -578,7 +488,7 @@ def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], comb
     click.echo(f"early exit for {run_id}, costs measured on {result.device}, batch {batch_size} (ms per image):")
     click.echo(population)
     click.echo("Pareto front (accuracy vs mean latency; identical points merged):")
-    print_frame(pareto_rows(result.pareto))
+    print_frame(result.pareto)
     for base in result.simulation.filter(result.simulation["policy"].is_in(["full depth", "oracle"])).iter_rows(
             named=True):
         click.echo(f"{base['policy']}: accuracy {base['accuracy']:.3f}, {base['mean_ms']:.3f} ms per image"
@@ -597,11 +507,11 @@ def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], comb
 @user_errors
 def gate(db: Path, run_id: str, split: str) -> None:
     """Fit a learned early-exit gate from a run's stored prediction timelines (exit-sim then evaluates it)."""
-    from featstore.workflows.gate import train_gate
+    from featstore.api import gate as train_gate
 
-    run_id = only_run(db, run_id)
-    result = train_gate(db, run_id, split, on_start=lambda: click.echo(
-        f"gate: reading the timelines of {run_id} and fitting on its {split} images …", err=True))
+    result = train_gate(db, run_id, split, on_start=lambda run: click.echo(
+        f"gate: reading the timelines of {run} and fitting on its {split} images …", err=True))
+    run_id = result.run_id
     top = sorted(result.weights.items(), key=lambda kv: -abs(kv[1]))[:4]
     click.echo(f"gate for {run_id}: fitted on {result.n_images} {split} images ({result.n_rows} anchors, "
                f"{result.positive_share:.0%} already final and right), {result.iterations} Newton steps; largest "
@@ -618,20 +528,16 @@ def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
     """Layer x module probing: accuracy grid (block x tap), best pairs, act@100 / ln2@60 and gain recovered."""
     import polars as pl
 
-    from featstore.analytics import queries as q
+    from featstore.api import connect
 
-    run_id = only_run(db, run_id)
-    grid = q.tap_grid(db, run_id, scope)
-    if grid.is_empty():
-        raise FeatstoreError(f"run {run_id!r} in {db} has no (block, tap) anchors; build the store with --taps")
-    wide = grid.pivot(on="tap", index="block", values="accuracy", aggregate_function="first")
+    result = connect(db).taps(run_id, scope)
     if fmt != "table":
-        print_frame(grid, fmt)
+        print_frame(result.grid, fmt)
         return
-    click.echo(f"probe accuracy, block x tap ({run_id}, scope {scope}):")
-    print_frame(wide.sort("block"))
+    click.echo(f"probe accuracy, block x tap ({result.run_id}, scope {scope}):")
+    print_frame(result.table)
     click.echo("\nstrategies (gain recovered G = (A_S - A_base) / (A_oracle - A_base)):")
-    print_frame(q.tap_gains(db, run_id, scope).with_columns(pl.col("accuracy").round(4)))
+    print_frame(result.gains.with_columns(pl.col("accuracy").round(4)))
 
 
 @cli.command()
@@ -643,12 +549,12 @@ def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
 @user_errors
 def circuits(**given) -> None:
     """EAP-IG edge scores of a ViT on one view (label-free) into DuckDB's edges table."""
-    from featstore.compute.attribution import CircuitConfig
-    from featstore.workflows.circuits import run_circuits
+    from featstore.api import CircuitConfig
+    from featstore.api import circuits as run_circuits
 
     (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
     db = rest.pop("db")
-    result = run_circuits(CircuitConfig(model=model, images=images, run=run, **rest), db)
+    result = run_circuits(CircuitConfig(model=model, images=images, run=run, **rest), db=db)
     click.echo(f"wrote circuit {result.run.run_id}")
 
 
@@ -658,9 +564,9 @@ def circuits(**given) -> None:
 @user_errors
 def ddb(db: Path, tau: float, variant: str, fmt: str) -> None:
     """Dependency Depth Bias of every circuit run (higher: the model leans on deep computation)."""
-    from featstore.analytics.queries import query
+    from featstore.api import connect
 
-    print_frame(query(db, "SELECT * FROM ddb(tau := ?, variant := ?)", [tau, variant]), fmt)
+    print_frame(connect(db).ddb(tau, variant), fmt)
 
 
 @cli.command()
@@ -669,9 +575,9 @@ def ddb(db: Path, tau: float, variant: str, fmt: str) -> None:
 @user_errors
 def css(db: Path, id_run: str, ood_run: str, distance: str, top_n: int, fmt: str) -> None:
     """Circuit Shift Score between an ID and an OOD circuit of one model."""
-    from featstore.analytics.circuit_graphs import circuit_shift
+    from featstore.api import connect
 
-    print_frame(circuit_shift(db, id_run, ood_run, distance, top_n), fmt)
+    print_frame(connect(db).css(id_run, ood_run, distance, top_n), fmt)
 
 
 @cli.command()
@@ -683,50 +589,52 @@ def info(store: str, fmt: str) -> None:
     JSON)."""
     if fmt == "csv":
         raise FeatstoreError("--format csv: info prints a table or json (--format json)")
-    from featstore.store.reader import FeatureStore
+    from featstore.api import open_store
 
-    summary = FeatureStore(store).info()
+    summary = open_store(store).info()
     if fmt == "json":
-        click.echo(json.dumps(summary, indent=2))
+        click.echo(json.dumps(summary.to_dict(), indent=2))
         return
     click.echo(format_info(summary))
 
 
-def format_info(summary: dict) -> str:
-    lines = [f"store  {summary['path']}"]
-    im = summary["images"]
+def format_info(summary: StoreInfo) -> str:
+    """`featstore info`'s table: the images, then per model its network, anchors, views and probes."""
+    from featstore.api import Damaged
+
+    lines = [f"store  {summary.path}"]
+    im = summary.images
     repair = "run featstore verify, then the same featstore build to repair it"
-    if im and im.get("damaged"):
-        lines.append(f"images DAMAGED: {im['damaged']}; {repair}")
+    if isinstance(im, Damaged):
+        lines.append(f"images DAMAGED: {im.what}; {repair}")
     elif im:
-        space = " labelled as ImageNet-1k indices" if im.get("label_space") == "imagenet-1k" else ""
-        lines.append(f"images {im['count']} in {im['classes']} classes{space} ({im['source']})")
-    for key, m in summary["models"].items():
-        if m.get("damaged"):
-            lines.append(f"\nmodel  {key}: DAMAGED: {m['damaged']}")
+        space = " labelled as ImageNet-1k indices" if im.label_space == "imagenet-1k" else ""
+        lines.append(f"images {im.count} in {im.classes} classes{space} ({im.source})")
+    for key, m in summary.models.items():
+        if isinstance(m, Damaged):
+            lines.append(f"\nmodel  {key}: DAMAGED: {m.what}")
             continue
-        p = m["preprocessing"]
-        top1 = f" (published top-1 {m['published_top1']:.2f}%)" if m.get("published_top1") is not None else ""
-        lines.append(f"\nmodel  {key}: {m['model']}  weights {m['weights']}{top1}  classes {m['num_classes']}")
-        prep = f"resize {p['resize']} crop {p['crop']} {p['interpolation']}" if p else "none (written directly)"
-        pool = f"  pool {m['token_pool']}" if _reads_tokens(m) else ""
-        lines.append(f"  preprocessing {prep}{pool}  chunk rows {m['chunk_rows']}")
-        lines.append("  anchors " + ", ".join(f"{i}:{name}[{dim}]" for i, name, _, dim in m["anchors"]))
-        for view, v in m["views"].items():
-            if v.get("damaged"):
-                lines.append(f"  view {view}: DAMAGED: {v['damaged']}; {repair}")
+        p = m.preprocessing
+        top1 = f" (published top-1 {m.published_top1:.2f}%)" if m.published_top1 is not None else ""
+        lines.append(f"\nmodel  {key}: {m.model}  weights {m.weights}{top1}  classes {m.num_classes}")
+        prep = f"resize {p.resize} crop {p.crop} {p.interpolation}" if p else "none (written directly)"
+        pool = f"  pool {m.token_pool}" if _reads_tokens(m) else ""
+        lines.append(f"  preprocessing {prep}{pool}  chunk rows {m.chunk_rows}")
+        lines.append("  anchors " + ", ".join(f"{a.index}:{a.name}[{a.dim}]" for a in m.anchors))
+        for view, v in m.views.items():
+            if isinstance(v, Damaged):
+                lines.append(f"  view {view}: DAMAGED: {v.what}; {repair}")
                 continue
-            state = "complete" if v["chunks_done"] == v["chunks"] else "INCOMPLETE (rerun build to resume)"
-            if v.get("damaged_chunks"):
-                state = (f"DAMAGED (chunk files missing: {', '.join(map(str, v['damaged_chunks']))}; run featstore "
+            state = "complete" if v.complete else "INCOMPLETE (rerun build to resume)"
+            if v.damaged_chunks:
+                state = (f"DAMAGED (chunk files missing: {', '.join(map(str, v.damaged_chunks))}; run featstore "
                          f"verify, then rerun build to re-do them)")
-            threads = f" (CPU threads {', '.join(map(str, v['threads']))})" if v.get("threads") else ""
-            lines.append(f"  view {view}: {v['chunks_done']}/{v['chunks']} chunks, {v['skipped']} skipped, {state}"
-                         f"{threads}")
-        if m.get("probes"):
-            lines.append("  probes " + ", ".join(m["probes"]))
-        if m.get("foreign"):
-            lines.append("  not featstore's (ignored): " + ", ".join(m["foreign"]))
+            threads = f" (CPU threads {', '.join(map(str, v.threads))})" if v.threads else ""
+            lines.append(f"  view {view}: {v.chunks_done}/{v.chunks} chunks, {v.skipped} skipped, {state}{threads}")
+        if m.probes:
+            lines.append("  probes " + ", ".join(m.probes))
+        if m.foreign:
+            lines.append("  not featstore's (ignored): " + ", ".join(m.foreign))
     return "\n".join(lines)
 
 
@@ -735,11 +643,11 @@ def format_info(summary: dict) -> str:
 CLASS_TOKEN_MODELS = ("vit", "deit", "beit", "cait", "eva", "xcit")
 
 
-def _reads_tokens(m: dict) -> bool:
+def _reads_tokens(m: ModelInfo) -> bool:
     """Whether a model's token pool says anything: a mean pool is chosen only where tokens exist (or with --taps,
     a VisionTransformer's), and the class-token families read `cls`."""
-    arch = m["model"].removeprefix("timm/").split(".")[0]
-    return m["token_pool"] == "mean" or arch.startswith(CLASS_TOKEN_MODELS)
+    arch = m.model.removeprefix("timm/").split(".")[0]
+    return m.token_pool == "mean" or arch.startswith(CLASS_TOKEN_MODELS)
 
 
 @cli.command()
@@ -749,7 +657,7 @@ def _reads_tokens(m: dict) -> bool:
 def anchors(model: str, show_all: bool) -> None:
     """The anchors the model gets by default, or (with --all) every name --anchors accepts, one per line (a
     preset's defaults without loading the model)."""
-    from featstore.nets.listing import anchor_listing
+    from featstore.api import anchors as anchor_listing
 
     for line in anchor_listing(model, show_all):
         click.echo(line)
@@ -762,19 +670,19 @@ def anchors(model: str, show_all: bool) -> None:
 @user_errors
 def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, threads: int | None, progress: bool) -> None:
     """The whole pipeline offline: images -> trained ResNet-18 -> store -> probes -> DuckDB -> k-sweep, report."""
-    from featstore.analytics.queries import runs
-    from featstore.analytics.report import late_notes
-    from featstore.workflows.demo import run_demo
+    from featstore.api import connect
+    from featstore.api import demo as run_demo
 
     result = run_demo(out, dataset=dataset, epochs=epochs, limit=limit,
                       run=RunOptions(threads=threads, progress=progress))
     run_id = result.sweep["run_id"][0]  # one run: the images of one probe, not every probe's summed
-    shown = runs(result.db)
+    results = connect(result.db)
+    shown = results.runs
     t = shown.filter(shown["run_id"] == run_id)["n_anchors"][0] - 1
     click.echo(f"\nWhere the clean test images decide (l*(k), {result.sweep['n'][0]} images, anchors 0..{t}):")
     print_frame(result.sweep.select("k", "mean", "median", "f_early", "f_mid", "f_late", "never_stable",
                                     "stable_but_wrong"))
-    for note in late_notes([t], result.sweep["k"].to_list()):
+    for note in results.notes(result.sweep["k"].to_list(), [run_id]):
         click.echo(f"note: {note}")
     shifts = ", ".join(f"{v} {d:+.2f}" for v, d in result.shift.select("view", "delta").rows())
     click.echo(f"corruption shift of mean l* (k = 2): {shifts}")
@@ -796,17 +704,12 @@ def verify(store: str, model: str | None, quick: bool, dbs: tuple[Path, ...]) ->
     not marked skipped); with --db, that every probe run of those databases finds its weights in the store.
     Lists each problem; exit status 1 if any (the same build repairs what it can). Also lists the probe weight
     versions no run names (`featstore gc` removes them; they are no damage)."""
-    from featstore.store.reader import FeatureStore
-    from featstore.workflows.gc import unreferenced
+    from featstore.api import open_store
 
-    problems = [str(p) for p in FeatureStore(store).verify(model, deep=not quick)]
-    if dbs:
-        from featstore.workflows.probe import missing_weights
-
-        problems += missing_weights(store, list(dbs))
+    found = open_store(store).verify(model, deep=not quick, dbs=dbs)
+    problems, leftovers = found.problems, found.unreferenced
     for problem in problems:
         click.echo(problem)
-    leftovers = unreferenced(store, list(dbs), model)
     for u in leftovers:
         click.echo(str(u))
     if any(u.removable for u in leftovers):
@@ -830,9 +733,9 @@ def gc(store: str, model: str | None, dbs: tuple[Path, ...], min_age: float, dry
     """Remove the probe weight versions no run names (a probe stopped between saving its weights and committing its
     runs left them): only where every database in reach (the one each version was saved for, and --db) can be read
     and names none of them, and nothing of it was written for --min-age seconds. Lists what it kept and why."""
-    from featstore.workflows.gc import collect
+    from featstore.api import gc as collect
 
-    found = collect(store, list(dbs), model, min_age, dry_run)
+    found = collect(store, dbs, model, min_age, dry_run)
     for u in found:
         verb = ("would remove" if dry_run else "removed") if u.removable else "kept"
         click.echo(f"{verb} {u}")
@@ -852,7 +755,8 @@ def gc(store: str, model: str | None, dbs: tuple[Path, ...], min_age: float, dry
 def zoo(config: Path, fmt: str, **given) -> None:
     """A model zoo's ID/OOD accuracies and circuits, then how well DDB and CSS predict OOD accuracy and the
     accuracy drop (CONFIG: a TOML file of models and image sets)."""
-    from featstore.workflows.zoo import ZooConfig, run_zoo
+    from featstore.api import ZooConfig
+    from featstore.api import zoo as run_zoo
 
     (run,), rest = split_options(given, RunOptions)
     print_frame(run_zoo(ZooConfig(config=config, run=run, **rest)).table, fmt)
@@ -868,7 +772,7 @@ def zoo(config: Path, fmt: str, **given) -> None:
 def study(study_file: Path, data: Path | None, out: Path | None, store: str | None, threads: int | None,
           progress: bool) -> None:
     """Run a declared grid (models x weights x views x probes, a TOML file) end to end; reruns skip finished steps."""
-    from featstore.workflows.study import run_study
+    from featstore.api import study as run_study
 
     result = run_study(study_file, data, out, progress, store, threads)
     click.echo(f"{len(result.ran)} step(s) run, {len(result.skipped)} already done")
@@ -888,7 +792,7 @@ def study(study_file: Path, data: Path | None, out: Path | None, store: str | No
 @user_errors
 def cka(store: str, model: str, db: Path, view: str, unbiased: bool, threads: int | None, progress: bool) -> None:
     """Linear CKA between every pair of a model's anchors, from the stored features, into DuckDB's anchor_cka."""
-    from featstore.workflows.cka import compute_cka
+    from featstore.api import cka as compute_cka
 
     result = compute_cka(store, model, db, view, unbiased, threads, progress)
     click.echo(f"wrote the {result.estimator} CKA of {len(result.anchors)} anchors of {result.key}/{view} "

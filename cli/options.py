@@ -20,24 +20,26 @@ from pathlib import Path
 
 import click
 
-from featstore.analytics.bands import BANDS
-from featstore.analytics.exit_policies import DEFAULT_POLICIES
-from featstore.analytics.scopes import SCOPES
-from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
-from featstore.schema import (
+from featstore.api.declared import (
+    BANDS,
     COST_BATCH_SIZES,
     CSS_DISTANCES,
     DDB_VARIANTS,
+    DEFAULT_POLICIES,
     DEMO_DATASET,
     FIELDS,
     JOINT_MIN_CONF,
     PER_PAIR,
+    SCOPES,
     TIMM_WEIGHTS,
     VARIANT,
     VIEW,
+    ImageSource,
     Int,
+    ModelSpec,
     Number,
     Real,
+    RunOptions,
     Size,
     Text,
     Value,
@@ -261,8 +263,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                               help="Images counted: auto = the test split, or all images of cross-fit runs."))},
     "--k": {"": (("ks",), dict(default=",".join(map(str, DEFAULT_POLICIES.ks)),
                                callback=_list_parser("stability windows", "1,2,3,4", 1),
-                               help="Stability windows k (k anchors after the first); where a command uses one "
-                                    "(compare, timeline --image): the one given, else 2."))},
+                               help="Stability windows k (k anchors after the first); where one is shown "
+                                    "(compare, timeline --image, the report's one-k sections): the one given, else "
+                                    "2 (a list without 2 is refused)."))},
     "--min-conf": {
         "": ((), dict(type=click.FloatRange(0, 1), default=0.0, help="Joint criterion: l* must also be confident "
                       "(conf >= this at l*); 0 = stability alone.")),
@@ -286,9 +289,10 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     # compare
     "--per-pair": {"": ((), dict(default=PER_PAIR, type=click.IntRange(min=0),
                                  help="Disagreeing images listed per pair."))},
-    "--part": {"": ((), dict(type=click.Choice(["summary", "agreement", "crosstab", "disagreements"]),
-                             help="Print only this table [default: all but the cross-tables; csv/json: "
-                                  "agreement]."))},
+    "--part": {"": ((), dict(type=click.Choice(["summary", "agreement", "crosstab", "matrix", "disagreements"]),
+                             help="Print only this part: summary, agreement (every pair), crosstab (3x3 per pair), "
+                                  "matrix (table format only) or disagreements [default: the summary and the pairs "
+                                  "that disagree most; csv/json: agreement]."))},
     "--out": {
         "report": ((), dict(type=OUT_FOLDER, help="Folder for report.html and PNGs [default: report/ beside the "
                             "database].")),

@@ -1,14 +1,12 @@
 """featstore: a feature store of pooled anchor activations, and the analytics of when a network decides.
 
-The public API (docs/python.md) is the names in `__all__`, defined in `featstore.api` and imported on first use,
-so that `import featstore` loads neither torch nor DuckDB.
+The public API (docs/python.md) is `featstore.api` (the api/ folder, a layer above the jobs): its names are
+re-exported here and each imported on first use, so that `import featstore` loads neither torch nor DuckDB.
 """
 
-__version__ = "0.1.0"
+from featstore.api import __all__ as _API
 
-_API = ("BuildConfig", "FeatstoreError", "ImageSource", "LoadedProbe", "ModelData", "ModelSpec", "Probe",
-        "ProbeConfig", "ProbeResult", "Results", "RunOptions", "Store", "build", "connect", "load_probe", "open_store",
-        "probe", "register_probe")
+__version__ = "0.1.0"
 __all__ = ["__version__", *_API]
 
 
@@ -22,4 +20,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_API})
-

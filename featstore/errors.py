@@ -32,10 +32,14 @@ def storage_failure(error: BaseException) -> str | None:
     return None
 
 
+DUCKDB_SIGINT = "Query interrupted"  # the RuntimeError DuckDB raises when a SIGINT lands during one of its queries
+
+
 def interrupted(error: BaseException) -> bool:
-    """Whether `error` is Ctrl-C: a KeyboardInterrupt, or DuckDB's InterruptException (DuckDB turns a SIGINT that
-    lands during one of its queries into that exception, not into a KeyboardInterrupt)."""
-    return isinstance(error, KeyboardInterrupt) or (
+    """Whether `error` is Ctrl-C: a KeyboardInterrupt, or DuckDB's own forms of it, which are no KeyboardInterrupt:
+    a SIGINT during one of its queries raises a plain RuntimeError("Query interrupted"), and
+    `connection.interrupt()` its InterruptException."""
+    return isinstance(error, KeyboardInterrupt) or (type(error) is RuntimeError and str(error) == DUCKDB_SIGINT) or (
         type(error).__name__ == "InterruptException" and type(error).__module__.lstrip("_").startswith("duckdb"))
 
 

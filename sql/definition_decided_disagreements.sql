@@ -1,12 +1,12 @@
 -- definition_decided_disagreements(runs, k := 2, min_conf := 0.5, per_pair := 4, scope := 'auto') -> (a, b, n, side,
 -- image_id, path, label, layer_a, layer_b, t): per pair of definitions (decision_definitions), the n images early by
--- one and late by the other where both layers are decisions, not a fallback (a never-stable l*(k) or joint layer,
--- placed at T; an unsettled prediction depth, T + 1), and a few of them (side 'a early, b late' or 'a late, b
--- early'), picked by a fixed hash of the id: the disagreements the report shows, pairs with the most first.
+-- one and late by the other where both layers are decisions, not a fallback (definition_decided), and a few of
+-- them (side 'a early, b late' or 'a late, b early'), picked by a fixed hash of the id: the disagreements the report
+-- shows, pairs with the most first.
 CREATE OR REPLACE MACRO definition_decided_disagreements(runs, k := 2, min_conf := 0.5, per_pair := 4,
                                                          scope := 'auto') AS TABLE
 WITH d AS MATERIALIZED (
-    SELECT *, layer <= t - CASE WHEN kind = 'depth' THEN 0 ELSE k END AS decided
+    SELECT *, definition_decided(kind, layer, t, k) AS decided
     FROM decision_definitions(runs, k, min_conf, scope)),
 p AS (
     SELECT x.definition AS a, y.definition AS b, x.image_id, x.layer AS layer_a, y.layer AS layer_b, x.t,

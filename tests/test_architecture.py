@@ -18,10 +18,12 @@ from conftest import fails, run_cli
 ROOT = Path(__file__).resolve().parents[1]
 
 # folder -> its package name, lowest layer first; a layer may import only the layers before it. "api" is the public
-# API (featstore/__init__.py and featstore/api.py, docs/python.md): above the jobs, below the CLI that calls it
+# API (the api/ folder, installed as featstore.api; docs/python.md): above the jobs, below the CLI that calls it
 LAYERS = [("featstore", "featstore"), ("probing", "featstore.probing"), ("analytics", "featstore.analytics"),
           ("workflows", "featstore.workflows"), ("api", "featstore.api"), ("cli", "featstore.cli")]
-API_FILES = ("featstore/__init__.py", "featstore/api.py")
+# the package's front door: `import featstore as fs` re-exports the API's names, imported on first use. It is the
+# one file of featstore/ that names a layer above the core (checked on its own below), not a part of the core
+FRONT_DOOR = "featstore/__init__.py"
 # the libraries a layer must never import: the core and the probes know no database, analytics knows no network,
 # the API reaches the database only through analytics
 FORBIDDEN = {"featstore": ("duckdb",), "probing": ("duckdb",), "analytics": ("torch", "torchvision", "timm"),
@@ -36,22 +38,19 @@ CORE = [("foundation", "featstore"), ("images", "featstore.images"), ("nets", "f
         ("store", "featstore.store"), ("compute", "featstore.compute")]
 # every module of the installed package, by the folder it lives in (pyproject's package-dir)
 PACKAGES = {"featstore": "featstore", "probing": "featstore.probing", "analytics": "featstore.analytics",
-            "workflows": "featstore.workflows", "cli": "featstore.cli"}
+            "workflows": "featstore.workflows", "api": "featstore.api", "cli": "featstore.cli"}
 
 
 def _files(folder: str) -> list[Path]:
-    """The files of a layer: a folder's (the core's sub-packages included), the API's two files of featstore/
-    standing apart from the core's."""
-    if folder == "api":
-        return [ROOT / f for f in API_FILES]
-    return sorted(p for p in (ROOT / folder).rglob("*.py") if p.relative_to(ROOT).as_posix() not in API_FILES)
+    """The files of a layer: a folder's (the core's sub-packages included), the front door standing apart."""
+    return sorted(p for p in (ROOT / folder).rglob("*.py") if p.relative_to(ROOT).as_posix() != FRONT_DOOR)
 
 
 def _core_part(path_or_module: Path | str) -> int | None:
     """The rank in CORE of a core file or module name (None outside the core and for the API's files)."""
     if isinstance(path_or_module, Path):
         rel = path_or_module.relative_to(ROOT)
-        if rel.parts[0] != "featstore" or rel.as_posix() in API_FILES:
+        if rel.parts[0] != "featstore" or rel.as_posix() == FRONT_DOOR:
             return None
         return next((i for i, (name, _) in enumerate(CORE) if len(rel.parts) > 2 and rel.parts[1] == name), 0)
     for rank, (_, package) in reversed(list(enumerate(CORE))):
@@ -150,6 +149,36 @@ def test_imports_run_one_way():
         "\n".join(wrong)
 
 
+def test_the_front_door_only_reexports_the_api_on_first_use():
+    """featstore/__init__.py names featstore.api and nothing else of the package, and `import featstore` loads
+    neither torch nor DuckDB nor any module of the API beyond its light package (each name comes on first use)."""
+    import subprocess
+    import sys
+
+    assert {name for _, name in _imports(ROOT / FRONT_DOOR)} <= {"featstore", "featstore.api", "featstore.api.__all__"}
+    code = ("import sys, featstore\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'duckdb') "
+            "or m.startswith('featstore.api.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_the_cli_is_thin_over_the_api():
+    """cli/ imports of featstore only the API (featstore.api), its own modules and featstore.errors, function-level
+    imports included: every command is options -> one fs call -> print."""
+    allowed = ("featstore.api", "featstore.cli", "featstore.errors")
+    wrong = [f"cli/{path.name}:{line} imports {name}" for path in _files("cli") for line, name in _imports(path)
+             if not any(name == a or name.startswith(a + ".") for a in allowed)]
+    assert not wrong, "\n".join(wrong)
+    assert _imports(ROOT / "cli" / "main.py")  # the scan sees the CLI's imports
+
+
+def test_the_core_folder_imports_nothing_above_it():
+    """featstore/ (all but its front door) imports no module of probing/, analytics/, workflows/, the API or cli/."""
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {name}" for path in _files("featstore")
+             for line, name in _imports(path) if (_layer_of(name) or 0) > 0]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_layering_test_sees_function_level_imports(tmp_path):
     bad = tmp_path / "x.py"
     bad.write_text("def f():\n    from featstore.workflows import probe\n    import duckdb\n    return probe\n")
@@ -157,7 +186,8 @@ def test_the_layering_test_sees_function_level_imports(tmp_path):
     assert _imports(bad, "duckdb") == [(3, "duckdb")]
     assert _layer_of("featstore.workflows.probe") == 3 and _layer_of("featstore.store.reader") == 0
     assert _layer_of("featstore.api") == 4 and _layer_of("featstore") == 0 and _layer_of("featstore.cli.main") == 5
-    assert ROOT / "featstore" / "api.py" not in _files("featstore") and ROOT / "featstore" / "api.py" in _files("api")
+    assert ROOT / FRONT_DOOR not in _files("featstore") and ROOT / "api" / "jobs.py" in _files("api")
+    assert not (ROOT / "featstore" / "api.py").exists()  # the API is a folder of its own, not a file of the core
 
 
 def test_the_core_parts_import_one_way():
@@ -178,7 +208,7 @@ def test_the_core_parts_import_one_way():
 def test_the_core_order_sees_each_part(tmp_path):
     assert _core_part("featstore.store.reader") == 3 and _core_part("featstore.nets.anchors") == 2
     assert _core_part("featstore.errors") == 0 and _core_part("featstore.compute.forward") == 4
-    assert _core_part("featstore.workflows.build") is None and _core_part(ROOT / "featstore" / "api.py") is None
+    assert _core_part("featstore.workflows.build") is None and _core_part(ROOT / FRONT_DOOR) is None
     assert _core_part(ROOT / "featstore" / "images" / "views.py") == 1
     assert _core_part(ROOT / "featstore" / "schema.py") == 0
 
@@ -229,15 +259,18 @@ def test_analytics_runs_without_loading_torch():
 
 def test_jobs_that_persist_live_in_workflows():
     """Only analytics/db.py opens a database for writing, and only workflows/ call it that way; the CLI opens
-    none itself (its query commands go through analytics, read-only)."""
+    none itself (its query commands go through the API's `connect`, read-only: a `Results`)."""
     writers = []
     for folder in ("featstore", "probing", "analytics", "workflows", "api", "cli"):
         for path in _files(folder):
             if (folder, path.name) == ("analytics", "db.py"):
                 continue
-            for node in ast.walk(ast.parse(path.read_text())):
+            tree = ast.parse(path.read_text())
+            results = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                       and n.module == "featstore.api" for a in n.names if a.name == "connect"}  # read-only
+            for node in ast.walk(tree):
                 if not (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
-                        == "connect"):
+                        == "connect") or getattr(node.func, "id", None) in results:
                     continue
                 read_only = any(k.arg == "read_only" and getattr(k.value, "value", None) is True
                                 for k in node.keywords)

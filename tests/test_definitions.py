@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 from scipy.stats import spearmanr
 from synthetic import run_rows
 
@@ -158,16 +159,35 @@ def test_comparison_equals_scipy_and_numpy(world):
         early, late = (row["a"], row["b"]) if row["side"] == "a early, b late" else (row["b"], row["a"])
         assert band[early][i] == "early" and band[late][i] == "late"
         assert (row["layer_a"], row["layer_b"]) == (layers[row["a"]][i], layers[row["b"]][i])
+    decided = {name: v <= T - (0 if name.startswith("depth") else 2) for name, v in layers.items()}
+    expected = []
+    for row in result.agreement.iter_rows(named=True):
+        a, b = row["a"], row["b"]
+        opposite = ((band[a] == "early") & (band[b] == "late")) | ((band[a] == "late") & (band[b] == "early"))
+        expected.append((-int(np.sum(opposite & decided[a] & decided[b])), row["same_band"], a, b))
+    expected.sort()
+    assert list(zip(-result.ranking["early_late_decided"], result.ranking["same_band"], result.ranking["a"],
+                    result.ranking["b"], strict=True)) == expected
+    assert_frame_equal(result.ranking.drop("early_late_decided").sort("a", "b"), result.agreement)  # ρ to 1e-5
     matrix = result.shortened().matrix("spearman")
     assert matrix.shape == (len(layers), len(layers) + 1)
     assert matrix["definition"][0] == "#1 l*(2) linear"
 
 
 def test_compare_and_timeline_commands(world):
-    out = run_cli("compare", "--db", world.path, "--runs", ",".join(RUNS), "--scope", "all").output
-    assert "Spearman correlation" in out and "#1 l*(2) linear" in out and "joint(2, 0.5) knn" in out
+    out = run_cli("compare", "--db", world.path, "--run", ",".join(RUNS), "--scope", "all").output
+    assert "the 10 of 36 pairs of definitions that disagree most" in out and "joint(2, 0.5) knn" in out
+    assert "#1" not in out and "26 more pairs not shown; --part agreement lists every pair" in out
+    every = run_cli("compare", "--db", world.path, "--scope", "all", "--part", "agreement").output
+    assert sum(line.lstrip()[:1].isdigit() and "  vs  " in line for line in every.splitlines()) == 36
+    matrix = run_cli("compare", "--db", world.path, "--run", ",".join(RUNS), "--scope", "all", "--part",
+                     "matrix").output
+    assert "Spearman correlation" in matrix and "#1 l*(2) linear" in matrix
+    assert "--part matrix" in fails("compare", "--db", world.path, "--part", "matrix", "--format", "csv")
     csv = run_cli("compare", "--db", world.path, "--part", "crosstab", "--format", "csv").output
     assert csv.splitlines()[0] == "a,b,band_a,band_b,n,share"
+    assert run_cli("compare", "--db", world.path, "--format", "csv").output.splitlines()[0] == \
+        "a,b,n,spearman,same_band,early_a_late_b,late_a_early_b"
     assert "mean" in run_cli("timeline", "--db", world.path, "--min-conf", "0.5").output
     assert "--min-conf" in fails("timeline", "--db", world.path, "--min-conf", "1.5")
     assert "no run 'm/clean/nope'" in fails("compare", "--db", world.path, "--runs", "m/clean/nope")

@@ -109,6 +109,92 @@ def test_the_demos_lens_knn_gate_and_comparison(demo):
     assert sim.count("\nlearned,") >= 10
 
 
+def _definition_layers(db, k: int, theta: float) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
+    """Every definition's layer per test image of the demo's clean runs, from the predictions and the head's
+    outputs in numpy (first l with predictions l..l+k equal, and conf >= θ at l for the joint; else T; depth: first
+    l from which every prediction is the head's, else T + 1), and whether it is a decision (not that fallback)."""
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    runs = [r for (r,) in con.execute("SELECT run_id FROM runs WHERE view = 'clean' ORDER BY run_id").fetchall()]
+    rows = con.sql(
+        "SELECT p.run_id, p.image_id, p.anchor, p.pred, p.conf, mo.pred AS head FROM predictions p JOIN images i "
+        "USING (image_id) JOIN model_outputs mo ON mo.image_id = p.image_id AND mo.view = 'clean' "
+        "WHERE i.split = 'test' ORDER BY p.run_id, p.image_id, p.anchor").pl()
+    con.close()
+    layers, decided = {}, {}
+    for run in runs:
+        part = rows.filter(pl.col("run_id") == run)
+        t = int(part["anchor"].max())
+        preds = part["pred"].to_numpy().reshape(-1, t + 1)
+        confs = part["conf"].to_numpy().reshape(-1, t + 1)
+        head = part["head"].to_numpy().reshape(-1, t + 1)[:, 0]
+        stable = np.stack([(preds[:, l_ : l_ + k + 1] == preds[:, [l_]]).all(1) for l_ in range(t - k + 1)], 1)
+        confident = stable & (confs[:, : t - k + 1] >= np.float32(theta))
+        settled = np.flip(np.cumprod(np.flip(preds == head[:, None], 1), 1), 1).astype(bool)
+        name = run.removeprefix("resnet18/clean/")
+        for kind, hits, fallback in ((f"l*({k})", stable, t), (f"joint({k}, {theta:g})", confident, t),
+                                     ("depth", settled, t + 1)):
+            layer = np.where(hits.any(1), hits.argmax(1), fallback)
+            layers[f"{kind} {name}"], decided[f"{kind} {name}"] = layer, hits.any(1)
+    return layers, decided, t
+
+
+def test_compare_fits_120_columns_and_prints_the_predictions_numbers(demo):
+    """`featstore compare` on the demo (six clean runs: 18 definitions, long knn names) prints no line over 120
+    characters, and its definitions, its 10 most disagreeing pairs (ranked by the images early by one and late by
+    the other, both layers decisions) and its 3x3 cross-tables are those numpy counts from the predictions."""
+    from scipy.stats import spearmanr
+
+    out, _ = demo
+    db = out / "layouts" / "featstore.duckdb"
+    layers, decided, t = _definition_layers(db, 2, 0.5)
+    band = {d: np.where(v < 0.3 * t, "early", np.where(v >= 0.7 * t, "late", "mid")) for d, v in layers.items()}
+    text = run_cli("compare", "--db", db).output
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 120 and "#1" not in text
+    for name, v in layers.items():  # the summary's rows start at column 0, the pairs' are indented
+        row = next(line for line in lines if line[:1].isdigit() and line.endswith(f"  {name}")).split()
+        shares = [np.mean(band[name] == b) for b in ("early", "mid", "late")]
+        assert int(row[0]) == len(v) and float(row[1]) == pytest.approx(v.mean(), abs=0.005)
+        assert float(row[2]) == pytest.approx(np.median(v), abs=0.05)
+        assert [float(x) for x in row[3:6]] == pytest.approx(shares, abs=0.0005), name
+    pairs = []
+    for a, b in ((a, b) for a in layers for b in layers if a < b):
+        early_late = int(np.sum((band[a] == "early") & (band[b] == "late")))
+        late_early = int(np.sum((band[a] == "late") & (band[b] == "early")))
+        both = decided[a] & decided[b]
+        count = int(np.sum(both & (band[a] != band[b]) & (band[a] != "mid") & (band[b] != "mid")))
+        pairs.append((-count, np.mean(band[a] == band[b]), a, b, early_late, late_early,
+                      spearmanr(layers[a], layers[b]).statistic))
+    pairs.sort(key=lambda p: p[:4])
+    start = lines.index("the 10 of 153 pairs of definitions that disagree most:") + 2
+    printed: list[list[str]] = []
+    for line in lines[start:]:
+        if not line.strip() or not line.startswith((" ", *"0123456789")):
+            break
+        if line.lstrip()[:1].isdigit():
+            printed.append(line.split(None, 6))
+        else:  # a pair's name wrapped under itself
+            printed[-1][6] += "  " + line.strip()
+    assert len(printed) == 10 and "143 more pairs not shown" in text
+    for row, (negative, same, a, b, early_late, late_early, rho) in zip(printed, pairs, strict=False):
+        assert row[6] == f"{a}  vs  {b}"
+        assert [int(x) for x in row[:3]] == [-negative, early_late, late_early]
+        assert float(row[3]) == pytest.approx(same, abs=0.0005) and float(row[4]) == pytest.approx(rho, abs=0.0005)
+        assert int(row[5]) == len(layers[a])
+    crosstab = run_cli("compare", "--db", db, "--part", "crosstab").output
+    assert max(len(line) for line in crosstab.splitlines()) <= 120
+    blocks = crosstab.split("\n\n")[1:]
+    assert len(blocks) == 153
+    for block in blocks:
+        title, grid = block.split("\n  a \\ b")
+        a, b = title.replace("\n", "  ").removeprefix("a = ").split("  (")[0].split("  vs  b = ")
+        for line, x in zip(grid.splitlines()[1:], ("early", "mid", "late"), strict=True):
+            assert line.split() == [x, *(str(int(np.sum((band[a] == x) & (band[b] == y))))
+                                         for y in ("early", "mid", "late"))], (a, b)
+
+
 def test_demo_refuses_an_unknown_dataset_before_writing(tmp_path):
     assert "--dataset" in fails("demo", "--out", tmp_path / "d", "--dataset", "cifar")
     assert not (tmp_path / "d").exists()

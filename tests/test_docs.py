@@ -25,7 +25,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 MARKDOWN = [README, *sorted(DOCS.glob("*.md"))]
 
-REPO_PATH = re.compile(r"(?<![\w./-])((?:featstore|probing|analytics|workflows|cli|sql|tests|bench|studies|docs)"
+REPO_PATH = re.compile(r"(?<![\w./-])((?:featstore|probing|analytics|workflows|api|cli|sql|tests|bench|studies|docs)"
                        r"/[\w./-]*\w\.(?:py|sql|md|toml|sh))")
 OUTSIDE_REFERENCES = re.compile(r"SPEC §|seed[- ]00\d|\.\./shared|issue notes?\b|the issue\b")
 

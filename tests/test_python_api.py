@@ -56,6 +56,65 @@ def test_the_doc_has_every_step_the_issue_names():
         assert needed in text, needed
 
 
+def test_the_doc_shows_every_command_in_python_and_only_fs():
+    """Each command of the CLI has its row in the doc's table; no example shells out to `featstore` or imports
+    featstore's modules beneath the API; every `fs.NAME` an example uses exists, and the examples the test does not
+    run compile."""
+    import ast
+
+    import featstore as fs
+    from featstore.cli.main import cli
+
+    page = (ROOT / "docs" / "python.md").read_text()
+    rows = set(re.findall(r"^\| `featstore ([a-z-]+)` \| `fs\.", page, flags=re.M))
+    assert rows == set(cli.commands), sorted(set(cli.commands) ^ rows)
+    unrun = re.findall(r"```python notrun\n(.*?)```", page, flags=re.S)
+    assert unrun
+    for block in [*_blocks(), *unrun]:
+        tree = ast.parse(block)
+        assert "subprocess" not in block and "featstore.cli" not in block
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not {m for m in imported if m and m.startswith("featstore.")}, imported
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "fs"}
+        assert used <= set(fs.__all__), used - set(fs.__all__)
+
+
+def test_every_command_s_python_form_returns_what_the_database_holds(doc):
+    """The doc's calls of the query commands and jobs, checked against SQL on the database, the Parquet files and
+    the store read directly."""
+    import polars as pl
+
+    results, linear, lda = doc["results"], doc["linear_run"], doc["lda_run"]
+    assert doc["checked"].sound and doc["checked"].unreferenced == []
+    assert [line.split()[1] for line in __import__("featstore").anchors("resnet18")] == \
+        [a.name for a in doc["model"].anchors]
+    sweep = _sql(doc, "SELECT * FROM decision_sweep(4) WHERE run_id = ? ORDER BY k", [linear])
+    assert doc["sweep"].table["mean"].to_list() == pytest.approx(sweep["mean"].to_list())
+    assert doc["sweep"].table["k"].to_list() == [1, 2, 3, 4] and "model" not in doc["sweep"].shown.columns
+    image = doc["image"]
+    assert image.k == 2 and image.table["run_id"].unique().sort().to_list() == sorted([linear, lda])
+    layer = _sql(doc, "SELECT layer FROM decision_layers(2) WHERE run_id = ? AND image_id = ?",
+                 [linear, int(doc["layers"]["image_id"][0])])["layer"][0]
+    marked = image.table.filter((pl.col("run_id") == linear) & pl.col("decided"))["anchor"].to_list()
+    assert marked == [layer]
+    assert sorted(doc["compared"].runs) == sorted([linear, lda])
+    assert doc["first"].columns == _sql(doc, "SELECT * FROM predictions LIMIT 0").columns
+    tested = _sql(doc, "SELECT count(*) AS n FROM images WHERE split = 'test'")["n"][0]
+    assert doc["exits"].run_id == linear and f"population: {tested} images" in doc["exits"].population
+    costs = _sql(doc, "SELECT count(*) AS n FROM anchor_costs")["n"][0]
+    assert costs == len(doc["model"].anchors)
+    exported = pl.read_parquet(doc["where"] / "digits" / "parquet" / "runs.parquet")
+    assert sorted(exported["run_id"].to_list()) == sorted(results.runs["run_id"].to_list())
+    assert doc["merged"].runs == len(results.runs)
+    x, y = (doc["model"].features(a).astype(np.float64) for a in (0, 1))  # linear CKA, biased HSIC, by hand
+    x, y = x - x.mean(0), y - y.mean(0)
+    by_hand = np.linalg.norm(y.T @ x) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y))
+    stored = _sql(doc, "SELECT cka FROM anchor_cka WHERE anchor_a = 0 AND anchor_b = 1")["cka"][0]
+    assert stored == pytest.approx(by_hand, rel=1e-4)
+    assert _sql(doc, "SELECT count(*) AS n FROM anchor_cka")["n"][0] == len(doc["model"].anchors) ** 2
+
+
 def test_the_store_handle_reads_what_zarr_holds(doc):
     import featstore as fs
 

@@ -65,7 +65,7 @@ class ProbeConfig:
     model: str  # the store group
     db: Path
     view: str = VIEW
-    variant: str = VARIANT
+    variant: str | ProbeVariant = VARIANT  # a registered variant's spec, or a variant made for this job
     train_on_view: str | None = None
     cross_fit: int = default("cross_fit")
     split_seed: int = default("split_seed")  # train/val/test split and cross-fit folds, fixed per database
@@ -105,7 +105,7 @@ class _Job:
         store.model_attrs(key)  # an unknown model is a one-line error
         views = store.views(key) if cfg.view == "all" else comma_list(cfg.view)
         train_view = cfg.train_on_view or ("clean" if "clean" in store.views(key) else views[0])
-        variant = get_variant(cfg.variant)
+        variant = cfg.variant if isinstance(cfg.variant, ProbeVariant) else get_variant(cfg.variant)
         variant.bind(store, key, train_view)  # its own checks (knn's reference store, the lens's head), before work
         data = ProbeData(store, key, store.anchors(key), list(dict.fromkeys([train_view, *views])), device,
                          parse_bytes(cfg.memory_budget), cfg.settings)

@@ -1,0 +1,258 @@
+"""A featstore database read from Python, read-only (`connect`): SQL, the runs, and what each query command
+prints (the k-sweep, its spread, one image's timeline, the comparison of definitions, early exit, the tap grid,
+DDB and CSS, the report), each a thin call of the analytics function that computes it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from featstore.errors import FeatstoreError
+from featstore.schema import CSS_DISTANCES, JOINT_MIN_CONF, PER_PAIR, TOP_N
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from featstore.analytics.queries import Comparison
+
+Runs = str | Sequence[str] | None  # run ids: a list, or a comma list as `--run` takes it (an id's own commas kept)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A k-sweep (or its spread over a set of probes): `table` every column, `shown` what `featstore timeline`
+    prints of it, `notes` the caveats of windows at which no stable l* can be late."""
+
+    table: pl.DataFrame
+    shown: pl.DataFrame
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class ImageTimeline:
+    """One image under every run (or the runs named): its label, file and split, the window `k` whose l* is
+    marked, `table` one row per run and anchor, `shown` one row per anchor and one column per run."""
+
+    image_id: int
+    label: str
+    path: str
+    split: str
+    k: int
+    table: pl.DataFrame
+    shown: pl.DataFrame
+
+
+@dataclass(frozen=True)
+class ExitSimulation:
+    """Early exit of one run: the device its costs were measured on, the one line saying which images every policy
+    counts, every policy's accuracy and cost, and the Pareto front as `featstore exit-sim` shows it."""
+
+    run_id: str
+    device: str
+    population: str
+    simulation: pl.DataFrame
+    pareto: pl.DataFrame
+
+
+@dataclass(frozen=True)
+class TapGrid:
+    """Layer x module probing of one run: accuracy per (block, tap) (`grid`, and `table` blocks x taps), and the
+    strategies' gain recovered (`gains`)."""
+
+    run_id: str
+    grid: pl.DataFrame
+    table: pl.DataFrame
+    gains: pl.DataFrame
+
+
+class Results:
+    """A featstore database, read-only through the sandbox `featstore sql` uses (each query opens and closes it, so
+    a probe job can write between two queries)."""
+
+    def __init__(self, db: str | Path | Sequence[str | Path]):
+        from featstore.analytics.queries import open_read_only
+
+        self.db = [Path(d).absolute() for d in db] if isinstance(db, list | tuple) else Path(db).absolute()
+        self._named = db  # as given: where the report goes by default, said as the caller said it
+        open_read_only(self.db).close()  # a missing or foreign file is an error now
+
+    def sql(self, query: str, params: Sequence | dict | None = None) -> pl.DataFrame:
+        """One statement -> a Polars DataFrame (the macros of `sql/` are there: decision_layers(2), ...)."""
+        from featstore.analytics.queries import query as run_query
+
+        return run_query(self.db, query, params)
+
+    def stream(self, query: str, params: Sequence | dict | None = None) -> Iterator[pl.DataFrame]:
+        """One statement's result as frames of bounded size, in order (`featstore sql`): memory stays bounded at
+        any row count; closing the iterator early (or Ctrl-C) cancels the query."""
+        from featstore.analytics.queries import stream
+
+        return stream(self.db, query, params)
+
+    @property
+    def runs(self) -> pl.DataFrame:
+        from featstore.analytics.queries import runs
+
+        return runs(self.db)
+
+    def timeline(self, run: str, image_id: int) -> pl.DataFrame:
+        """One image's predictions and confidences under one run, one row per anchor."""
+        frame = self.sql("SELECT anchor, pred, conf FROM predictions WHERE run_id = ? AND image_id = ? "
+                         "ORDER BY anchor", [run, int(image_id)])
+        if not len(frame):
+            raise FeatstoreError(f"no predictions of image {image_id} under run {run!r} (see .runs)")
+        return frame
+
+    def window(self, ks: int | Sequence[int] | None = None, runs: Runs = None) -> int:
+        """The one stability window a one-window result shows: the one k given; of several (the default 1..4
+        among them), 2; a list without 2 is refused (analytics/selection.py `one_window`)."""
+        from featstore.analytics.selection import one_window, run_ids
+
+        return one_window(self.db, [ks] if isinstance(ks, int) else ks, run_ids(runs))
+
+    def only_run(self, run: str | None = None) -> str:
+        """The run a one-run result is of: `run`, else the database's only run (several: an error naming them)."""
+        from featstore.analytics.selection import only_run
+
+        return only_run(self.db, run)
+
+    def notes(self, ks: Sequence[int], runs: Runs = None) -> list[str]:
+        """The caveats of windows `ks` at which no stable l* can be late, for the anchor counts of these runs."""
+        from featstore.analytics.report import late_notes
+        from featstore.analytics.selection import run_ids
+
+        chosen, shown = run_ids(runs), self.runs
+        if chosen is not None:
+            shown = shown.filter(shown["run_id"].is_in(chosen))
+        return late_notes(sorted({n - 1 for n in shown["n_anchors"]}), ks)
+
+    def k_sweep(self, ks: Sequence[int] | None = None, scope: str = "auto", min_conf: float = 0.0, runs: Runs = None,
+                band: str = "paper") -> Sweep:
+        """The decision layers' statistics per run and window k (`featstore timeline`); `band`: 'paper' (thirds
+        of T) or 'window' (thirds of T - k)."""
+        from featstore.analytics.queries import k_sweep
+        from featstore.analytics.selection import run_ids
+
+        frame = k_sweep(self.db, ks, scope, min_conf, run_ids(runs), band)
+        notes = self.notes(ks or sorted(set(frame["k"])), frame["run_id"].to_list()) if band == "paper" else []
+        return Sweep(frame, frame.drop("model", "view", "probe"), notes)
+
+    def spread(self, ks: Sequence[int] | None = None, scope: str = "auto", runs: Runs = None,
+               min_conf: float = 0.0) -> Sweep:
+        """The k-sweep over a set of probes (`timeline --spread`): each fraction with a 95% bootstrap interval over
+        the images, whether each image's band holds under every probe, and each fraction's range over the set."""
+        from featstore.analytics.report_robustness import spread_table
+        from featstore.analytics.robustness import robust_sweep
+        from featstore.analytics.selection import run_ids
+
+        frame = robust_sweep(self.db, ks, scope, run_ids(runs), min_conf)
+        if frame.is_empty():
+            raise FeatstoreError("no images that every probe of the set counts in this scope; pass `runs` or `scope`")
+        return Sweep(frame, spread_table(frame), self.notes(sorted(set(frame["k"])), frame["run_id"].to_list()))
+
+    def image_timeline(self, image_id: int, k: int | Sequence[int] | None = None, runs: Runs = None) -> ImageTimeline:
+        """One image's class and confidence at every anchor of every run (or of the runs named), its l*(k) marked
+        (`featstore timeline --image`); k: the one window (`window`)."""
+        from featstore.analytics.report import image_timeline, image_timeline_table
+        from featstore.analytics.selection import run_ids
+
+        chosen = run_ids(runs)
+        k = self.window(k, chosen)
+        frame = image_timeline(self.db, image_id, k, chosen)
+        first = frame.row(0, named=True)
+        return ImageTimeline(int(image_id), str(first["label_name"] or first["label"]), first["path"],
+                             first["split"], k, frame, image_timeline_table(frame))
+
+    def compare(self, runs: Runs = None, k: int | Sequence[int] | None = None, min_conf: float = JOINT_MIN_CONF,
+                scope: str = "auto", per_pair: int = PER_PAIR) -> Comparison:
+        """l*(k), prediction depth and the joint criterion of each run (default: the clean runs), compared image by
+        image (`featstore compare`); k: the one window (`window`)."""
+        from featstore.analytics.queries import compare
+        from featstore.analytics.selection import run_ids
+
+        chosen = run_ids(runs)
+        return compare(self.db, chosen, self.window(k, chosen), min_conf, scope, per_pair)
+
+    def early_exit(self, run: str | None = None, ks: Sequence[int] | None = None,
+                   thresholds: Sequence[float] | None = None, combined_thresholds: Sequence[float] | None = None,
+                   device: str | None = None, batch_size: int = 1, scope: str = "auto",
+                   gate: bool = True) -> ExitSimulation:
+        """Early exit simulated from a run's stored predictions (`featstore exit-sim`): stability, confidence,
+        combined and learned gates (`gate`: where `featstore gate` fitted one), the oracle and the Pareto front,
+        every policy counted on the same images; None: the default of each list."""
+        from dataclasses import replace
+
+        from featstore.analytics.exit_policies import DEFAULT_POLICIES
+        from featstore.analytics.queries import describe_population, early_exit
+        from featstore.analytics.report import pareto_rows
+
+        run_id = self.only_run(run)
+        given = {"ks": ks, "thresholds": thresholds, "combined": combined_thresholds}
+        policies = replace(DEFAULT_POLICIES, **{k: tuple(v) for k, v in given.items() if v is not None},
+                           learned=None if gate else ())
+        result = early_exit(self.db, run_id, device, batch_size, policies, scope)
+        return ExitSimulation(run_id, result.device, describe_population(result.population.row(0, named=True)),
+                              result.simulation, pareto_rows(result.pareto))
+
+    def taps(self, run: str | None = None, scope: str = "auto") -> TapGrid:
+        """Layer x module probing of a run built with --taps (`featstore taps`): accuracy per block and tap, the
+        best pairs and the gain each strategy recovers."""
+        from featstore.analytics.queries import tap_gains, tap_grid
+
+        run_id = self.only_run(run)
+        grid = tap_grid(self.db, run_id, scope)
+        if grid.is_empty():
+            raise FeatstoreError(f"run {run_id!r} in {self.db} has no (block, tap) anchors; build the store with "
+                                 f"`taps`")
+        table = grid.pivot(on="tap", index="block", values="accuracy", aggregate_function="first").sort("block")
+        return TapGrid(run_id, grid, table, tap_gains(self.db, run_id, scope))
+
+    def ddb(self, tau: float | None = None, variant: str | None = None) -> pl.DataFrame:
+        """Dependency Depth Bias of every circuit run (`featstore ddb`); None: the macro's own default."""
+        given = {"tau": tau, "variant": variant}
+        named = [f"{k} := ?" for k, v in given.items() if v is not None]
+        return self.sql(f"SELECT * FROM ddb({', '.join(named)})", [v for v in given.values() if v is not None])
+
+    def css(self, id_run: str, ood_run: str, distance: str = CSS_DISTANCES[0], top_n: int = TOP_N) -> pl.DataFrame:
+        """Circuit Shift Score between an ID and an OOD circuit run of one model (`featstore css`)."""
+        from featstore.analytics.circuit_graphs import circuit_shift
+
+        return circuit_shift(self._one_db("css"), id_run, ood_run, distance, top_n)
+
+    def probe_summary(self, run: str) -> pl.DataFrame:
+        """Per anchor of a run: accuracy on its scored images and whether the fit converged (what `featstore
+        probe` prints after each run)."""
+        from featstore.analytics.selection import probe_summary
+
+        return probe_summary(self.db, run)
+
+    def report(self, out: str | Path | None = None, ks: Sequence[int] | None = None, scope: str = "auto",
+               min_conf: float = JOINT_MIN_CONF, progress: Callable[[str], None] | None = None) -> Path:
+        """One self-contained HTML page of every run (`featstore report`), under `out` (default: report/ beside
+        the database); its one-window sections at `window(ks)`. Returns the page's path."""
+        from featstore.analytics.report import write_report
+
+        db = self._one_db("report")
+        out = Path(self._named).parent / "report" if out is None else out
+        return write_report(db, out, ks, scope, k=self.window(ks), min_conf=min_conf, progress=progress)
+
+    def _one_db(self, what: str) -> Path:
+        if isinstance(self.db, list):
+            raise FeatstoreError(f"{what} reads one database; connect to one")
+        return self.db
+
+
+def connect(db: str | Path | Sequence[str | Path]) -> Results:
+    """A database (or several, as one) read-only: `.sql(query)`, `.runs`, `.timeline(run, image_id)`, and every
+    query command's result (`.k_sweep()`, `.compare()`, `.early_exit()`, `.report()`, ...)."""
+    return Results(db)
+
+
+def runs_written(db: str | Path) -> dict[str, str]:
+    """Run id -> when it was written, of the runs `db` holds now (none when it does not exist yet): read before a
+    probe job, it says when each run the job replaces had been written."""
+    from featstore.analytics.selection import runs_written as written
+
+    return written(db)
