@@ -36,7 +36,7 @@ def only_run(db: Db, given: str | None) -> str:
         return given
     have = runs(db)["run_id"].to_list()
     if not have:
-        raise FeatstoreError(f"`run`: {db} holds no probe run; run a probe first")
+        raise FeatstoreError(f"`run`: {db} holds no probe run; run featstore probe first")
     if len(have) > 1:
         named = ", ".join(have[:8]) + (f" … ({len(have)} in all)" if len(have) > 8 else "")
         raise FeatstoreError(f"`run`: {db} holds {len(have)} runs ({named}); name one with run=RUN_ID")

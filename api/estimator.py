@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from featstore.errors import FeatstoreError
-from featstore.schema import MEMORY_BUDGET, VAL_FRAC
+from featstore.schema import MEMORY_BUDGET, VAL_FRAC, VARIANT
 
 if TYPE_CHECKING:
     import torch
@@ -192,7 +192,7 @@ class Probe:
 
     _own = ("variant", "seed", "val_frac", "split_seed", "anchor", "device", "threads", "memory_budget", "classes")
 
-    def __init__(self, variant: str = "linear", *, seed: int = 0, val_frac: float = VAL_FRAC, split_seed: int = 0,
+    def __init__(self, variant: str = VARIANT, *, seed: int = 0, val_frac: float = VAL_FRAC, split_seed: int = 0,
                  anchor: int = 0, device: str = "cpu", threads: int | None = 1, memory_budget: str = MEMORY_BUDGET,
                  classes: int | None = None, **params: Any):
         self.variant, self.seed, self.val_frac, self.split_seed = variant, seed, val_frac, split_seed

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from featstore.errors import FeatstoreError
+from featstore.schema import VARIANT
 
 if TYPE_CHECKING:
     from featstore.workflows.build import BuildConfig, BuildResult
@@ -64,7 +65,7 @@ def probe(config: ProbeConfig | None = None, /, *, variant: Any = None, name: st
         if name is not None:
             raise FeatstoreError(f"name={name!r}: a registered variant's runs are named by the variant; name is for "
                                  f"an estimator")
-        config = ProbeConfig(variant=variant or "linear", **fields)
+        config = ProbeConfig(variant=variant or VARIANT, **fields)
     return _said(probe_job(config))
 
 

@@ -18,6 +18,7 @@ OWN_DEFAULTS = {
                              "paper's torchvision weights",
     ("--min-conf", ""): "timeline: stability alone (0), as k_sweep's own default; compare and the report take the "
                         "joint criterion's threshold",
+    ("cka", "progress"): "fs.cka draws no bars unless asked (a notebook); the command draws them, as every command",
     ("report", "ks"): "None: the report's windows, DEFAULT_POLICIES.ks, which --k's default spells",
 }
 
@@ -27,6 +28,8 @@ def _sources():
     from featstore.analytics.circuit_graphs import circuit_shift
     from featstore.analytics.queries import compare
     from featstore.analytics.report import write_report
+    from featstore.api.results import Results
+    from featstore.api.tasks import cka, demo
     from featstore.compute.attribution import CircuitConfig
     from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
     from featstore.workflows.build import BuildConfig
@@ -37,8 +40,9 @@ def _sources():
 
     specs = (ModelSpec, ImageSource, RunOptions)
     return {"build": (BuildConfig, *specs), "probe": (ProbeConfig, RunOptions), "circuits": (CircuitConfig, *specs),
-            "zoo": (ZooConfig, ImageSource, RunOptions), "cost": (measure_model, RunOptions), "compare": (compare,),
-            "report": (write_report,), "css": (circuit_shift,), "demo": (run_demo,)}
+            "zoo": (ZooConfig, ImageSource, RunOptions), "cost": (measure_model, RunOptions),
+            "compare": (compare, Results.compare), "report": (write_report, Results.report),
+            "css": (circuit_shift, Results.css), "demo": (run_demo, demo), "cka": (cka,)}
 
 
 def _defaults(source) -> dict:
