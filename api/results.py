@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from featstore.errors import FeatstoreError
+from featstore.schema import CSS_DISTANCES, JOINT_MIN_CONF, PER_PAIR, TOP_N
 
 if TYPE_CHECKING:
     import polars as pl
@@ -164,8 +165,8 @@ class Results:
         return ImageTimeline(int(image_id), str(first["label_name"] or first["label"]), first["path"],
                              first["split"], k, frame, image_timeline_table(frame))
 
-    def compare(self, runs: Runs = None, k: int | Sequence[int] | None = None, min_conf: float = 0.5,
-                scope: str = "auto", per_pair: int = 4) -> Comparison:
+    def compare(self, runs: Runs = None, k: int | Sequence[int] | None = None, min_conf: float = JOINT_MIN_CONF,
+                scope: str = "auto", per_pair: int = PER_PAIR) -> Comparison:
         """l*(k), prediction depth and the joint criterion of each run (default: the clean runs), compared image by
         image (`featstore compare`); k: the one window (`window`)."""
         from featstore.analytics.queries import compare
@@ -214,7 +215,7 @@ class Results:
         named = [f"{k} := ?" for k, v in given.items() if v is not None]
         return self.sql(f"SELECT * FROM ddb({', '.join(named)})", [v for v in given.values() if v is not None])
 
-    def css(self, id_run: str, ood_run: str, distance: str = "srcc", top_n: int = 200) -> pl.DataFrame:
+    def css(self, id_run: str, ood_run: str, distance: str = CSS_DISTANCES[0], top_n: int = TOP_N) -> pl.DataFrame:
         """Circuit Shift Score between an ID and an OOD circuit run of one model (`featstore css`)."""
         from featstore.analytics.circuit_graphs import circuit_shift
 
@@ -228,7 +229,7 @@ class Results:
         return probe_summary(self.db, run)
 
     def report(self, out: str | Path | None = None, ks: Sequence[int] | None = None, scope: str = "auto",
-               min_conf: float = 0.5, progress: Callable[[str], None] | None = None) -> Path:
+               min_conf: float = JOINT_MIN_CONF, progress: Callable[[str], None] | None = None) -> Path:
         """One self-contained HTML page of every run (`featstore report`), under `out` (default: report/ beside
         the database); its one-window sections at `window(ks)`. Returns the page's path."""
         from featstore.analytics.report import write_report

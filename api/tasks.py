@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from featstore.api.jobs import _config_or_fields
-from featstore.schema import MIN_AGE_S
+from featstore.schema import DEMO_DATASET, MIN_AGE_S
 
 if TYPE_CHECKING:
     from featstore.compute.attribution import CircuitConfig, CircuitResult
@@ -115,7 +115,7 @@ def study(path: str | Path, data: str | Path | None = None, out: str | Path | No
     return run_study(path, data, out, progress, store, threads)
 
 
-def demo(out: str | Path, dataset: str = "layouts", epochs: int | None = None, limit: int | None = None,
+def demo(out: str | Path, dataset: str = DEMO_DATASET, epochs: int | None = None, limit: int | None = None,
          run: RunOptions | None = None) -> DemoResult:
     """The whole pipeline offline on generated images (`featstore demo`): a trained ResNet-18, its store, probes,
     database and report under `out`."""
