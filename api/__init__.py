@@ -13,9 +13,9 @@ from importlib import import_module
 from typing import Any
 
 __all__ = ["BuildConfig", "CircuitConfig", "FeatstoreError", "ImageSource", "LoadedProbe", "ModelData", "ModelSpec",
-           "Probe", "ProbeConfig", "ProbeResult", "Results", "RunIdentity", "RunOptions", "Store", "ZooConfig",
-           "anchors", "build", "circuits", "cka", "connect", "cost", "demo", "example_images", "export", "gate", "gc",
-           "load_probe", "merge", "open_store", "probe", "register_probe", "study", "zoo"]
+           "Probe", "ProbeConfig", "ProbeResult", "Results", "RunIdentity", "RunOptions", "Store", "StoreInfo",
+           "ZooConfig", "anchors", "build", "circuits", "cka", "connect", "cost", "demo", "example_images", "export",
+           "gate", "gc", "load_probe", "merge", "open_store", "probe", "register_probe", "study", "zoo"]
 
 # name -> the module that defines it (the job records pull in torch; the API's own modules import it late)
 _WHERE = {
@@ -28,12 +28,16 @@ _WHERE = {
     "Probe": "featstore.api.estimator", "ProbeInputError": "featstore.api.estimator",
     "ProbeTypeError": "featstore.api.estimator",
     "build": "featstore.api.jobs", "probe": "featstore.api.jobs", "register_probe": "featstore.api.jobs",
-    "default_name": "featstore.api.jobs", "estimator_digest": "featstore.api.jobs",
+    **dict.fromkeys(("default_name", "estimator_digest"), "featstore.probing.estimator_variant"),
     "LoadedProbe": "featstore.api.saved", "load_probe": "featstore.api.saved",
     "Results": "featstore.api.results", "connect": "featstore.api.results", "runs_written": "featstore.api.results",
     "Sweep": "featstore.api.results", "ImageTimeline": "featstore.api.results",
     "ExitSimulation": "featstore.api.results", "TapGrid": "featstore.api.results",
-    "Verification": "featstore.api.store", "split_options": "featstore.compute.specs",
+    "Verification": "featstore.api.store",
+    **dict.fromkeys(("StoreInfo", "ImagesInfo", "ModelInfo", "ViewInfo", "AnchorInfo", "Damaged"),
+                    "featstore.store.summary"),
+    **dict.fromkeys(("StoredProbe", "StoredAnchor"), "featstore.store.probes"),
+    "split_options": "featstore.compute.specs",
     "CircuitConfig": "featstore.compute.attribution", "ZooConfig": "featstore.workflows.zoo",
     **dict.fromkeys(("anchors", "merge", "export", "gc", "cost", "circuits", "cka", "gate", "zoo", "study", "demo",
                      "example_images"), "featstore.api.tasks"),

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from featstore.api.jobs import _is_estimator_fit
 from featstore.errors import FeatstoreError
 from featstore.schema import MEMORY_BUDGET, VAL_FRAC
 
@@ -56,12 +55,12 @@ def _tensor(x: np.ndarray) -> torch.Tensor:
 def _width(fitted: FittedProbe) -> int | None:
     """The feature width a fitted probe reads (None: it does not say)."""
     from featstore.probing.base import LinearFit
+    from featstore.probing.estimator_variant import EstimatorFit
 
     if isinstance(fitted, LinearFit):
         return int(fitted.weight.shape[1])
-    if _is_estimator_fit(fitted):
-        width = getattr(fitted.estimator, "n_features_in_", None)
-        return int(width) if isinstance(width, int | np.integer) else None
+    if isinstance(fitted, EstimatorFit):
+        return fitted.width()
     refs = getattr(fitted, "refs_t", None)  # knn: its references, [D, n]
     return int(refs.shape[0]) if refs is not None else None
 
@@ -109,10 +108,11 @@ def _proba(fitted: FittedProbe, x: np.ndarray, who: str = "LoadedProbe") -> np.n
     import torch
 
     from featstore.probing.base import LinearFit
+    from featstore.probing.estimator_variant import EstimatorFit
 
     x = _checked_rows(fitted, x, who)
-    if _is_estimator_fit(fitted):
-        return np.asarray(fitted.estimator.predict_proba(np.asarray(x, dtype=np.float32)))
+    if isinstance(fitted, EstimatorFit):
+        return fitted.predict_proba(x)
     if not isinstance(fitted, LinearFit):
         raise FeatstoreError(f"a {type(fitted).__name__} gives no class probabilities; use predict()")
     logits = _tensor(x) @ fitted.weight.T.cpu() + fitted.bias.cpu()
@@ -146,22 +146,6 @@ def _finite_rows(X: np.ndarray) -> np.ndarray:
         raise ProbeInputError(f"X of shape {x.shape}: 1 sample, and fit needs 2 at least (rows to learn from and a val "
                          f"row); nothing was fitted")
     return _refuse_non_finite(x)
-
-
-def _source(x: torch.Tensor, projection: torch.Tensor | None, budget: int):
-    """In-memory rows in the shape of the trainer's `FeatureSource` (one anchor, one chunk, rows 0..n-1), so that
-    `fit_probes` runs exactly as it does on a store."""
-    from featstore.probing.source import FeatureSource
-
-    class ArraySource(FeatureSource):
-        def __init__(self) -> None:  # noqa: D401 - the attributes FeatureSource's readers use
-            self.arrays, self.chunk_rows, self.device = [x], len(x), x.device
-            self.projections = [projection]
-            self.rows = np.arange(len(x))
-            self.nbytes, self.memory_budget, self.in_memory = x.numel() * 4, budget, True
-            self._where, self._cache = np.arange(len(x)), [x]
-
-    return ArraySource()
 
 
 def _column_labels(y: Any, rows: int) -> np.ndarray:
@@ -248,6 +232,7 @@ class Probe:
     def fit(self, X: np.ndarray, y: np.ndarray, is_val: np.ndarray | None = None) -> Probe:
         """Learn from every row of X; `is_val` [rows] bool marks the rows used for model selection."""
         from featstore.probing.run import parse_bytes
+        from featstore.probing.source import FeatureSource
         from featstore.probing.split import checked
         from featstore.probing.trainer import FitRows, fit_probes
         from featstore.runtime import resolve_device
@@ -272,7 +257,7 @@ class Probe:
             raise ProbeInputError(f"is_val: give one flag per row ({len(x)}), some rows val and some not")
         device = resolve_device(self.device)
         projection = variant.projection(x.shape[1], self.anchor, self.seed)
-        source = _source(x.to(device), projection, parse_bytes(self.memory_budget))
+        source = FeatureSource.from_arrays([x.numpy()], device, parse_bytes(self.memory_budget), [projection])
         rows = FitRows(np.flatnonzero(~is_val), np.flatnonzero(is_val), codes, targets)
         (fitted,) = fit_probes(source, variant, rows, len(classes), self.seed, False, f"Probe({self.variant})",
                                self.threads)

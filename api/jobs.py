@@ -1,224 +1,16 @@
 """The jobs from Python: `build` and `probe` (`featstore build`, `featstore probe`), a probe run of any
-scikit-learn estimator (its variant, group and fit), and `register_probe` for user variants."""
+scikit-learn estimator (its variant is `featstore.probing.estimator_variant`'s), and `register_probe` for user
+variants."""
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import json
-import pickle
-import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from featstore.errors import FeatstoreError
 
 if TYPE_CHECKING:
     from featstore.workflows.build import BuildConfig, BuildResult
     from featstore.workflows.probe import ProbeConfig, ProbeResult
-
-
-def _canonical(value: Any) -> Any:
-    """A JSON-ready form of an estimator's settings, complete and stable across processes: an object with
-    `get_params` as its class and its own parameters (recursively, so a Pipeline's steps are spelled in full,
-    where scikit-learn's repr elides past ~700 characters), containers element-wise, arrays by dtype, shape and
-    a digest of their bytes, anything else by its class and a digest of its pickle (or its repr)."""
-    if isinstance(value, bool | int | str) or value is None:
-        return value
-    if isinstance(value, float):
-        return value if np.isfinite(value) else repr(value)
-    if isinstance(value, np.generic):
-        return _canonical(value.item())
-    if isinstance(value, type) or callable(value) and not hasattr(value, "get_params"):
-        return {"callable": f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"}
-    if hasattr(value, "get_params"):
-        return {"class": f"{type(value).__module__}.{type(value).__qualname__}",
-                "params": {str(k): _canonical(v) for k, v in sorted(value.get_params(deep=False).items())}}
-    if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, list | tuple):
-        return [_canonical(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return {"array": str(value.dtype), "shape": list(value.shape),
-                "sha256": hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()}
-    try:
-        blob = pickle.dumps(value)
-    except Exception:
-        blob = repr(value).encode()
-    return {"object": f"{type(value).__module__}.{type(value).__qualname__}",
-            "sha256": hashlib.sha256(blob).hexdigest()}
-
-
-def estimator_digest(estimator: Any) -> str:
-    """sha256 of the estimator's full settings (`_canonical`): what identifies an estimator probe's runs, so that
-    PCA(1) and PCA(8) in otherwise equal pipelines are two runs. Without `get_params`, the digest of its pickle."""
-    if hasattr(estimator, "get_params"):
-        text = json.dumps(_canonical(estimator), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()
-    return hashlib.sha256(pickle.dumps(estimator)).hexdigest()
-
-
-def default_name(estimator: Any) -> str:
-    """An estimator's runs' name when none is given: its class name, lower case, and 8 hex digits of its digest
-    ('pipeline-3f2a9c01'), so two estimators of one class never take each other's runs."""
-    from featstore.probing.base import PROBE_NAME
-
-    stem = re.sub(r"[^a-z0-9_.-]+", "-", type(estimator).__name__.lower()).strip("-._")[:48] or "estimator"
-    name = f"{stem}-{estimator_digest(estimator)[:8]}"
-    assert PROBE_NAME.fullmatch(name), name
-    return name
-
-
-def _fitted_clone(estimator: Any, x: np.ndarray, y: np.ndarray) -> Any:
-    """A fresh copy of the user's estimator (scikit-learn's `clone` when it is installed), fitted on x, y."""
-    try:
-        from sklearn.base import clone
-    except ImportError:  # pragma: no cover - scikit-learn is a dev dependency
-        fresh = copy.deepcopy(estimator)
-    else:
-        fresh = clone(estimator)
-    return fresh.fit(x, y)
-
-
-def _checked_fit(est: Any, x: np.ndarray, num_classes: int, anchor: int) -> bytes:
-    """A just-fitted estimator checked before the next anchor is fitted, and its pickle: its `classes_` must be
-    class indices of the store (0..C-1; [10, 20, 30, 40] on a 4-class store would land labels the store does not
-    have), its `predict_proba` one column per class, and it must pickle (the store keeps it so)."""
-    where = f"variant: the fitted {type(est).__name__} of anchor {anchor}"
-    proba = np.asarray(est.predict_proba(x[:2]))
-    classes = getattr(est, "classes_", None)
-    classes = np.arange(proba.shape[1] if proba.ndim == 2 else 0) if classes is None else np.asarray(classes)
-    if proba.ndim != 2 or proba.shape[1] != len(classes) or proba.shape[1] < 2:
-        raise FeatstoreError(f"{where}: predict_proba gives shape {proba.shape} for 2 rows where one column per "
-                             f"class ({len(classes)}{', its classes_' if hasattr(est, 'classes_') else ''}, at "
-                             f"least 2) belongs; nothing was written")
-    if not (np.issubdtype(classes.dtype, np.integer) or np.issubdtype(classes.dtype, np.floating)
-            and np.all(np.mod(classes, 1) == 0)) or classes.min() < 0 or classes.max() >= num_classes:
-        shown_classes = ", ".join(map(str, classes[:6].tolist())) + (" …" if len(classes) > 6 else "")
-        raise FeatstoreError(f"{where}: classes_ [{shown_classes}] are not class indices of the store's {num_classes} "
-                             f"classes (0..{num_classes - 1}); nothing was written")
-    try:
-        return pickle.dumps(est)
-    except Exception as e:
-        raise FeatstoreError(f"{where} does not pickle ({type(e).__name__}: {e}), and the store keeps each fit "
-                             f"pickled; nothing was written") from None
-
-
-def _estimator_classes():
-    """The variant, group and fit of an estimator probe (they subclass the probing layer's, imported late)."""
-    import torch
-
-    from featstore.probing.base import FittedProbe, Plan, ProbeGroup, ProbeVariant
-
-    @dataclass(kw_only=True)
-    class Fit(FittedProbe):
-        """A fitted estimator of one anchor: predicts by its predict_proba; the store keeps it pickled."""
-
-        estimator: Any
-        pickled: bytes = b""  # the estimator pickled once, when fitted: what the store keeps, and what the
-        # sha256 in its record (`pickle_sha256`, in the run's probe_fits rows) is of
-
-        def predict(self, x):
-            proba = np.asarray(self.estimator.predict_proba(x.detach().cpu().numpy()))
-            best = proba.argmax(axis=1)
-            classes = np.asarray(getattr(self.estimator, "classes_", np.arange(proba.shape[1])))
-            return (torch.from_numpy(classes[best].astype(np.int64)),
-                    torch.from_numpy(proba[np.arange(len(best)), best].astype(np.float32)))
-
-        def arrays(self):
-            return {"estimator": np.frombuffer(self.pickled or pickle.dumps(self.estimator), dtype=np.uint8).copy()}
-
-    class Group(ProbeGroup):
-        """Fits a clone per anchor on the train rows, in store order, all at once (rows resident) or gathered from
-        one epoch of batches (rows streamed)."""
-
-        def __init__(self, ctxs, estimator):
-            self.anchors, self.estimator, self.fits = [c.anchor for c in ctxs], estimator, {}
-            self.num_classes = ctxs[0].num_classes
-            self.seen: dict[int, list] = {a: [] for a in self.anchors}
-            self.pickles: dict[int, bytes] = {}
-
-        def _fit(self, a: int, x: np.ndarray, y: np.ndarray) -> None:
-            self.fits[a] = _fitted_clone(self.estimator, x, y)
-            self.pickles[a] = _checked_fit(self.fits[a], x, self.num_classes, a)
-
-        def ready_to_finish(self):
-            return bool(self.anchors)
-
-        def finish(self, x, y, is_val, on_pass=None):
-            labels = y.cpu().numpy()
-            for i, a in enumerate(self.anchors):
-                self._fit(a, x[i].cpu().numpy(), labels)
-            self.anchors = []
-
-        def step(self, x, y, is_val, report=False):
-            for i, a in enumerate(self.anchors):
-                self.seen[a].append((x[i].cpu().numpy(), y.cpu().numpy()))
-
-        def end_epoch(self, epoch, val_x, val_y):
-            for a in self.anchors:
-                xs, ys = zip(*self.seen.pop(a), strict=True)
-                self._fit(a, np.concatenate(xs), np.concatenate(ys))
-            self.anchors = []
-
-        def fitted(self, val_x, val_y):
-            out = {}
-            for a, est in self.fits.items():
-                blob = self.pickles[a]
-                fit = Fit(estimator=est, pickled=blob, epochs=1,
-                          info={"estimator": repr(est), "pickle_sha256": hashlib.sha256(blob).hexdigest()})
-                proba = np.asarray(est.predict_proba(val_x[a].cpu().numpy()))
-                truth = val_y.cpu().numpy()
-                classes = list(getattr(est, "classes_", range(proba.shape[1])))
-                column = np.array([classes.index(t) if t in classes else -1 for t in truth])
-                seen = column >= 0
-                picked = proba[np.flatnonzero(seen), column[seen]]
-                fit.val_loss = float(-np.log(np.clip(picked, 1e-12, 1)).mean()) if seen.all() else float("nan")
-                fit.val_accuracy = float((np.asarray(classes)[proba.argmax(axis=1)] == truth).mean())
-                out[a] = fit
-            return out
-
-    class Variant(ProbeVariant):
-        """A scikit-learn style estimator as a probe variant: `estimator` is set per run by `probe`."""
-
-        name = "estimator"
-        estimator: ClassVar[Any] = None
-        label_params = ("estimator", "estimator_sha256")
-
-        def __init__(self, **given):
-            super().__init__(**given)
-            # what identifies the runs: the digest of the full settings (a repr is for reading; scikit-learn's
-            # elides past ~700 characters, so two pipelines could share one)
-            self.params = {**self.params, "estimator": repr(self.estimator),
-                           "estimator_sha256": estimator_digest(self.estimator)}
-
-        def plan(self, n_fit):
-            return Plan(max_epochs=1, batch_size=max(1, n_fit), train_on_val=False)
-
-        def make_group(self, ctxs):
-            return Group(ctxs, self.estimator)
-
-        def batches_anchors(self):
-            return True
-
-    return Variant, Fit
-
-
-class _Lazy:
-    classes: tuple | None = None
-
-
-def _estimator_variant():
-    if _Lazy.classes is None:
-        _Lazy.classes = _estimator_classes()
-    return _Lazy.classes
-
-
-def _is_estimator_fit(fitted: Any) -> bool:
-    return _Lazy.classes is not None and isinstance(fitted, _Lazy.classes[1])
-
 
 
 def register_probe(cls: type) -> type:
@@ -289,29 +81,12 @@ def _said(result: ProbeResult) -> ProbeResult:
 
 
 def _estimator_probe(variant: Any, name: str | None, fields: dict[str, Any]) -> ProbeResult:
-    """An estimator's runs, every check that needs no fit done first."""
-    from featstore.probing.base import VARIANTS, check_probe_name, register
+    """An estimator's runs: the variant made for this job (every check that needs no fit done first) and handed
+    to the job as it is; the registry of variants is not touched."""
+    from featstore.probing.estimator_variant import EstimatorVariant
     from featstore.workflows.probe import ProbeConfig, probe_job
 
-    if isinstance(variant, type):
-        raise FeatstoreError(f"variant={variant.__name__}: give an instance ({variant.__name__}()), not the class")
-    if not (callable(getattr(variant, "fit", None)) and callable(getattr(variant, "predict_proba", None))):
-        raise FeatstoreError(f"variant {variant!r}: give a registered variant name or an estimator with fit(X, y) "
-                             f"and predict_proba(X)")
-    try:
-        pickle.dumps(variant)  # its fits are kept pickled: found now, not after every anchor is fitted
-    except Exception as e:
-        raise FeatstoreError(f"variant={type(variant).__name__}(...) does not pickle ({type(e).__name__}: {e}), and "
-                             f"the store keeps each fit pickled; nothing was fitted") from None
-    name = check_probe_name(name if name is not None else default_name(variant))
-    if name in VARIANTS:
-        raise FeatstoreError(f"name {name!r} is a registered probe variant; give the estimator's runs another name")
-    cfg = ProbeConfig(variant=name, **fields)
+    cfg = ProbeConfig(variant=EstimatorVariant(variant, name), **fields)
     if cfg.cross_fit:
         raise FeatstoreError("an estimator probe fits once on the train rows; cross_fit is for registered variants")
-    base = _estimator_variant()[0]
-    cls = register(type(f"Estimator_{name}", (base,), {"name": name, "estimator": variant}))
-    try:
-        return probe_job(cfg)
-    finally:
-        VARIANTS.pop(cls.name, None)
+    return probe_job(cfg)

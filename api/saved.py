@@ -4,24 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import pickle
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from featstore.api.estimator import _predict, _proba
-from featstore.api.jobs import _estimator_variant
 from featstore.api.results import Results
 from featstore.api.store import ModelData, Store, open_store
 from featstore.errors import FeatstoreError
 from featstore.records import RunIdentity
+from featstore.store.probes import GROUP_NAME
 
 if TYPE_CHECKING:
     from featstore.probing.base import FittedProbe
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")  # a stored-weights version
 
 
 class LoadedProbe:
@@ -91,25 +87,19 @@ def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path |
                                  f"run {run!r} names {name!r} (the name its id spells); load_probe reads no other")
         recorded, version = (rows["probe"][0], params), params.get("probe_version")
         digests = _recorded_digests(db, run)
-    root = handle._fs.root[data.key]
-    if "probes" not in root or name not in root["probes"]:
-        raise FeatstoreError(f"store {handle.location} holds no probes {name!r} of {data.key!r} (run {run!r}); "
-                             f"`featstore probe` saves them")
-    group = root["probes"][name]
-    version = version or group.attrs.get("current")
-    if version is not None and not (isinstance(version, str) and _NAME.fullmatch(version)):
-        raise FeatstoreError(f"{f'database {db}' if db is not None else f'store {handle.location}'}: {version!r} is "
-                             f"no stored-weights version of run {run!r} (a name of letters, digits, _ . -)")
-    held = group if version is None else group.get(version)  # stores before issue 32 kept one unversioned set
-    if held is None:
-        raise FeatstoreError(f"store {handle.location}: the probes {name}/{version} of run {run!r} are gone "
-                             f"(`featstore verify --db` lists such runs)")
+    if version is not None and not (isinstance(version, str) and GROUP_NAME.fullmatch(version)):
+        raise FeatstoreError(f"database {db}: {version!r} is no stored-weights version of run {run!r} (a name of "
+                             f"letters, digits, _ . -)")
+    try:
+        stored = data.stored_probe(name, version)
+    except FeatstoreError as e:
+        raise FeatstoreError(f"run {run!r}: {e}") from None
     fits, attrs = [], []
     for anchor in data.anchors:
-        g = held[anchor.name]
-        attrs.append(dict(g.attrs))
+        held = stored.anchors.get(anchor.name)
+        attrs.append(dict(held.attrs) if held is not None else {})
         variant, variant_params = recorded or (attrs[-1].get("variant"), attrs[-1].get("params") or {})
-        kept = sorted(g.array_keys())
+        kept = sorted(held.arrays) if held is not None else []
         if "estimator" in variant_params:  # the estimator variant records its estimator's repr
             if not trust_pickle:
                 raise FeatstoreError(f"run {run!r} is an estimator probe ({variant}), kept pickled, and unpickling "
@@ -119,14 +109,15 @@ def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path |
                 raise FeatstoreError(f"store {handle.location}: the probes {name} of run {run!r} keep no estimator "
                                      f"for anchor {anchor.name} ({', '.join(kept) or 'nothing'})")
             fits.append([_unpickled(e, digests, (fold, anchor.index), f"run {run!r}, anchor {anchor.name}", db)
-                         for fold, e in enumerate(g["estimator"][:])])
+                         for fold, e in enumerate(held.arrays["estimator"])])
         elif {"weight", "bias"} <= set(kept):
             fits.append([LinearFit(weight=torch.from_numpy(w), bias=torch.from_numpy(b))
-                         for w, b in zip(g["weight"][:], g["bias"][:], strict=True)])
+                         for w, b in zip(held.arrays["weight"], held.arrays["bias"], strict=True)])
         else:
             raise FeatstoreError(f"run {run!r} records variant {variant}, so load_probe reads a weight and a bias, "
                                  f"and its probes of anchor {anchor.name} keep {', '.join(kept) or 'nothing'}: "
                                  f"load_probe reads linear and estimator probes (knn keeps only which rows vote)")
+    version = stored.version
     return LoadedProbe(data, name, version, fits, attrs)
 
 
@@ -140,12 +131,11 @@ def _recorded_digests(db: str | Path, run: str) -> dict[tuple[int, int], str]:
 
 def _unpickled(values: np.ndarray, digests: dict[tuple[int, int], str], key: tuple[int, int], where: str,
                db: str | Path | None) -> FittedProbe:
-    """One fold's fitted estimator from the bytes the store keeps (uint8; float32 in stores written before bytes
-    stayed bytes), refused when the database recorded digests and these bytes are not the ones it recorded."""
-    values = np.asarray(values)
-    if values.dtype != np.uint8 and not (values.dtype == np.float32 and np.isin(values, np.arange(256)).all()):
-        raise FeatstoreError(f"{where}: the store keeps {values.dtype} values where a pickle's bytes belong")
-    blob = values.astype(np.uint8).tobytes()
+    """One fold's fitted estimator from the bytes the store keeps (`pickle_bytes`), refused when the database
+    recorded digests and these bytes are not the ones it recorded."""
+    from featstore.probing.estimator_variant import EstimatorFit, pickle_bytes
+
+    blob = pickle_bytes(values, where)
     if digests:
         sha = hashlib.sha256(blob).hexdigest()
         if digests.get(key) != sha:
@@ -153,6 +143,6 @@ def _unpickled(values: np.ndarray, digests: dict[tuple[int, int], str], key: tup
                                  f"recorded with the run ({(digests.get(key) or 'none')[:16]}…): the store's copy "
                                  f"is not what was written, so it is not unpickled")
     try:
-        return _estimator_variant()[1](estimator=pickle.loads(blob), pickled=blob)
+        return EstimatorFit.from_pickle(blob)
     except Exception as e:
         raise FeatstoreError(f"{where}: the stored estimator does not unpickle ({type(e).__name__}: {e})") from None

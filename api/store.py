@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, is_dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,7 +14,9 @@ from featstore.schema import VAL_FRAC
 
 if TYPE_CHECKING:
     from featstore.nets.anchors import Anchor
+    from featstore.store.probes import StoredProbe
     from featstore.store.reader import FeatureStore
+    from featstore.store.summary import StoreInfo
     from featstore.workflows.gc import Unreferenced
 
 
@@ -60,13 +62,10 @@ class Store:
         self._fs.model_attrs(key)
         return ModelData(self._fs, key)
 
-    def info(self) -> Any:
+    def info(self) -> StoreInfo:
         """What the store holds: images, models, views, anchors, widths and completeness (`featstore info`), its
-        path as it was given to `open_store`."""
-        summary = self._fs.info()
-        if isinstance(summary, dict):
-            return {**summary, "path": self._named}
-        return replace(summary, path=self._named) if is_dataclass(summary) else summary
+        path as it was given to `open_store`; `.to_dict()` is `featstore info --format json`."""
+        return replace(self._fs.info(), path=self._named)
 
     def verify(self, model: str | None = None, deep: bool = True, dbs: Sequence[str | Path] = ()) -> Verification:
         """Check everything the store holds (`featstore verify`): the image table, each model's and array's
@@ -122,6 +121,11 @@ class ModelData:
         """[images, width] pooled features of one anchor, as float32 (what the probes learn from)."""
         a = self.anchor(anchor)
         return np.asarray(self._fs.read(self.key, view, a.name), dtype=np.float32)
+
+    def stored_probe(self, name: str, version: str | None = None) -> StoredProbe:
+        """The probes `name` the store keeps of this model, per anchor its arrays and attrs: `version`, or the
+        current one (`featstore probe` saves them; `load_probe` reads a run's)."""
+        return self._fs.read_probe(self.key, name, version)
 
     def skipped(self, view: str = "clean") -> np.ndarray:
         """[images] bool: rows the build could not read (the probes leave them out)."""

@@ -9,6 +9,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -22,6 +23,9 @@ from featstore.cli.options import (
     run_options,
 )
 from featstore.errors import FeatstoreError, FeatstoreWarning, Interrupted, RunReplaced, interrupted, storage_failure
+
+if TYPE_CHECKING:
+    from featstore.api import ModelInfo, StoreInfo
 
 
 def user_errors(fn):
@@ -588,46 +592,48 @@ def info(store: str, fmt: str) -> None:
 
     summary = open_store(store).info()
     if fmt == "json":
-        click.echo(json.dumps(summary, indent=2))
+        click.echo(json.dumps(summary.to_dict(), indent=2))
         return
     click.echo(format_info(summary))
 
 
-def format_info(summary: dict) -> str:
-    lines = [f"store  {summary['path']}"]
-    im = summary["images"]
+def format_info(summary: StoreInfo) -> str:
+    """`featstore info`'s table: the images, then per model its network, anchors, views and probes."""
+    from featstore.api import Damaged
+
+    lines = [f"store  {summary.path}"]
+    im = summary.images
     repair = "run featstore verify, then the same featstore build to repair it"
-    if im and im.get("damaged"):
-        lines.append(f"images DAMAGED: {im['damaged']}; {repair}")
+    if isinstance(im, Damaged):
+        lines.append(f"images DAMAGED: {im.what}; {repair}")
     elif im:
-        space = " labelled as ImageNet-1k indices" if im.get("label_space") == "imagenet-1k" else ""
-        lines.append(f"images {im['count']} in {im['classes']} classes{space} ({im['source']})")
-    for key, m in summary["models"].items():
-        if m.get("damaged"):
-            lines.append(f"\nmodel  {key}: DAMAGED: {m['damaged']}")
+        space = " labelled as ImageNet-1k indices" if im.label_space == "imagenet-1k" else ""
+        lines.append(f"images {im.count} in {im.classes} classes{space} ({im.source})")
+    for key, m in summary.models.items():
+        if isinstance(m, Damaged):
+            lines.append(f"\nmodel  {key}: DAMAGED: {m.what}")
             continue
-        p = m["preprocessing"]
-        top1 = f" (published top-1 {m['published_top1']:.2f}%)" if m.get("published_top1") is not None else ""
-        lines.append(f"\nmodel  {key}: {m['model']}  weights {m['weights']}{top1}  classes {m['num_classes']}")
-        prep = f"resize {p['resize']} crop {p['crop']} {p['interpolation']}" if p else "none (written directly)"
-        pool = f"  pool {m['token_pool']}" if _reads_tokens(m) else ""
-        lines.append(f"  preprocessing {prep}{pool}  chunk rows {m['chunk_rows']}")
-        lines.append("  anchors " + ", ".join(f"{i}:{name}[{dim}]" for i, name, _, dim in m["anchors"]))
-        for view, v in m["views"].items():
-            if v.get("damaged"):
-                lines.append(f"  view {view}: DAMAGED: {v['damaged']}; {repair}")
+        p = m.preprocessing
+        top1 = f" (published top-1 {m.published_top1:.2f}%)" if m.published_top1 is not None else ""
+        lines.append(f"\nmodel  {key}: {m.model}  weights {m.weights}{top1}  classes {m.num_classes}")
+        prep = f"resize {p.resize} crop {p.crop} {p.interpolation}" if p else "none (written directly)"
+        pool = f"  pool {m.token_pool}" if _reads_tokens(m) else ""
+        lines.append(f"  preprocessing {prep}{pool}  chunk rows {m.chunk_rows}")
+        lines.append("  anchors " + ", ".join(f"{a.index}:{a.name}[{a.dim}]" for a in m.anchors))
+        for view, v in m.views.items():
+            if isinstance(v, Damaged):
+                lines.append(f"  view {view}: DAMAGED: {v.what}; {repair}")
                 continue
-            state = "complete" if v["chunks_done"] == v["chunks"] else "INCOMPLETE (rerun build to resume)"
-            if v.get("damaged_chunks"):
-                state = (f"DAMAGED (chunk files missing: {', '.join(map(str, v['damaged_chunks']))}; run featstore "
+            state = "complete" if v.complete else "INCOMPLETE (rerun build to resume)"
+            if v.damaged_chunks:
+                state = (f"DAMAGED (chunk files missing: {', '.join(map(str, v.damaged_chunks))}; run featstore "
                          f"verify, then rerun build to re-do them)")
-            threads = f" (CPU threads {', '.join(map(str, v['threads']))})" if v.get("threads") else ""
-            lines.append(f"  view {view}: {v['chunks_done']}/{v['chunks']} chunks, {v['skipped']} skipped, {state}"
-                         f"{threads}")
-        if m.get("probes"):
-            lines.append("  probes " + ", ".join(m["probes"]))
-        if m.get("foreign"):
-            lines.append("  not featstore's (ignored): " + ", ".join(m["foreign"]))
+            threads = f" (CPU threads {', '.join(map(str, v.threads))})" if v.threads else ""
+            lines.append(f"  view {view}: {v.chunks_done}/{v.chunks} chunks, {v.skipped} skipped, {state}{threads}")
+        if m.probes:
+            lines.append("  probes " + ", ".join(m.probes))
+        if m.foreign:
+            lines.append("  not featstore's (ignored): " + ", ".join(m.foreign))
     return "\n".join(lines)
 
 
@@ -636,11 +642,11 @@ def format_info(summary: dict) -> str:
 CLASS_TOKEN_MODELS = ("vit", "deit", "beit", "cait", "eva", "xcit")
 
 
-def _reads_tokens(m: dict) -> bool:
+def _reads_tokens(m: ModelInfo) -> bool:
     """Whether a model's token pool says anything: a mean pool is chosen only where tokens exist (or with --taps,
     a VisionTransformer's), and the class-token families read `cls`."""
-    arch = m["model"].removeprefix("timm/").split(".")[0]
-    return m["token_pool"] == "mean" or arch.startswith(CLASS_TOKEN_MODELS)
+    arch = m.model.removeprefix("timm/").split(".")[0]
+    return m.token_pool == "mean" or arch.startswith(CLASS_TOKEN_MODELS)
 
 
 @cli.command()

@@ -244,8 +244,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                               help="Images counted: auto = the test split, or all images of cross-fit runs."))},
     "--k": {"": (("ks",), dict(default=",".join(map(str, DEFAULT_POLICIES.ks)),
                                callback=_list_parser("stability windows", "1,2,3,4", 1),
-                               help="Stability windows k (k anchors after the first); where a command uses one "
-                                    "(compare, timeline --image): the one given, else 2."))},
+                               help="Stability windows k (k anchors after the first); where one is shown "
+                                    "(compare, timeline --image, the report's one-k sections): the one given, else "
+                                    "2 (a list without 2 is refused)."))},
     "--min-conf": {
         "": ((), dict(type=click.FloatRange(0, 1), default=0.0, help="Joint criterion: l* must also be confident "
                       "(conf >= this at l*); 0 = stability alone.")),

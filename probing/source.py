@@ -21,7 +21,8 @@ import torch
 
 from featstore.nets.anchors import Anchor
 from featstore.probing.base import FeatureStats
-from featstore.store.reader import FeatureStore, read_rows
+from featstore.store.reader import FeatureStore
+from featstore.store.rows import read_rows
 
 Block = tuple[np.ndarray, list[torch.Tensor]]
 IN_MEMORY_BLOCK = 2048
@@ -34,26 +35,53 @@ def holds_prepared(source_bytes: int, prepared_bytes: int, budget: int) -> bool:
 
 
 class FeatureSource:
+    """The rows `rows` of some anchors' features, as the trainer reads them: from a view of the store
+    (`FeatureSource(store, ...)`) or from arrays already in memory (`FeatureSource.from_arrays`), one code path
+    from there on (the projections moved to the device, the rows held in memory when the budget allows)."""
+
     def __init__(self, store: FeatureStore, key: str, view: str, anchors: Sequence[Anchor], rows: np.ndarray,
                  device: torch.device, memory_budget: int,
                  projections: Sequence[torch.Tensor | None] | None = None):
         group = store.view_group(key, view)["anchors"]
-        self.arrays = [group[a.name] for a in anchors]
-        self.chunk_rows = store.chunk_rows(key)
+        self._hold([group[a.name] for a in anchors], store.chunk_rows(key), store.num_images, rows, device,
+                   memory_budget, projections)
+
+    @classmethod
+    def from_arrays(cls, arrays: Sequence[np.ndarray], device: torch.device, memory_budget: int,
+                    projections: Sequence[torch.Tensor | None] | None = None) -> FeatureSource:
+        """Every row of in-memory features, one [rows, width] array per anchor (rows 0..n-1, one chunk), held on
+        the device whatever the budget (they are in memory already): what `fs.Probe` fits on, so that one anchor
+        is fitted exactly as a run fits it from the store."""
+        arrays = [np.asarray(a) for a in arrays]
+        n = len(arrays[0])
+        if any(a.ndim != 2 or len(a) != n for a in arrays):
+            raise ValueError(f"arrays of shapes {[a.shape for a in arrays]}: give [rows, width] arrays of equal rows")
+        source = cls.__new__(cls)
+        source._hold(arrays, max(n, 1), n, np.arange(n), device, memory_budget, projections, in_memory=True)
+        return source
+
+    def _hold(self, arrays: Sequence, chunk_rows: int, num_rows: int, rows: np.ndarray, device: torch.device,
+              memory_budget: int, projections: Sequence[torch.Tensor | None] | None,
+              in_memory: bool | None = None) -> None:
+        """Both constructors' common part: `arrays` are Zarr arrays of the store or numpy arrays of `num_rows`
+        rows each; they are read into memory (float32, on the device) when `in_memory`, by default when they fit
+        the budget."""
+        self.arrays = list(arrays)
+        self.chunk_rows = chunk_rows
         self.device = device
-        self.projections = [None if p is None else p.to(device) for p in (projections or [None] * len(anchors))]
+        self.projections = [None if p is None else p.to(device) for p in (projections or [None] * len(arrays))]
         self.rows = np.sort(rows)
-        self.nbytes = len(self.rows) * sum(a.dim for a in anchors) * 4  # held as float32
+        self.nbytes = len(self.rows) * sum(int(a.shape[1]) for a in self.arrays) * 4  # held as float32
         self.memory_budget = memory_budget
-        self.in_memory = self.nbytes <= memory_budget
+        self.in_memory = self.nbytes <= memory_budget if in_memory is None else in_memory
         self._cache: list[torch.Tensor] | None = None
         self._where: np.ndarray | None = None
         if self.in_memory:
-            self._where = np.full(store.num_images, -1, dtype=np.int64)
+            self._where = np.full(num_rows, -1, dtype=np.int64)
             self._where[self.rows] = np.arange(len(self.rows))
             parts = [self._read_chunk(c, r) for c, r in self._by_chunk(self.rows)]
-            self._cache = [torch.from_numpy(np.concatenate([p[a] for p in parts])).to(device).float()
-                           for a in range(len(self.arrays))]
+            self._cache = [torch.from_numpy(parts[0][a] if len(parts) == 1 else np.concatenate([p[a] for p in parts]))
+                           .to(device).float() for a in range(len(self.arrays))]
 
     @property
     def dims(self) -> list[int]:
@@ -68,6 +96,8 @@ class FeatureSource:
     def _read_chunk(self, chunk: int, rows: np.ndarray) -> list[np.ndarray]:
         start = chunk * self.chunk_rows
         stop = min(start + self.chunk_rows, int(self.arrays[0].shape[0]))
+        if isinstance(self.arrays[0], np.ndarray):  # in-memory arrays (`from_arrays`)
+            return [a[rows] for a in self.arrays]
         return [block[rows - start] for block in read_rows(self.arrays, start, stop)]
 
     def _tensors(self, raw: Sequence[np.ndarray | torch.Tensor]) -> list[torch.Tensor]:

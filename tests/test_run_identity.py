@@ -62,7 +62,7 @@ def test_parameters_name_runs_and_reruns_replace_only_their_own(store, tmp_path)
                    "synthetic/clean/linear:max_iterations=3/seed1", "synthetic/clean/projected8"]
     assert rows(db, "SELECT count(*) FROM predictions")[0][0] == 4 * 900 * len(DIMS)
     fs = FeatureStore(store)
-    assert set(fs.info()["models"]["synthetic"]["probes"]) >= {
+    assert set(fs.info().models["synthetic"].probes) >= {
         "linear@clean", "linear:max_iterations=3@clean", "linear:max_iterations=3-seed1@clean", "projected8@clean"}
     params = json.loads(rows(db, "SELECT params FROM runs WHERE run_id = 'synthetic/clean/linear:max_iterations=3'"
                              )[0][0])

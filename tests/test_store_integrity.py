@@ -92,14 +92,14 @@ def test_info_reads_each_metadata_once_within_a_call_and_afresh_across_calls(bui
     what changed on disk in between: a deleted chunk file, a done flag cleared by another job."""
     store, _ = damaged_copy(built, tmp_path)
     handle = FeatureStore(store)
-    first = handle.info()["models"]["resnet18"]["views"]["clean"]
-    assert (first["chunks_done"], first["damaged_chunks"]) == (2, [])
+    first = handle.info().models["resnet18"].views["clean"]
+    assert (first.chunks_done, first.damaged_chunks) == (2, ())
     (store / "resnet18" / "clean" / "anchors" / "layer1.0" / "c" / "1" / "0").unlink()
-    assert handle.info()["models"]["resnet18"]["views"]["clean"]["damaged_chunks"] == [1]
+    assert handle.info().models["resnet18"].views["clean"].damaged_chunks == (1,)
     done = zarr.open_array(str(store / "resnet18" / "clean" / "done"), mode="r+")
     done[0] = False
-    again = handle.info()["models"]["resnet18"]["views"]["clean"]
-    assert (again["chunks_done"], again["damaged_chunks"]) == (1, [1])
+    again = handle.info().models["resnet18"].views["clean"]
+    assert (again.chunks_done, again.damaged_chunks) == (1, (1,))
     with handle.one_reading():
         group = handle.view_group("resnet18", "clean")
         with handle.one_reading():  # nested: the outer reading's lasts past the inner one

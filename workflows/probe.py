@@ -63,7 +63,7 @@ class ProbeConfig:
     model: str  # the store group
     db: Path
     view: str = "clean"
-    variant: str = "linear"
+    variant: str | ProbeVariant = "linear"  # a registered variant's spec, or a variant made for this job
     train_on_view: str | None = None
     cross_fit: int = 0
     split_seed: int = 0  # train/val/test split and cross-fit folds, fixed per database
@@ -103,7 +103,7 @@ class _Job:
         store.model_attrs(key)  # an unknown model is a one-line error
         views = store.views(key) if cfg.view == "all" else [v.strip() for v in cfg.view.split(",") if v.strip()]
         train_view = cfg.train_on_view or ("clean" if "clean" in store.views(key) else views[0])
-        variant = get_variant(cfg.variant)
+        variant = cfg.variant if isinstance(cfg.variant, ProbeVariant) else get_variant(cfg.variant)
         variant.bind(store, key, train_view)  # its own checks (knn's reference store, the lens's head), before work
         data = ProbeData(store, key, store.anchors(key), list(dict.fromkeys([train_view, *views])), device,
                          parse_bytes(cfg.memory_budget), cfg.settings)

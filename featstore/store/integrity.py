@@ -27,6 +27,7 @@ import numpy as np
 from featstore.images.files import content_checksum
 
 NO_CHECKSUM = 0  # a chunk committed before checksums were recorded: its values cannot be compared
+CHANGED = "values differ from those its commit wrote (checksum)"  # a checksum that no longer matches
 UNREADABLE = 2**64 - 1  # stands for a recorded checksum that cannot be decoded (no checksum takes either value)
 CONTENT_HASH_BYTES = 1 << 30  # image sets up to this size also record a checksum of every file's bytes
 
@@ -125,3 +126,8 @@ def changed_images(root: Path, paths: Sequence[str], stored: np.ndarray) -> tupl
             now[i, 2] = file_checksum(root / paths[i])
     now[:, 2] = np.where(now[:, 2] == 0, stored[:, 2], now[:, 2])
     return np.asarray(changed, dtype=np.int64), now
+
+
+def brief(error: BaseException) -> str:
+    """An exception as one short phrase (its type and first line), for a message that names what is damaged."""
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:160]

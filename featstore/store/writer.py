@@ -22,10 +22,11 @@ from zarr.core.sync import sync
 from featstore.errors import FeatstoreError
 from featstore.images.datasets import ImageSet
 from featstore.nets.anchors import Anchor
+from featstore.store import probes
 from featstore.store.config import StoreConfig
-from featstore.store.integrity import NO_CHECKSUM, checksum, text_checksum
+from featstore.store.integrity import NO_CHECKSUM, brief, checksum, text_checksum
 from featstore.store.location import StoreLocation
-from featstore.store.reader import HEAD, FeatureStore, _brief
+from featstore.store.reader import HEAD, FeatureStore
 
 
 @dataclass
@@ -84,7 +85,7 @@ class StoreWriter(FeatureStore):
                 self.delete(key)  # interrupted while being created: nothing in it was committed
         except Exception as e:
             raise FeatstoreError(f"store {self.location} is damaged: the metadata of model {key!r} ({key}/zarr.json) "
-                                 f"cannot be read ({_brief(e)}), so what built its arrays is unknown and build "
+                                 f"cannot be read ({brief(e)}), so what built its arrays is unknown and build "
                                  f"cannot repair it; remove {key} from the store and build it again, or use a new "
                                  f"--store") from e
         if key in self.listed(""):
@@ -229,47 +230,21 @@ class StoreWriter(FeatureStore):
 
     def write_probe(self, key: str, name: str, anchor: str, arrays: dict[str, np.ndarray], attrs: dict,
                     version: str, owner: dict | None = None) -> None:
-        """Save what one anchor's probe keeps, one array per name with folds first (linear: weight [folds, C, D]
-        float32, bias [folds, C]; knn: reference [folds, N] bool; an estimator: its pickle [folds, bytes] uint8),
-        under <model>/probes/<name>/<version>/; nothing reads them until `make_probe_current` names that version.
-        `owner` (the database and split whose runs name the version) goes into the version group's attrs."""
-        probe = self.root[key].require_group("probes").require_group(name)
-        if version not in probe:  # with its owner in one write: a version is never left without one
-            probe.create_group(version, attributes=owner or {})
-        vg = probe[version]
-        if owner and dict(vg.attrs) != owner:
-            vg.attrs.put(owner)
-        g = vg.require_group(anchor)
-        for array, values in arrays.items():
-            dtype = "bool" if values.dtype == bool else "uint8" if values.dtype == np.uint8 else "float32"
-            g.create_array(array, shape=values.shape, chunks=values.shape, dtype=dtype, overwrite=True)[:] = values
-        g.attrs.put(attrs)
+        """Save what one anchor's probe keeps under <model>/probes/<name>/<version>/ (`probes.write_probe`, where
+        the layout is; `read_probe` reads it back)."""
+        probes.write_probe(self, key, name, anchor, arrays, attrs, version, owner)
 
     def check_writable(self, key: str) -> None:
         """Fail now, not after training, when probes cannot be saved under <model>/ (a read-only store)."""
         self.location.check_writable(key)
 
     def make_probe_current(self, key: str, name: str, version: str, retired: Sequence[str] = ()) -> None:
-        """Point <model>/probes/<name> at `version` (one attrs file, written atomically), then drop the `retired`
-        versions: those the committing database named before and names no more. Called after the database
-        committed the rows of that version, so a failure before leaves the old pair. Versions other jobs wrote
-        (other databases, other views of the one-job-per-view pattern) are never touched: each job's version name
-        is its own."""
-        g = self.root[key]["probes"][name]
-        g.attrs["current"] = version
-        present = {k for k, _ in g.groups()}
-        for other in retired:
-            if other != version and other in present:
-                del g[other]
+        """Point <model>/probes/<name> at `version`, then drop the `retired` versions (`probes.make_probe_current`)."""
+        probes.make_probe_current(self, key, name, version, retired)
 
     def discard_probe_version(self, key: str, name: str, version: str) -> None:
         """Remove a version that never became current (its database transaction failed)."""
-        try:
-            g = self.root[key]["probes"][name]
-        except KeyError:
-            return
-        if version in g and g.attrs.get("current") != version:
-            del g[version]
+        probes.discard_probe_version(self, key, name, version)
 
 
 def _create_image_content(g: zarr.Group, n: int, chunk_rows: int) -> None:

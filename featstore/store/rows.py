@@ -1,0 +1,31 @@
+"""Rows of several Zarr arrays read at once: what the integrity check, the probes' feature source and the
+similarity measures read a chunk's arrays with."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+import zarr
+from zarr.core.sync import sync
+
+
+def read_rows(arrays: Sequence[zarr.Array], start: int, stop: int, errors: bool = False) -> list:
+    """Rows [start, stop) of every array, all read at once: one request each, all in flight together (object
+    storage answers each after a round trip; local disk decodes them in parallel). `errors=True` returns a
+    failed read's exception in its place instead of raising it."""
+
+    async def all_at_once() -> list:
+        return await asyncio.gather(*[a.async_array.getitem((slice(start, stop),)) for a in arrays],
+                                    return_exceptions=errors)
+
+    return [b if isinstance(b, BaseException) else np.asarray(b) for b in sync(all_at_once())]
+
+
+def decodes(array: zarr.Array, index: int) -> bool:
+    """Whether entry `index` of a 1-d array can be read (a damaged chunk file cannot)."""
+    try:
+        return bool(array[index])
+    except Exception:
+        return False

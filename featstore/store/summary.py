@@ -1,0 +1,172 @@
+"""What a store holds, as one typed, frozen record (`StoreInfo`): its images, and per model the network, the
+anchors, each view's completeness and damage, the probes kept. `FeatureStore.info()` makes it (`summarize`, one
+reading of the metadata); `featstore info` prints it, and `to_dict()` is its JSON (`featstore info --format
+json`). Reads metadata only: no torch, no feature values.
+
+A part that cannot be read is a `Damaged` in its place, saying what the integrity check says first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from featstore.errors import FeatstoreError
+from featstore.images.preprocessing import Preprocessing
+from featstore.store.verification import StoreCheck
+
+if TYPE_CHECKING:
+    from featstore.store.reading import StoreReading
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """A part of the store that cannot be read or trusted, and why."""
+
+    what: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"damaged": self.what}
+
+
+@dataclass(frozen=True)
+class ImagesInfo:
+    """The image table: how many images, how many distinct labels they carry, where they were read from."""
+
+    count: int | None
+    classes: int
+    source: str | None
+    label_space: str  # "folder-rank" or "imagenet-1k" (`featstore.images.datasets`)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "classes": self.classes, "source": self.source, "label_space": self.label_space}
+
+
+@dataclass(frozen=True)
+class ViewInfo:
+    """One view of a model: chunks committed of all, rows skipped, the CPU thread counts its chunks were computed
+    with (none for a GPU build), and the done chunks whose files are missing."""
+
+    chunks_done: int
+    chunks: int
+    skipped: int
+    threads: tuple[int, ...]
+    damaged_chunks: tuple[int, ...]
+
+    @property
+    def complete(self) -> bool:
+        return self.chunks_done == self.chunks
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chunks_done": self.chunks_done, "chunks": self.chunks, "skipped": self.skipped,
+                "threads": list(self.threads), "damaged_chunks": list(self.damaged_chunks)}
+
+
+@dataclass(frozen=True)
+class AnchorInfo:
+    """One anchor as `info` lists it: its index, name, module and stored width."""
+
+    index: int
+    name: str
+    module: str
+    dim: int
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One model group: the network and its weights (with their published top-1 where the library says it), how
+    images were preprocessed and tokens pooled, the head's classes, the chunking, the anchors, each view, the probes
+    kept, the library versions of the build, and what in the group featstore did not write (`foreign`)."""
+
+    model: str
+    weights: str
+    published_top1: float | None
+    preprocessing: Preprocessing | None  # None: features written directly (no images decoded)
+    token_pool: str | None
+    num_classes: int
+    chunk_rows: int
+    anchors: tuple[AnchorInfo, ...]
+    views: Mapping[str, ViewInfo | Damaged]
+    probes: tuple[str, ...]
+    versions: Mapping[str, Any]
+    foreign: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "weights": self.weights, "published_top1": self.published_top1,
+            "preprocessing": None if self.preprocessing is None else self.preprocessing.to_dict(),
+            "token_pool": self.token_pool, "num_classes": self.num_classes, "chunk_rows": self.chunk_rows,
+            "anchors": [[a.index, a.name, a.module, a.dim] for a in self.anchors],
+            "views": {name: v.to_dict() for name, v in self.views.items()}, "probes": list(self.probes),
+            "versions": dict(self.versions), **({"foreign": list(self.foreign)} if self.foreign else {}),
+        }
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    """What a store holds (`FeatureStore.info()`, `fs.open_store(...).info()`): where it is, its images (None
+    before a build wrote them) and its models by store key."""
+
+    path: str
+    images: ImagesInfo | Damaged | None
+    models: Mapping[str, ModelInfo | Damaged]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON `featstore info --format json` prints."""
+        return {"path": self.path, "images": None if self.images is None else self.images.to_dict(),
+                "models": {key: m.to_dict() for key, m in self.models.items()}}
+
+
+def summarize(store: StoreReading) -> StoreInfo:
+    """The store's `StoreInfo`, every metadata file read once (`one_reading`)."""
+    checks = StoreCheck(store)
+    with store.one_reading():
+        images: ImagesInfo | Damaged | None = None
+        damage = store.image_rows.damage()
+        if damage:  # what `verify` would say first, in place of what cannot be read
+            images = Damaged(str(damage[0]))
+        elif store.image_rows.complete():
+            a = store.image_rows.attrs()
+            images = ImagesInfo(a.get("count"), store.image_rows.classes_present(), a.get("source"),
+                                a.get("label_space", "folder-rank"))
+        models: dict[str, ModelInfo | Damaged] = {}
+        for key in store.models():
+            try:
+                models[key] = _model_info(store, checks, key)
+            except FeatstoreError as e:
+                models[key] = Damaged(str(e))
+        return StoreInfo(str(store.location), images, models)
+
+
+def _model_info(store: StoreReading, checks: StoreCheck, key: str) -> ModelInfo:
+    attrs = store.model_attrs(key)
+    cfg = store.config(key)
+    views: dict[str, ViewInfo | Damaged] = {}
+    for v in store.views(key):
+        damage = checks.view_arrays(key, v)
+        if damage:
+            views[v] = Damaged(str(damage[0]))
+            continue
+        if "done" not in store.root[key][v]:
+            continue
+        done = store.done(key, v)
+        views[v] = ViewInfo(int(done.sum()), int(done.size), int(store.read_skipped(key, v).sum()),
+                            tuple(store.threads_used(key, v)),
+                            tuple(sorted({p.chunk for p in checks.view_chunks(key, v, deep=False)})))
+    with store.damage_is_one_line(f"{key}/probes"):
+        probes = sorted(store.listed(f"{key}/probes")) if "probes" in store.listed(key) else []
+    return ModelInfo(cfg.model, cfg.weights_id, _published_top1(cfg.weights_id), cfg.preprocessing, cfg.token_pool,
+                     cfg.num_classes, cfg.chunk_rows,
+                     tuple(AnchorInfo(a.index, a.name, a.module, a.dim) for a in cfg.anchors), views, tuple(probes),
+                     attrs.get("versions", {}), tuple(store.foreign(key)))
+
+
+def _published_top1(weights_id: str) -> float | None:
+    """The published top-1 of a library's weights; only those load the library (its weight table), so that
+    `featstore info` on a store of other weights reads metadata alone."""
+    if not weights_id.startswith(("torchvision:", "timm:")):
+        return None
+    from featstore.nets.models import published_top1
+
+    return published_top1(weights_id)

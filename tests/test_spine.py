@@ -1,0 +1,45 @@
+"""The rules the CLI and the Python API share, written once beneath both (analytics/selection.py): the one
+stability window of a one-window result, the run a one-run command reads, `--run`'s comma list."""
+
+from __future__ import annotations
+
+import pytest
+
+import featstore as fs
+from featstore.analytics.selection import run_ids
+
+from conftest import fails, run_cli
+
+
+def test_one_window_is_one_rule_for_every_command(digits_linear, tmp_path):
+    """The one k given; of several (the default among them) 2; a list without 2 refused, by compare, one image's
+    timeline and the report alike (the report before it writes anything)."""
+    db, _ = digits_linear
+    results = fs.connect(db)
+    assert [results.window(k) for k in (None, [1, 2, 3, 4], [1, 2, 3], 3, [4])] == [2, 2, 2, 3, 4]
+    with pytest.raises(ValueError, match="--k 3,4: this command uses one stability window"):
+        results.window([3, 4])
+    with pytest.raises(fs.FeatstoreError, match="--k 12: .* at most 12 anchors"):
+        results.window(12)
+    for args in (["timeline", "--image", "3"], ["compare"], ["report", "--out", tmp_path / "r"]):
+        assert "--k 3,4: this command uses one stability window" in fails(*args, "--db", db, "--k", "3,4")
+    assert not (tmp_path / "r").exists()
+    shown = run_cli("timeline", "--db", db, "--image", "3", "--k", "1,2,3").output
+    assert "◆ at l*(2)" in shown.splitlines()[0]
+    layer = results.sql("SELECT layer FROM decision_layers(2) WHERE image_id = 3")["layer"][0]
+    marked = [line for line in shown.splitlines() if "◆" in line and "│" in line]
+    assert len(marked) == 1 and marked[0].split("┆")[0].strip(" │") == str(layer)
+
+
+def test_run_lists_keep_a_run_id_s_own_commas():
+    assert run_ids("m/clean/knn:metric=euclidean,ties=lowest,m/clean/linear") == [
+        "m/clean/knn:metric=euclidean,ties=lowest", "m/clean/linear"]
+    assert run_ids(" m/clean/linear , ") == ["m/clean/linear"]
+    assert run_ids("") is None and run_ids(None) is None and run_ids(["a/b/c"]) == ["a/b/c"]
+
+
+def test_a_one_run_result_takes_the_only_run_or_names_them(digits_linear):
+    db, _ = digits_linear
+    only = fs.connect(db).sql("SELECT run_id FROM runs")["run_id"].to_list()
+    assert len(only) == 1 and fs.connect(db).only_run() == only[0]
+    assert fs.connect(db).only_run("any/given/run") == "any/given/run"  # a run given is taken as given
