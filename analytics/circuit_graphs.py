@@ -24,6 +24,7 @@ import polars as pl
 from featstore.analytics import db as fsdb
 from featstore.analytics.queries import query
 from featstore.errors import FeatstoreError
+from featstore.schema import CSS_DISTANCES, TOP_N
 
 HEAT_TIMES = np.logspace(-2, 2, 250)
 GRAPH_DISTANCES = ("laplacian", "netlsd")
@@ -88,7 +89,7 @@ def store_graph_css(con: duckdb.DuckDBPyConnection, pairs: list[tuple[str, str]]
     fsdb.replace_graph_css(con, pairs, top_n, rows)
 
 
-def circuit_shift(db: str | Path, id_run: str, ood_run: str, distance: str = "srcc", top_n: int = 200):
+def circuit_shift(db: str | Path, id_run: str, ood_run: str, distance: str = CSS_DISTANCES[0], top_n: int = TOP_N):
     """One CSS value as a frame (id_run, ood_run, distance, css, n_edges). A graph distance that `featstore zoo`
     has not stored for this pair and top_n is computed here from the edges, and not written: queries never write."""
     frame = query(db, "SELECT * FROM css(?, ?, distance := ?, top_n := ?)", [id_run, ood_run, distance, top_n])

@@ -24,6 +24,7 @@ from featstore.analytics.db import connect, connect_several, in_memory
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
 from featstore.analytics.scopes import SCOPES
 from featstore.errors import FeatstoreError
+from featstore.schema import JOINT_MIN_CONF, PER_PAIR
 
 Db = str | Path | Sequence[str | Path] | duckdb.DuckDBPyConnection  # a database, several, or an open connection
 READ_WAIT_S = 30.0  # a probe holds the write lock only for its final transaction: wait that out
@@ -190,7 +191,7 @@ DEFAULT_KS = (1, 2, 3, 4)
 def check_scope(scope: str) -> str:
     """A scope the macros know; any other word would silently select no image at all."""
     if scope not in SCOPES:
-        raise FeatstoreError(f"--scope {scope!r}: use one of {', '.join(SCOPES)}")
+        raise FeatstoreError(f"scope={scope!r}: use one of {', '.join(SCOPES)}")
     return scope
 
 
@@ -205,7 +206,7 @@ def stability_windows(db: Db, ks: Sequence[int] | None = None, runs: Sequence[st
     where = f"run {runs[0]!r} has" if runs and len(runs) == 1 else "the runs in the database have at most"
     if min(ks) < 1 or (most is not None and max(ks) >= most):
         bad = min(ks) if min(ks) < 1 else max(ks)
-        raise FeatstoreError(f"--k {bad}: {where} {most} anchors, so k (anchors after the first that must agree) "
+        raise FeatstoreError(f"k={bad}: {where} {most} anchors, so k (anchors after the first that must agree) "
                              f"must be from 1 to {(most or 2) - 1}")
     return sorted(ks)
 
@@ -213,14 +214,14 @@ def stability_windows(db: Db, ks: Sequence[int] | None = None, runs: Sequence[st
 def check_band(band: str) -> str:
     """A band the sweep knows ('paper' or 'window'); any other word is refused in one line before the query."""
     if band not in BANDS:
-        raise FeatstoreError(f"--band {band!r}: use one of {', '.join(BANDS)}")
+        raise FeatstoreError(f"band={band!r}: use one of {', '.join(BANDS)}")
     return band
 
 
 def check_min_conf(min_conf: float) -> float:
     """The joint criterion's confidence threshold θ: 0 (stability alone) up to 1."""
     if not 0 <= min_conf <= 1:
-        raise FeatstoreError(f"--min-conf {min_conf}: a confidence threshold lies in [0, 1] (0: stability alone)")
+        raise FeatstoreError(f"min_conf={min_conf}: a confidence threshold lies in [0, 1] (0: stability alone)")
     return float(min_conf)
 
 
@@ -391,7 +392,7 @@ def exit_device(db: Db, run_id: str, batch_size: int = 1, device: str | None = N
                                  f"--model {model} --db {db}")
         if len(devices) > 1:
             raise FeatstoreError(f"costs of {model!r} exist for several devices ({'; '.join(devices)}): pick one "
-                                 f"with --device")
+                                 f"with `device`")
         return devices[0]
     if device not in devices:
         raise FeatstoreError(f"no costs of {model!r} measured on {device!r} at batch size {batch_size} "
@@ -416,9 +417,9 @@ def early_exit(db: Db, run_id: str, device: str | None = None, batch_size: int =
     population = exit_population(db, run_id, policies, scope)
     row = population.row(0, named=True)
     if row["n"] == 0:
-        why = (f"the learned gate of {run_id!r} learnt from every image --scope {scope} counts (its "
-               f"{row['gate_learnt_on']} split); pass another --scope, or --no-gate" if row["gate_learnt_on"]
-               and row["scoped"] else f"--scope {scope} counts no image of {run_id!r}; pass another --scope")
+        why = (f"the learned gate of {run_id!r} learnt from every image scope={scope} counts (its "
+               f"{row['gate_learnt_on']} split); pass another `scope`, or `no_gate`" if row["gate_learnt_on"]
+               and row["scoped"] else f"scope={scope} counts no image of {run_id!r}; pass another `scope`")
         raise FeatstoreError(f"no image to simulate early exit on: {why}")
     return EarlyExit(device, population, exit_simulation(db, run_id, device, batch_size, policies, scope),
                      exit_pareto(db, run_id, device, batch_size, policies, scope))
@@ -490,7 +491,7 @@ def known_runs(db: Db, runs: Sequence[str]) -> list[str]:
     known = query(db, "SELECT run_id FROM runs")["run_id"].to_list()
     missing = [r for r in runs if r not in known]
     if missing:
-        raise FeatstoreError(f"--run: no run {missing[0]!r} in the database; list them with featstore sql "
+        raise FeatstoreError(f"`runs`: no run {missing[0]!r} in the database; list them with featstore sql "
                              f"\"SELECT run_id FROM runs\"")
     return list(dict.fromkeys(runs))
 
@@ -502,12 +503,12 @@ def comparison_runs(db: Db, runs: Sequence[str] | None = None) -> list[str]:
     known = query(db, "SELECT run_id, view FROM runs ORDER BY run_id")
     clean = known.filter(pl.col("view") == "clean")["run_id"].to_list()
     if not clean:
-        raise FeatstoreError("the database has no clean runs to compare; pass --run")
+        raise FeatstoreError("the database has no clean runs to compare; pass `runs`")
     return clean
 
 
-def compare(db: Db, runs: Sequence[str] | None = None, k: int = 2, min_conf: float = 0.5, scope: str = "auto",
-            per_pair: int = 4) -> Comparison:
+def compare(db: Db, runs: Sequence[str] | None = None, k: int = 2, min_conf: float = JOINT_MIN_CONF,
+            scope: str = "auto", per_pair: int = PER_PAIR) -> Comparison:
     """l*(k), prediction depth and the joint criterion of each run, compared image by image."""
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True, wait_s=READ_WAIT_S)
     try:

@@ -25,6 +25,7 @@ from featstore.analytics.report_figures import PAGE_PX, _Figures, _slug, _table
 from featstore.analytics.report_readouts import readout_sections
 from featstore.analytics.report_robustness import robustness_section
 from featstore.errors import FeatstoreError
+from featstore.schema import JOINT_MIN_CONF
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def late_notes(ts: Iterable[int], ks: Iterable[int]) -> list[str]:
 
 
 def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = None, scope: str = "auto",
-                 k: int | None = None, min_conf: float = 0.5, progress: Callable[[str], None] | None = None,
+                 k: int | None = None, min_conf: float = JOINT_MIN_CONF, progress: Callable[[str], None] | None = None,
                  runs: Sequence[str] | None = None) -> Path:
     """Write `out/report.html` (and one PNG per figure) for every run in `db`: the k-sweep over `ks`, and the
     single-k sections (cross-model table, headline, decision mass, gallery, the comparison of definitions) at `k`
@@ -512,7 +513,7 @@ def image_timeline(db, image_id: int, k: int = 2, runs: Sequence[str] | None = N
         frame = frame.filter(pl.col("run_id").is_in(chosen))
     if frame.is_empty():
         which = f"run {', '.join(chosen)}" if chosen else "run of this database"
-        raise FeatstoreError(f"--image {image_id}: no {which} predicted an image of that id")
+        raise FeatstoreError(f"image_id={image_id}: no {which} predicted an image of that id")
     return frame
 
 

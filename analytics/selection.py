@@ -36,10 +36,10 @@ def only_run(db: Db, given: str | None) -> str:
         return given
     have = runs(db)["run_id"].to_list()
     if not have:
-        raise FeatstoreError(f"--run: {db} holds no probe run; run featstore probe first")
+        raise FeatstoreError(f"`run`: {db} holds no probe run; run a probe first")
     if len(have) > 1:
         named = ", ".join(have[:8]) + (f" … ({len(have)} in all)" if len(have) > 8 else "")
-        raise FeatstoreError(f"--run: {db} holds {len(have)} runs ({named}); name one with --run RUN_ID")
+        raise FeatstoreError(f"`run`: {db} holds {len(have)} runs ({named}); name one with run=RUN_ID")
     return have[0]
 
 
@@ -52,8 +52,8 @@ def one_window(db: Db, ks: Sequence[int] | None = None, chosen: Sequence[str] | 
         return windows[0]
     if ONE_WINDOW in windows:
         return ONE_WINDOW
-    raise FeatstoreError(f"--k {','.join(map(str, windows))}: this command uses one stability window; give one, e.g. "
-                         f"--k {windows[0]}")
+    raise FeatstoreError(f"k={','.join(map(str, windows))}: this command uses one stability window; give one, e.g. "
+                         f"k={windows[0]}")
 
 
 def runs_written(db: str | Path) -> dict[str, str]:

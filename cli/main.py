@@ -16,6 +16,7 @@ import click
 from featstore.api import ImageSource, ModelSpec, RunOptions, split_options
 from featstore.cli.options import (
     DB_PATH,
+    as_flags,
     image_source_options,
     model_spec_options,
     option,
@@ -29,15 +30,15 @@ if TYPE_CHECKING:
 
 
 def user_errors(fn):
-    """Turn FeatstoreError, object storage that stopped answering and a full disk into one line on stderr and exit
-    status 2."""
+    """Turn FeatstoreError (its fields said as the flags that set them), object storage that stopped answering and
+    a full disk into one line on stderr and exit status 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (FeatstoreError, Interrupted) as e:
-            click.echo(f"featstore: error: {e}", err=True)
+        except (FeatstoreError, Interrupted) as e:  # the library names fields; the CLI says the flags that set them
+            click.echo(f"featstore: error: {as_flags(str(e))}", err=True)
             sys.exit(2)
         except Exception as e:
             if interrupted(e):  # DuckDB's own Ctrl-C, as every other Ctrl-C: one line, exit status 130

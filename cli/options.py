@@ -2,15 +2,18 @@
 
 `OPTIONS` maps an option name to its declaration; a name that means different things in different commands
 (`--model` is a network for `build` and a store group for `probe`) has one declaration per role, side by side
-here. Options that fill a record take their default from the record (`featstore.compute.specs`, `ExitPolicies`), so the
-library and the CLI cannot disagree. Commands get options only through `option` and the record decorators
-below; tests/test_architecture.py checks that no other `click.option` call exists.
+here. Options that fill a record take their default and choices from the record or from `featstore.schema`
+(`declared`), where the record reads them too, so the library and the CLI cannot disagree. Commands get options
+only through `option` and the record decorators below; tests/test_every_option.py checks that no other
+`click.option` call exists and that no option repeats a declared default or choice. `as_flags` says the fields
+that the library's errors name as the flags that set them.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -19,14 +22,18 @@ import click
 
 from featstore.api.declared import (
     BANDS,
-    CHUNK_ROWS,
+    COST_BATCH_SIZES,
+    CSS_DISTANCES,
+    DDB_VARIANTS,
     DEFAULT_POLICIES,
+    DEMO_DATASET,
     FIELDS,
-    IG_STEPS,
-    MEMORY_BUDGET,
-    MIN_AGE_S,
+    JOINT_MIN_CONF,
+    PER_PAIR,
     SCOPES,
-    VAL_FRAC,
+    TIMM_WEIGHTS,
+    VARIANT,
+    VIEW,
     ImageSource,
     Int,
     ModelSpec,
@@ -34,7 +41,9 @@ from featstore.api.declared import (
     Real,
     RunOptions,
     Size,
+    Text,
     Value,
+    comma_list,
     shown,
 )
 
@@ -96,6 +105,14 @@ def checked(name: str) -> Checked:
     return Checked(FIELDS[name])
 
 
+def declared(name: str, **kwargs) -> dict:
+    """The click keyword arguments of an option that sets field `name`: its type (a choice where `FIELDS[name]` has
+    choices) and its default, both as `featstore.schema` declares them, so no option repeats them."""
+    value = FIELDS[name]
+    kind = click.Choice(value.choices) if isinstance(value, Text) and value.choices else Checked(value)
+    return dict(type=kind, **({} if value.default is None else {"default": value.default}), **kwargs)
+
+
 def _default(record: type, name: str):
     return next(f.default for f in fields(record) if f.name == name)
 
@@ -105,7 +122,7 @@ def _list_parser(kind: str, example: str, minimum: int):
 
     def parse(_ctx, param, text: str) -> list[int]:
         try:
-            values = sorted({int(v) for v in text.split(",") if v.strip()})
+            values = sorted({int(v) for v in comma_list(text)})
         except ValueError:
             raise click.BadParameter(f"{text!r}: give {kind} such as {example}", param=param) from None
         if not values or values[0] < minimum:
@@ -131,7 +148,7 @@ def _threshold_parser(_ctx, param, text: str) -> list[float]:
                                          f"step", param=param)
             values = [round(start + i * step, 10) for i in range(count)]
         else:
-            values = [float(v) for v in text.split(",") if v.strip()]
+            values = [float(v) for v in comma_list(text)]
     except (ValueError, ZeroDivisionError, OverflowError):
         raise click.BadParameter(f"{text!r}: give start:stop:step (e.g. 0.5:0.99:0.01) or a comma list",
                                  param=param) from None
@@ -164,7 +181,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
         "auto": ((), dict(default=_default(ModelSpec, "weights"), help="auto (paper for the paper's five models, "
                           "else default) | paper | default | a torchvision weights name or timm pretrained tag | "
                           "PATH | none.")),
-        "timm": ((), dict(default="default", help="default | PATH | none.")),
+        "timm": ((), dict(default=TIMM_WEIGHTS, help="default | PATH | none.")),
     },
     "--image-size": {"": ((), dict(type=checked("image_size"), default=_default(ModelSpec, "image_size"),
                                    help="Crop size override; resizes to S*256/224 first [default: the model's, or the "
@@ -196,9 +213,11 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--batch-size": {
         "": ((), dict(type=checked("batch_size"), default=D.batch_size,
                       help="Images per forward pass [default: 64; EAP-IG: 32, its memory grows linearly with it].")),
-        "measured": (("batch_sizes",), dict(default="1,64", callback=_list_parser("batch sizes", "1,64", 1),
+        "measured": (("batch_sizes",), dict(default=",".join(map(str, COST_BATCH_SIZES)),
+                                            callback=_list_parser("batch sizes", "1,64", 1),
                                             help="Batch sizes to measure: latency (1) and throughput.")),
-        "price": ((), dict(type=checked("batch_size"), default=1, help="Which measured batch size prices the exits.")),
+        "price": ((), dict(type=checked("batch_size"), default=COST_BATCH_SIZES[0],
+                            help="Which measured batch size prices the exits.")),
     },
     "--seed": {"": ((), dict(type=checked("seed"), default=D.seed,
                              help="Seed of everything random the command does: random init and the --limit subset "
@@ -240,7 +259,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     },
     "--format": {"": (("fmt",), dict(type=click.Choice(["table", "csv", "json"]), default="table",
                                      help="Output format."))},
-    "--scope": {"": ((), dict(type=click.Choice(SCOPES), default="auto",
+    "--scope": {"": ((), dict(type=click.Choice(SCOPES), default=SCOPES[0],
                               help="Images counted: auto = the test split, or all images of cross-fit runs."))},
     "--k": {"": (("ks",), dict(default=",".join(map(str, DEFAULT_POLICIES.ks)),
                                callback=_list_parser("stability windows", "1,2,3,4", 1),
@@ -250,9 +269,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--min-conf": {
         "": ((), dict(type=click.FloatRange(0, 1), default=0.0, help="Joint criterion: l* must also be confident "
                       "(conf >= this at l*); 0 = stability alone.")),
-        "compare": ((), dict(type=click.FloatRange(0, 1), default=0.5, help="Threshold of the joint criterion "
-                             "(stable from l* and conf >= this at l*) among the definitions compared; 0 leaves "
-                             "it out.")),
+        "compare": ((), dict(type=click.FloatRange(0, 1), default=JOINT_MIN_CONF,
+                             help="Threshold of the joint criterion (stable from l* and conf >= this at l*) among the "
+                                  "definitions compared; 0 leaves it out.")),
     },
     "--band": {"": ((), dict(type=click.Choice(BANDS), default="paper",
                              help="Early/mid/late of the sweep: paper = thirds of T, never-stable images (at T) "
@@ -268,7 +287,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                              "band holds under all."))},
     "--full": {"": ((), dict(is_flag=True, help="Show every row and whole lists (timelines) in the table format."))},
     # compare
-    "--per-pair": {"": ((), dict(default=4, type=click.IntRange(min=0), help="Disagreeing images listed per pair."))},
+    "--per-pair": {"": ((), dict(default=PER_PAIR, type=click.IntRange(min=0),
+                                 help="Disagreeing images listed per pair."))},
     "--part": {"": ((), dict(type=click.Choice(["summary", "agreement", "crosstab", "matrix", "disagreements"]),
                              help="Print only this part: summary, agreement (every pair), crosstab (3x3 per pair), "
                                   "matrix (table format only) or disagreements [default: the summary and the pairs "
@@ -285,23 +305,22 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--replace": {"": ((), dict(is_flag=True, help="A result a source holds under a key the target holds with other "
                                 "content replaces the target's (default: the merge is refused)."))},
     # build
-    "--views": {"": ((), dict(default="clean", type=checked("views"),
-                              help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, brightness-S."))},
+    "--views": {"": ((), declared("views",
+                                  help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, brightness-S."))},
     "--anchors": {"": ((), dict(help="Comma list of module names (X.mid inside ResNet blocks, X.input what enters "
                                 "X); default: the preset, else traced places ending at what the head reads."))},
     "--taps": {"": ((), dict(help="Transformer module taps per block: all, or a list of ln1,attn,resid_mid,ln2,fc1,"
                              "act,fc2,resid (timm ViTs); anchors become (block, tap) pairs."))},
-    "--pool": {"": ((), dict(type=click.Choice(FIELDS["pool"].choices),
-                             help="Token pooling for ViTs [default: cls where the model has a class token, else mean; "
-                                  "mean with --taps]."))},
-    "--chunk-rows": {"": ((), dict(type=checked("chunk_rows"), default=CHUNK_ROWS,
-                                   help="Store chunk size along images; the unit of resume."))},
-    "--precision": {"": ((), dict(type=click.Choice(FIELDS["precision"].choices), default="auto",
-                                  help="auto = fp16 autocast on CUDA, fp32 on CPU."))},
-    "--store-dtype": {"": ((), dict(type=click.Choice(FIELDS["store_dtype"].choices), default="auto",
-                                    help="Stored type of anchors and logits; auto = float16, float32 for an array "
+    "--pool": {"": ((), declared("pool", help="Token pooling for ViTs [default: cls where the model has a class "
+                                              "token, else mean; mean with --taps]."))},
+    "--chunk-rows": {"": ((), declared("chunk_rows",
+                                       help="Store chunk size along images; the unit of resume."))},
+    "--precision": {"": ((), declared("precision",
+                                      help="auto = fp16 autocast on CUDA, fp32 on CPU."))},
+    "--store-dtype": {"": ((), declared("store_dtype",
+                                        help="Stored type of anchors and logits; auto = float16, float32 for an array "
                                          "whose values float16 cannot hold."))},
-    "--decode": {"": ((), dict(type=click.Choice(["auto", "cpu", "gpu"]), default="auto", help="auto = gpu on CUDA: "
+    "--decode": {"": ((), declared("decode", help="auto = gpu on CUDA: "
                                "decode, crop and views on the device; cpu = PIL in the loader (the reference)."))},
     "--skip-bad": {"": ((), dict(is_flag=True, help="Record corrupt images as skipped instead of stopping."))},
     "--rebuild-changed": {"": ((), dict(is_flag=True, help="Image files changed since the store was built: recompute "
@@ -312,34 +331,34 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                 "a compile of a minute or so; recorded, so a resume must use it too)."))},
     # probe
     "--view": {
-        "predict": ((), dict(default="clean", type=checked("view"),
-                             help="View(s) to predict: a name, a comma list, or all.")),
-        "circuit": ((), dict(default="clean", type=checked("view"), help="clean or a corruption view (the OOD set).")),
-        "cka": ((), dict(default="clean", help="The view whose stored features are compared.")),
+        "predict": ((), declared("view",
+                                 help="View(s) to predict: a name, a comma list, or all.")),
+        "circuit": ((), declared("view", help="clean or a corruption view (the OOD set).")),
+        "cka": ((), dict(default=VIEW, help="The view whose stored features are compared.")),
     },
     "--variant": {
-        "probe": ((), dict(default="linear", help="linear | paper | projected[:dim=N] | "
+        "probe": ((), dict(default=VARIANT, help="linear | paper | projected[:dim=N] | "
                            "knn[:k=30,metric=euclidean|cosine,ties=lowest|nearer,leave_out=self|none,"
                            "refs=STORE] | head-probe | tuned-lens[:steps=250] | lens-direct (or a registered one; "
                            "lens: the old name of head-probe).")),
-        "ddb": ((), dict(type=click.Choice(["global", "deep", "out"]), default="global")),
+        "ddb": ((), dict(type=click.Choice(DDB_VARIANTS), default=DDB_VARIANTS[0])),
     },
     "--train-on-view": {"": ((), dict(type=checked("train_on_view"),
                                       help="Train the probes on this view [default: clean]."))},
-    "--cross-fit": {"": ((), dict(type=checked("cross_fit"), default=0,
-                                  help="K >= 2: K folds, every image predicted out of sample."))},
+    "--cross-fit": {"": ((), declared("cross_fit",
+                                      help="K >= 2: K folds, every image predicted out of sample."))},
     "--project-dim": {"": ((), dict(type=checked("project_dim"),
                                     help="Capacity control: the projected variant at this width (a seeded random "
                                          "projection of wider anchors); results coexist with the raw variant's."))},
-    "--split-seed": {"": ((), dict(type=checked("split_seed"), default=0,
-                                   help="Seed of the train/val/test split and cross-fit folds (fixed per database)."))},
-    "--val-frac": {"": ((), dict(type=checked("val_frac"), default=VAL_FRAC,
-                                 help="Share of the train split carved out as val (fixed per database)."))},
-    "--memory-budget": {"": ((), dict(type=checked("memory_budget"), default=MEMORY_BUDGET,
-                                      help="Keep features in memory up to this size, else stream chunks."))},
+    "--split-seed": {"": ((), declared("split_seed", help="Seed of the train/val/test split and cross-fit folds "
+                                                          "(fixed per database)."))},
+    "--val-frac": {"": ((), declared("val_frac",
+                                     help="Share of the train split carved out as val (fixed per database)."))},
+    "--memory-budget": {"": ((), declared("memory_budget",
+                                          help="Keep features in memory up to this size, else stream chunks."))},
     # cost and early exit
-    "--repeats": {"": ((), dict(type=checked("repeats"), default=20,
-                                help="Timed runs per measurement (median), after 3 warm-up runs."))},
+    "--repeats": {"": ((), declared("repeats",
+                                    help="Timed runs per measurement (median), after 3 warm-up runs."))},
     "--run": {
         "one": (("run_id",), dict(help="A run id (see `featstore sql \"SELECT run_id FROM runs\"`) [default: the "
                                   "database's only run].")),
@@ -358,20 +377,20 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                 "policy counts every image of --scope [default: with a gate, every policy counts "
                                 "only the images it did not learn from]."))},
     # circuits
-    "--ig-steps": {"": ((), dict(type=checked("ig_steps"), default=IG_STEPS,
-                                 help="m: integrated-gradient steps (left Riemann sum)."))},
+    "--ig-steps": {"": ((), declared("ig_steps",
+                                     help="m: integrated-gradient steps (left Riemann sum)."))},
     "--tau": {
-        "ddb": ((), dict(type=checked("tau"), default=0.3,
-                         help="Shallow = blocks < tau L, deep = blocks >= (1 - tau) L.")),
-        "zoo": ((), dict(type=checked("tau"), default=0.3,
-                         help="DDB's shallow/deep split in the printed table (zoo_tau_sweep: all).")),
+        "ddb": ((), declared("tau",
+                             help="Shallow = blocks < tau L, deep = blocks >= (1 - tau) L.")),
+        "zoo": ((), declared("tau",
+                             help="DDB's shallow/deep split in the printed table (zoo_tau_sweep: all).")),
     },
-    "--top-n": {"": ((), dict(type=checked("top_n"), default=200,
-                              help="Edges of the top-n graphs (jaccard, laplacian, netlsd)."))},
+    "--top-n": {"": ((), declared("top_n",
+                                  help="Edges of the top-n graphs (jaccard, laplacian, netlsd)."))},
     "--id": {"": (("id_run",), dict(required=True, help="Circuit run on in-distribution images."))},
     "--ood": {"": (("ood_run",), dict(required=True, help="Circuit run of the same model on shifted images."))},
-    "--distance": {"": ((), dict(type=click.Choice(["srcc", "cosine", "l2", "jaccard", "laplacian", "netlsd"]),
-                                 default="srcc"))},
+    "--distance": {"": ((), dict(type=click.Choice(CSS_DISTANCES),
+                                 default=CSS_DISTANCES[0]))},
     # cka
     "--unbiased": {"": ((), dict(is_flag=True, help="The unbiased HSIC estimator (Song et al. 2012) instead of the "
                                  "biased one of Kornblith et al.; both kept, side by side."))},
@@ -380,11 +399,11 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                        "instead."))},
     "--quick": {"": ((), dict(is_flag=True, help="Only look for missing chunk files (no chunk is read)."))},
     # gc
-    "--min-age": {"": ((), dict(type=checked("min_age"), default=MIN_AGE_S, help="Seconds since a version was last "
+    "--min-age": {"": ((), declared("min_age", help="Seconds since a version was last "
                                 "written before it may be removed (a probe may still be committing a newer one)."))},
     "--dry-run": {"": ((), dict(is_flag=True, help="List what would be removed; remove nothing."))},
     # demo
-    "--dataset": {"": ((), dict(default="layouts", help="layouts: generated dot layouts, class colour in half the "
+    "--dataset": {"": ((), dict(default=DEMO_DATASET, help="layouts: generated dot layouts, class colour in half the "
                                 "images (decided at the stem or later); digits: scikit-learn's 8x8 digits (nearly all "
                                 "decided at the stem)."))},
     "--epochs": {"": ((), dict(type=checked("epochs"),
@@ -400,6 +419,48 @@ ALIASES: dict[str, dict[str, str | None]] = {
     "--out": {"--to": None},
     "--format": {"--json": "json"},
 }
+
+
+def _flags_by_field() -> dict[str, str]:
+    """field name -> the flag that sets it, from the declarations above: the flag's own name (`val_frac`), the
+    name click hands the command (`run_id` for --run) and an old spelling's name (`runs`)."""
+    table: dict[str, str] = {}
+    for flag, roles in OPTIONS.items():
+        name = flag.split("/")[0]
+        for extra, _ in roles.values():
+            for field in (name.lstrip("-").replace("-", "_"), *extra[:1]):
+                table.setdefault(field, name)
+    for flag, aliases in ALIASES.items():  # an old spelling is a field name too (`runs`: compare's argument)
+        for alias, means in aliases.items():
+            if means is None:
+                table.setdefault(alias.lstrip("-").replace("-", "_"), flag)
+    return table
+
+
+FLAGS = _flags_by_field()
+_NAMES = "|".join(sorted(FLAGS, key=len, reverse=True))
+# a field the library names: `name=value` (at the start, or after a space or '(': not knn:k=30 nor 'a,k=3') or
+# `name` in backquotes (a mention without a value)
+_FIELD = re.compile(rf"(?<![^\s(])({_NAMES})=|`({_NAMES})`")
+# after a variant spec ('variant=knn:k=0: k=0 must be ...') a name=value is that variant's own parameter
+_AFTER_SPEC = re.compile(r"(?<![^\s(])variant=\S+: ")
+_IN_SPEC_TAIL = re.compile(rf"(?<![^\s(])(variant)=|`({_NAMES})`")
+
+
+def _flag(match: re.Match) -> str:
+    return f"{FLAGS[match[1]]} " if match[1] else FLAGS[match[2]]
+
+
+def as_flags(message: str) -> str:
+    """A library message, which names fields as a Python caller sets them (`val_frac=1.5: ...`, `` `taps` ``), as
+    the CLI says it: with the flags that set them (`--val-frac 1.5: ...`, `--taps`). The database's own words
+    (`SQL error: ...`, which may quote the user's `WHERE seed=0`) stay as they are."""
+    if message.startswith("SQL error: "):
+        return message
+    spec = _AFTER_SPEC.search(message)
+    if spec is None:
+        return _FIELD.sub(_flag, message)
+    return _FIELD.sub(_flag, message[:spec.end()]) + _IN_SPEC_TAIL.sub(_flag, message[spec.end():])
 
 
 def _alias_dest(flag: str) -> str:

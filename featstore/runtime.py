@@ -38,11 +38,11 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise FeatstoreError(f"--device {device}: torch sees no CUDA GPU here; use --device cpu or auto")
+            raise FeatstoreError(f"device={device}: torch sees no CUDA GPU here; use device=cpu or auto")
         if device == "cuda":
             device = f"cuda:{local_rank}"
     elif device != "cpu":
-        raise FeatstoreError(f"--device {device!r} is not one of auto, cpu, cuda, cuda:N")
+        raise FeatstoreError(f"device={device!r} is not one of auto, cpu, cuda, cuda:N")
     return torch.device(device)
 
 

@@ -195,7 +195,7 @@ class Names(Value):
         return "a name or a comma list of names (such as clean,brightness-1)"
 
     def check(self, value: Any) -> Any:
-        if not isinstance(value, str) or not [v for v in value.split(",") if v.strip()]:
+        if not isinstance(value, str) or not comma_list(value):
             raise self.refuse(value)
         return value
 
@@ -236,47 +236,67 @@ IG_STEPS = 5  # integrated-gradients steps of a circuit attribution
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")  # a build's forward precision
 DECODES = ("auto", "cpu", "gpu")  # where a build decodes its images
 MIN_AGE_S = 3600.0  # `featstore gc`: a probe version written less long ago may belong to a probe still committing
+VIEW = "clean"  # the view a build stores, a probe predicts and a circuit attributes, unless told otherwise
+VARIANT = "linear"  # the probe variant
+TAU = 0.3  # DDB's shallow/deep split (sql/ddb.sql's default says the same)
+TOP_N = 200  # edges of a circuit's top-n graph (sql/css.sql's default says the same)
+REPEATS = 20  # timed runs per cost measurement
+COST_BATCH_SIZES = (1, 64)  # `cost`'s batch sizes: latency (1) and throughput
+JOINT_MIN_CONF = 0.5  # the joint criterion's confidence threshold where compare and the report show it
+PER_PAIR = 4  # `compare`: disagreeing images listed per pair of definitions
+DDB_VARIANTS = ("global", "deep", "out")  # DDB's variants, the first the default (sql/ddb.sql's too)
+CSS_DISTANCES = ("srcc", "cosine", "l2", "jaccard", "laplacian", "netlsd")  # CSS's, the first the default (sql/css.sql)
+DEMO_DATASET = "layouts"  # the demo's generated image set
+TIMM_WEIGHTS = "default"  # circuits and zoo models: a timm checkpoint's default pretrained tag
 
 # The values every option, record field and file key of that name takes (the CLI flag is --name-with-dashes).
 FIELDS: dict[str, Value] = {
     "batch_size": Int(ge=1),
     "workers": Int(ge=0),
     "threads": Int(ge=1),
-    "seed": Int(ge=0),
-    "split_seed": Int(ge=0),
+    "seed": Int(ge=0, default=0),
+    "split_seed": Int(ge=0, default=0),
     "limit": Int(ge=1),
     "image_size": Int(ge=1),
     "chunk_rows": Int(ge=1, default=CHUNK_ROWS),
-    "cross_fit": Int(ge=2, also=(0,)),
+    "cross_fit": Int(ge=2, also=(0,), default=0),
     "val_frac": Real(gt=0, lt=1, default=VAL_FRAC),
     "memory_budget": Size(default=MEMORY_BUDGET),
-    "view": Names(),  # a view, a comma list of views, or all
-    "views": Names(),
+    "view": Names(default=VIEW),  # a view, a comma list of views, or all
+    "views": Names(default=VIEW),
     "train_on_view": Names(),
     "k": Int(ge=1),
-    "tau": Real(gt=0, lt=0.5),
+    "tau": Real(gt=0, lt=0.5, default=TAU),
     "ig_steps": Int(ge=1, default=IG_STEPS),
-    "top_n": Int(ge=1),
-    "repeats": Int(ge=1),
+    "top_n": Int(ge=1, default=TOP_N),
+    "repeats": Int(ge=1, default=REPEATS),
     "epochs": Int(ge=1),
     "project_dim": Int(ge=1),
-    "precision": Text(choices=PRECISIONS),
+    "precision": Text(choices=PRECISIONS, default="auto"),
+    "decode": Text(choices=DECODES, default="auto"),
     "pool": Text(choices=("cls", "mean")),  # how token anchors are pooled
-    "store_dtype": Text(choices=("auto", "float16", "float32")),  # featstore.nets.stored_types
+    "store_dtype": Text(choices=("auto", "float16", "float32"), default="auto"),  # featstore.nets.stored_types
     "min_age": Real(ge=0, default=MIN_AGE_S),
 }
 
 
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def default(name: str) -> Any:
+    """The declared default of field `name` (`FIELDS`), for a record's field and the option that fills it."""
+    return FIELDS[name].default
 
 
-def check_field(name: str, value: Any, where: str | None = None) -> Any:
-    """`value` checked as `FIELDS[name]`; else one FeatstoreError naming it as `where` (default: its CLI flag)."""
+def comma_list(text: str) -> list[str]:
+    """'a, b,,c' -> ['a', 'b', 'c']: the one reading of every comma list (views, anchors, taps, runs, numbers)."""
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def check_field(name: str, value: Any) -> Any:
+    """`value` checked as `FIELDS[name]`; else one FeatstoreError that names the field as a caller sets it
+    (`val_frac=1.5: must be ...`; the CLI says the flag that sets it instead: `--val-frac 1.5: ...`)."""
     try:
         return FIELDS[name].check(value)
     except ValueError as e:
-        raise FeatstoreError(f"{where or flag(name)} {shown(value)}: {e}") from None
+        raise FeatstoreError(f"{name}={shown(value)}: {e}") from None
 
 
 def check_fields(record: object, names: Sequence[str]) -> None:

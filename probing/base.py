@@ -399,5 +399,5 @@ def get_variant(spec: str) -> ProbeVariant:
                 raise ValueError(f"{key}={text} {e}") from None
         cls.checked(params)
     except ValueError as e:
-        raise FeatstoreError(f"--variant {spec}: {e}") from None
+        raise FeatstoreError(f"variant={spec}: {e}") from None
     return cls(**params)

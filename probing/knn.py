@@ -149,7 +149,7 @@ class References:
         `ModelSource` comparison, images aside) and the same class names, the view complete and sound."""
         from featstore.probing.run import check_complete
 
-        where = f"--variant knn:refs={refs}"
+        where = f"variant=knn:refs={refs}"
         try:
             store = FeatureStore(refs)
             theirs = store.source(key)
@@ -162,7 +162,7 @@ class References:
             differ.append("other class names than the probed store's (its labels would mean other classes)")
         if differ:
             raise FeatstoreError(f"{where}: its {key!r} is another model's features: {'; '.join(differ)}; build "
-                                 f"the reference images with the same --model, --weights and --anchors")
+                                 f"the reference images with the same `model`, `weights` and `anchors`")
         if view not in store.views(key):
             raise FeatstoreError(f"{where}: it has no view {view!r} of {key!r} (the training view); build it there")
         try:

@@ -113,7 +113,7 @@ class Linear(ProbeVariant):
         "decays": Int(3, ge=0, help="step-size cuts before a plateau means converged"),
         "full_batch": Int(1, ge=0, le=1, help="1: full-batch L-BFGS on resident rows; 0: SGD throughout"),
         **strength_parameters("|W|^2", solve="full_batch: "),
-        "C_step": Int(0, ge=-MAX_C_STEP, le=MAX_C_STEP,
+        "C_step": Int(StrengthGrid.step, ge=-MAX_C_STEP, le=MAX_C_STEP,
                       help="a neighbour run: solve each anchor at the grid value this many steps from the C its "
                            "val rows choose (-1: the next stronger penalty; clamped to the grid)"),
     }
@@ -173,7 +173,7 @@ class LinearGroup(ProbeGroup):
         self.solves = full_batch.on and ctx0.resident  # `finish` will solve: no SGD, so no preconditioning
         if full_batch.grid.step and not self.solves:
             raise FeatstoreError(f"linear:C_step={full_batch.grid.step} needs the C search, which needs the fit rows "
-                                 f"in memory; raise --memory-budget (these rows are streamed from the store)")
+                                 f"in memory; raise `memory_budget` (these rows are streamed from the store)")
         self.sgd_c = full_batch.grid.pinned or 1.0  # SGD has no search: the pinned C, or scikit-learn's default
         self.wd = 1.0 / (self.sgd_c * ctx0.n_fit)  # on the rows the final probe learns from
         self.held_out: dict[int, tuple[float, float]] = {}  # anchor -> val loss and accuracy, rows not learnt from

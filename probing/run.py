@@ -29,7 +29,7 @@ def parse_bytes(text: str | int) -> int:
     try:
         return parse_size(text)
     except ValueError as e:
-        raise FeatstoreError(f"--memory-budget {shown(text)}: {e}") from None
+        raise FeatstoreError(f"memory_budget={shown(text)}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class ProbeData:
             bad = low if low < 0 else top
             raise FeatstoreError(f"store {self.store.location}: label {bad} of its image table is no class index of "
                                  f"its {len(names)} classes (0..{len(names) - 1}); nothing was fitted: rebuild the "
-                                 f"store's image table (`featstore build` from --data)")
+                                 f"store's image table (`featstore build` from `data`)")
         absent = top + 1 - len(np.unique(labels))
         if not names and absent > len(labels):
             raise FeatstoreError(f"store {self.store.location}: its largest label, {top}, makes a {top + 1:,}-way "

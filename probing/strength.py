@@ -109,14 +109,18 @@ def strength_parameters(penalty: str, solve: str = "") -> dict[str, Value]:
     """The search's parameters, declared once for every family that uses it: `penalty` names what C scales
     (e.g. "|W|^2"), `solve` prefixes the solver's helps (e.g. "full_batch: ")."""
     return {
-        "C": Real(0.0, gt=0, also=(0,), help=f"L2 strength, scikit-learn's C (penalty {penalty} / 2CN); 0: chosen "
-                                              f"per anchor on the val rows from C_low..C_high"),
-        "C_low": Real(1e-3, gt=0, help="the searched grid's smallest C (strongest penalty)"),
-        "C_high": Real(1e2, gt=0, help="the searched grid's largest C"),
-        "C_per_decade": Int(2, ge=1, le=10, help="grid values per factor of 10 (2: 1e-3, 3.2e-3, 1e-2, ...)"),
-        "search_gtol": Real(1e-5, gt=0, help=f"{solve}the C path's gradient test (train rows, float32)"),
-        "gtol": Real(1e-6, gt=0, help=f"{solve}largest gradient entry at which the refit stops"),
-        "max_iterations": Int(1000, ge=1, help=f"{solve}L-BFGS iterations of each solve at most"),
+        "C": Real(StrengthGrid.pinned, gt=0, also=(0,),
+                  help=f"L2 strength, scikit-learn's C (penalty {penalty} / 2CN); 0: chosen per anchor on the val rows "
+                       f"from C_low..C_high"),
+        "C_low": Real(StrengthGrid.low, gt=0, help="the searched grid's smallest C (strongest penalty)"),
+        "C_high": Real(StrengthGrid.high, gt=0, help="the searched grid's largest C"),
+        "C_per_decade": Int(StrengthGrid.per_decade, ge=1, le=10,
+                            help="grid values per factor of 10 (2: 1e-3, 3.2e-3, 1e-2, ...)"),
+        "search_gtol": Real(Tolerances.search_gtol, gt=0,
+                            help=f"{solve}the C path's gradient test (train rows, float32)"),
+        "gtol": Real(Tolerances.gtol, gt=0, help=f"{solve}largest gradient entry at which the refit stops"),
+        "max_iterations": Int(Tolerances.max_iterations, ge=1,
+                              help=f"{solve}L-BFGS iterations of each solve at most"),
     }
 
 
@@ -164,8 +168,8 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, fam
     n_val = n - n_train
     cs = grid.values()
     if n_val == 0 and len(cs) > 1:
-        raise FeatstoreError(f"no val rows to choose the probe's L2 strength on ({n} fit rows); raise --val-frac, "
-                             f"or pin it with C=1 (e.g. --variant linear:C=1)")
+        raise FeatstoreError(f"no val rows to choose the probe's L2 strength on ({n} fit rows); raise `val_frac`, "
+                             f"or pin it with C=1 (e.g. variant=linear:C=1)")
     w = family.start(x)
     best_w = w.clone()
     best_loss = [math.inf] * g

@@ -75,13 +75,13 @@ def read_kept_head(store, key: str, variant: str) -> Head:
     or whose head does not match its logits, is one line naming the fix."""
     kept = store.read_head(key)
     if kept is None:
-        raise FeatstoreError(f"--variant {variant}: store {store.location} keeps no head weights for {key!r} (built "
+        raise FeatstoreError(f"variant={variant}: store {store.location} keeps no head weights for {key!r} (built "
                              f"before they were kept, or the model has no Linear head); rerun the same "
-                             f"`featstore build` to add them, or use --variant lens-direct")
+                             f"`featstore build` to add them, or use variant=lens-direct")
     weight, bias, module = kept
     classes = store.config(key).num_classes
     if weight.shape[0] != classes:
-        raise FeatstoreError(f"--variant {variant}: the head of {key!r} kept in {store.location} has "
+        raise FeatstoreError(f"variant={variant}: the head of {key!r} kept in {store.location} has "
                              f"{weight.shape[0]} classes, its logits {classes}; rerun the same `featstore build`")
     return Head(torch.from_numpy(weight), torch.from_numpy(bias), module)
 
@@ -90,10 +90,10 @@ def resident_head(variant: str, head: Head | None, ctxs, why: str) -> Head:
     """The head `bind` kept, on the rows' device, for a variant that trains on its fit rows held in memory; one
     line when it was never bound or the rows do not fit (`why` says what needs them in memory)."""
     if head is None:
-        raise FeatstoreError(f"--variant {variant}: no head to read through (the variant was not bound to a store)")
+        raise FeatstoreError(f"variant={variant}: no head to read through (the variant was not bound to a store)")
     if not ctxs[0].resident:
-        raise FeatstoreError(f"--variant {variant}: its fit rows do not fit --memory-budget and {why}; raise "
-                             f"--memory-budget, or use --variant lens-direct")
+        raise FeatstoreError(f"variant={variant}: its fit rows do not fit `memory_budget` and {why}; raise "
+                             f"`memory_budget`, or use variant=lens-direct")
     return head.to(ctxs[0].device)
 
 
@@ -118,7 +118,7 @@ class Translator(HeadReadout):
     name = "head-probe"
     parameters = {
         **strength_parameters("|A - A0|^2 on the map's distance from its initialisation"),
-        "memory": Int(10, ge=1, le=100, help="L-BFGS curvature pairs kept per anchor"),
+        "memory": Int(Tolerances.memory, ge=1, le=100, help="L-BFGS curvature pairs kept per anchor"),
     }
     cap_param = "max_iterations"
 
@@ -318,7 +318,7 @@ class TranslatorGroup(ProbeGroup):
         out = {}
         for i, a in enumerate(self.members):
             if a not in self.done:
-                raise FeatstoreError("--variant head-probe: the translator was never solved (its rows were not "
+                raise FeatstoreError("variant=head-probe: the translator was never solved (its rows were not "
                                      "resident)")
             w, info, converged, loss, (val_loss, val_accuracy) = self.done[a]
             d, mean, std = self.dim, self.mean[i, 0], self.std[i, 0]

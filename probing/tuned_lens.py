@@ -65,12 +65,12 @@ class TunedLens(HeadReadout):
             same = [a.name for a in anchors if a.dim == width]
             build = (f"build a store of those only (`featstore build --anchors {','.join(same)}`)" if same else
                      "no anchor of this store is that wide")
-            raise FeatstoreError(f"--variant {self.name}: {len(other)} of {len(anchors)} anchors of {key!r} are not "
+            raise FeatstoreError(f"variant={self.name}: {len(other)} of {len(anchors)} anchors of {key!r} are not "
                                  f"as wide as the head's input ({width}): "
                                  f"{', '.join(f'{a.name} ({a.dim})' for a in other[:4])}"
                                  f"{' ...' if len(other) > 4 else ''}; the tuned lens starts each translator at the "
                                  f"identity, which needs that width, and a run predicts every anchor: {build}, or "
-                                 f"use --variant head-probe (a map into the head's input from any width)")
+                                 f"use variant=head-probe (a map into the head's input from any width)")
 
     def plan(self, n_fit: int) -> Plan:
         return Plan(max_epochs=1, batch_size=8192)  # `finish` takes every step before any epoch
@@ -171,7 +171,7 @@ class TunedLensGroup(ProbeGroup):
         out = {}
         for a in self.members:
             if a not in self.fits:
-                raise FeatstoreError("--variant tuned-lens: the lens was never trained (its rows were not resident)")
+                raise FeatstoreError("variant=tuned-lens: the lens was never trained (its rows were not resident)")
             fit = self.fits[a]
             logits = val_x[a].to(fit.weight.device) @ fit.weight.T + fit.bias
             fit.val_loss = float(targets.nll(torch.log_softmax(logits, dim=-1)[None], val_y).double().mean()

@@ -433,25 +433,6 @@ def test_analytical_sql_lives_in_sql_files():
     assert _sql_strings(Path(__file__))  # the scan sees calls (this file has some)
 
 
-def test_every_option_is_declared_once():
-    """One `click.option` call in the whole CLI (cli/options.py's `option`), every option name one entry of its
-    table, and options that fill a record take the record's default."""
-    from featstore.cli.options import OPTIONS, RUN_FLAGS
-    from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
-
-    calls = [(path.name, node.lineno) for path in sorted((ROOT / "cli").glob("*.py"))
-             for node in ast.walk(ast.parse(path.read_text()))
-             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "option"
-             and getattr(node.func.value, "id", None) == "click"]
-    assert len(calls) == 1 and calls[0][0] == "options.py", calls
-    for record, flags in ((RunOptions, RUN_FLAGS), (ModelSpec, {"weights": "--weights", "image_size": "--image-size"}),
-                          (ImageSource, {"labels": "--labels", "limit": "--limit"})):
-        for field, flag in flags.items():
-            default = getattr(record(**({"model": "m"} if record is ModelSpec else
-                                        {"data": "d"} if record is ImageSource else {})), field)
-            assert OPTIONS[flag][next(iter(OPTIONS[flag]))][1].get("default") == default, flag
-
-
 def test_the_cli_build_and_probe_call_the_public_api():
     """`featstore build` and `featstore probe` run `fs.build` / `fs.probe` (docs/python.md), not the jobs beneath."""
     tree = ast.parse((ROOT / "cli" / "main.py").read_text())

@@ -43,7 +43,7 @@ from featstore.runtime import (
     resolve_device,
     tune_allocator,
 )
-from featstore.schema import CHUNK_ROWS
+from featstore.schema import CHUNK_ROWS, VIEW, check_fields, default
 from featstore.store.config import StoreConfig
 from featstore.store.location import StoreLocation
 from featstore.store.reader import model_key
@@ -64,19 +64,22 @@ class BuildConfig:
     model: ModelSpec
     images: ImageSource
     store: str | Path | StoreLocation  # a folder, or an object-store URL (featstore.store.location)
-    views: str = "clean"
+    views: str = VIEW
     anchors: str | None = None
     taps: str | None = None
     pool: str | None = None
     chunk_rows: int = CHUNK_ROWS
-    precision: str = "auto"
-    store_dtype: str = "auto"  # featstore.nets.stored_types: float16, float32 where float16 cannot hold the values
-    decode: str = "auto"
+    precision: str = default("precision")
+    store_dtype: str = default("store_dtype")  # featstore.nets.stored_types: float16, float32 where float16 cannot hold
+    decode: str = default("decode")
     skip_bad: bool = False
     rebuild_changed: bool = False  # images changed since the store was built: recompute their chunks, not refuse
     name: str | None = None
     compile: bool = False  # the tapped forward under torch.compile (recorded: a resume must match it)
     run: RunOptions = field(default_factory=RunOptions)
+
+    def __post_init__(self) -> None:
+        check_fields(self, ("views", "chunk_rows", "precision", "store_dtype", "decode", "pool"))
 
     @property
     def batch_size(self) -> int:
@@ -131,8 +134,6 @@ def build(cfg: BuildConfig) -> BuildResult:
     """Build (or resume) one model's views in a store; see the module docstring for the guarantees."""
     started = time.perf_counter()
     tune_allocator()
-    if cfg.chunk_rows < 1:
-        raise FeatstoreError(f"--chunk-rows {cfg.chunk_rows}: give a positive number of images per chunk")
     StoreLocation.parse(cfg.store).check_usable()
     ranks = ranks_from_env()
     device = resolve_device(cfg.run.device, ranks.local_rank)
@@ -154,7 +155,7 @@ def _build(cfg: BuildConfig, ranks: Ranks, device: torch.device, precision: str,
     memory_format = preferred_memory_format(loaded.module)
     model = loaded.module.to(device, memory_format=memory_format)
     if cfg.taps and cfg.anchors:
-        raise FeatstoreError("--taps and --anchors exclude each other: taps define the anchors")
+        raise FeatstoreError("`taps` and `anchors` exclude each other: taps define the anchors")
     sample = loaded.preprocessing.normalize(torch.zeros(1, 3, loaded.preprocessing.crop, loaded.preprocessing.crop))
     sample = sample.to(device).contiguous(memory_format=memory_format)
     # module taps pool over all tokens (docs/design.md §3); other token anchors read the CLS token where there is one
@@ -189,8 +190,8 @@ def compiled_forward(job: BuildJob) -> torch.nn.Module:
         with torch.inference_mode(), _autocast(job):
             forward(batch.contiguous(memory_format=job.memory_format))
     except Exception as e:
-        raise FeatstoreError(f"--compile: torch.compile failed on this model ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0][:200] if str(e) else ''}); build without --compile") from e
+        raise FeatstoreError(f"`compile`: torch.compile failed on this model ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:200] if str(e) else ''}); build without `compile`") from e
     return forward
 
 
@@ -385,7 +386,7 @@ def _skipped(job: BuildJob, rows: list[int], errors: list[str | None], result: B
         path = job.images.root / job.images.paths[rows[i]]
         if not job.cfg.skip_bad:
             raise FeatstoreError(f"cannot decode image {path} ({error}); remove or replace the file, or pass "
-                                 f"--skip-bad to record it as skipped and go on")
+                                 f"`skip_bad` to record it as skipped and go on")
         result.bad_images.append(str(path))
         skipped[i] = True
     return skipped

@@ -13,12 +13,13 @@ from featstore.errors import FeatstoreError
 from featstore.nets.anchors import resolve_anchors
 from featstore.nets.models import load_model
 from featstore.runtime import resolve_device, tune_allocator
+from featstore.schema import COST_BATCH_SIZES, REPEATS
 from featstore.store.reader import FeatureStore
 from featstore.threads import ThreadPolicy
 
 
 def measure_model(key: str, db: str | Path, store: str | Path | None = None, device: str = "auto",
-                  batch_sizes: Sequence[int] = (1,), repeats: int = 20,
+                  batch_sizes: Sequence[int] = COST_BATCH_SIZES, repeats: int = REPEATS,
                   image_size: int | None = None, threads: int | None = None) -> list[ModelCost]:
     """Measure a model of the store/DB and save its costs. Weights do not change timings, so the architecture
     is rebuilt with random weights (and the head width the stored model has). On the CPU each batch size is
@@ -33,13 +34,13 @@ def measure_model(key: str, db: str | Path, store: str | Path | None = None, dev
             name, anchors, pool_kind = cfg.model, list(cfg.anchors), cfg.token_pool or "cls"
             if image_size is None and cfg.preprocessing is None:
                 raise FeatstoreError(f"store {store} holds features of {key!r} written without images (no crop "
-                                     f"size recorded); pass --image-size")
+                                     f"size recorded); pass `image_size`")
             crop = image_size or cfg.preprocessing.crop
             head, probe_classes = cfg.num_classes, len(fs.image_attrs().get("class_names", [])) or cfg.num_classes
         else:
             names = q.anchor_names(con, key)
             if not names:
-                raise FeatstoreError(f"database {db} has no anchors of {key!r}; pass --store, or probe the model first")
+                raise FeatstoreError(f"database {db} has no anchors of {key!r}; pass `store`, or probe the model first")
             name, pool_kind, head = key, "cls", None
             probe_classes = q.label_count(con) or 1000
             crop = None

@@ -31,6 +31,7 @@ from featstore.images.preprocessing import Preprocessing
 from featstore.images.views import parse_views
 from featstore.nets.models import load_model
 from featstore.probing.split import make_split
+from featstore.schema import DEMO_DATASET
 from featstore.threads import ThreadPolicy
 from featstore.workflows.build import BuildConfig, build
 from featstore.workflows.cka import compute_cka
@@ -196,17 +197,17 @@ def train_resnet18(data: Path, target: Path, epochs: int, seed: int = 0, progres
     return target
 
 
-def run_demo(out: Path, dataset: str = "layouts", epochs: int | None = None, limit: int | None = None,
+def run_demo(out: Path, dataset: str = DEMO_DATASET, epochs: int | None = None, limit: int | None = None,
              run: RunOptions | None = None) -> DemoResult:
     """Everything under out/<dataset>/: images, cached network, store, database and report. `run` gives the
     progress bars and CPU threads of every step (its device is the CPU's: the demo is a CPU demo)."""
     run = run or RunOptions()
     if dataset not in DATASETS:
-        raise FeatstoreError(f"--dataset {dataset!r}: choose one of {', '.join(DATASETS)}")
+        raise FeatstoreError(f"dataset={dataset!r}: choose one of {', '.join(DATASETS)}")
     preset = DATASETS[dataset]
     epochs = preset.epochs if epochs is None else epochs
     if epochs < 1:
-        raise FeatstoreError(f"--epochs {epochs}: train for at least one epoch")
+        raise FeatstoreError(f"epochs={epochs}: train for at least one epoch")
     home = Path(out) / dataset
     seconds: dict[str, float] = {}
 

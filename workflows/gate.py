@@ -125,7 +125,7 @@ def train_gate(db: str | Path, run_id: str, split: str = "train", c: float = 1.0
     """Fit the learned exit gate of one run on the images of `split` and store it with its scores; `on_start` is
     called once the input is checked, before the work (the CLI says what it does then, not before a refusal)."""
     if split not in ("train", "val", "test"):
-        raise FeatstoreError(f"--split {split!r}: the gate learns from one split: train, val or test")
+        raise FeatstoreError(f"split={split!r}: the gate learns from one split: train, val or test")
     if not run_ids_among(db, [run_id]):
         raise FeatstoreError(f"no run {run_id!r} in {db}; list them with featstore sql --db {db} "
                              f"\"SELECT run_id FROM runs\"")
@@ -146,7 +146,7 @@ def train_gate(db: str | Path, run_id: str, split: str = "train", c: float = 1.0
     if len(train_y) == 0 or train_y.min() == train_y.max():
         raise FeatstoreError(f"run {run_id!r}: the {split} split has {int(learnt.sum())} images and their anchors "
                              f"are {'all' if len(train_y) and train_y.max() else 'never'} right and final; a gate "
-                             f"needs both kinds (pass another --split)")
+                             f"needs both kinds (pass another `split`)")
     fit = fit_logistic(train_x, train_y, c)
     score = fit.score(x.reshape(-1, x.shape[-1])).reshape(y.shape).astype(np.float32)
     weights = dict(zip(names, map(float, fit.weight), strict=True))

@@ -90,7 +90,7 @@ def _fold(con: duckdb.DuckDBPyConnection, source: Path, replace: bool) -> list[s
     if conflicts and not replace:
         more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
         raise FeatstoreError(f"source {source} holds {conflicts[0]}{more} with other content than the target; "
-                             f"pass --replace to keep the source's, or leave that source out")
+                             f"pass `replace` to keep the source's, or leave that source out")
     con.execute(fsdb.sql_text("merge_rows"))
     con.execute(fsdb.sql_text("migrate_runs"))  # a source older than the identity columns brought runs without them
     return conflicts

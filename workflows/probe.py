@@ -47,7 +47,7 @@ from featstore.probing.run import (
 )
 from featstore.records import DatasetInfo, ProbeRun, RunIdentity, RunRows
 from featstore.runtime import resolve_device
-from featstore.schema import MEMORY_BUDGET, VAL_FRAC, check_fields
+from featstore.schema import MEMORY_BUDGET, VAL_FRAC, VARIANT, VIEW, check_fields, comma_list, default
 from featstore.store.reader import FeatureStore, model_key, new_probe_version
 from featstore.store.writer import StoreWriter
 from featstore.threads import ThreadPolicy
@@ -62,11 +62,11 @@ class ProbeConfig:
     store: str | Path  # a folder, or an object-store URL (featstore.store.location)
     model: str  # the store group
     db: Path
-    view: str = "clean"
-    variant: str | ProbeVariant = "linear"  # a registered variant's spec, or a variant made for this job
+    view: str = VIEW
+    variant: str | ProbeVariant = VARIANT  # a registered variant's spec, or a variant made for this job
     train_on_view: str | None = None
-    cross_fit: int = 0
-    split_seed: int = 0  # train/val/test split and cross-fit folds, fixed per database
+    cross_fit: int = default("cross_fit")
+    split_seed: int = default("split_seed")  # train/val/test split and cross-fit folds, fixed per database
     val_frac: float = VAL_FRAC
     memory_budget: str = MEMORY_BUDGET
     run: RunOptions = field(default_factory=RunOptions)
@@ -101,7 +101,7 @@ class _Job:
     def resolve(cls, cfg: ProbeConfig, store: FeatureStore, device: torch.device) -> _Job:
         key = model_key(cfg.model)
         store.model_attrs(key)  # an unknown model is a one-line error
-        views = store.views(key) if cfg.view == "all" else [v.strip() for v in cfg.view.split(",") if v.strip()]
+        views = store.views(key) if cfg.view == "all" else comma_list(cfg.view)
         train_view = cfg.train_on_view or ("clean" if "clean" in store.views(key) else views[0])
         variant = cfg.variant if isinstance(cfg.variant, ProbeVariant) else get_variant(cfg.variant)
         variant.bind(store, key, train_view)  # its own checks (knn's reference store, the lens's head), before work
@@ -139,10 +139,10 @@ def check_val_rows(data: ProbeData, cfg: ProbeConfig) -> None:
     fraction that leaves a fit none is refused before training, not learnt as untrained weights marked converged."""
     for k, (rows, _) in enumerate(fit_plans(data)):
         if not len(rows.val):
-            where = f"fold {k} of --cross-fit {cfg.cross_fit}" if cfg.cross_fit else "the split"
-            raise FeatstoreError(f"--val-frac {cfg.val_frac}: {where} holds no val rows ({len(rows.train)} train "
+            where = f"fold {k} of cross_fit={cfg.cross_fit}" if cfg.cross_fit else "the split"
+            raise FeatstoreError(f"val_frac={cfg.val_frac}: {where} holds no val rows ({len(rows.train)} train "
                                  f"rows of {len(data.valid)} usable images); early stopping and the val accuracy "
-                                 f"need some: pass a larger --val-frac")
+                                 f"need some: pass a larger `val_frac`")
 
 
 def planned_run_ids(cfg: ProbeConfig) -> list[str]:
@@ -225,7 +225,7 @@ def probe_job(cfg: ProbeConfig) -> ProbeResult:
         check_complete(store, key, v)
     store.check_writable(key)
     if cfg.cross_fit > len(data.valid) // 2:
-        raise FeatstoreError(f"--cross-fit {cfg.cross_fit}: the store has {len(data.valid)} usable images, so at "
+        raise FeatstoreError(f"cross_fit={cfg.cross_fit}: the store has {len(data.valid)} usable images, so at "
                              f"most {len(data.valid) // 2} folds (each fold must hold out at least 2 images)")
     check_val_rows(data, cfg)
     image_attrs = store.image_attrs()

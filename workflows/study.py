@@ -30,7 +30,7 @@ from featstore.nets.anchors import PRESETS
 from featstore.nets.depth import DEFAULT_COUNT
 from featstore.probing.base import get_variant
 from featstore.records import RunIdentity
-from featstore.schema import CHUNK_ROWS, FIELDS, MEMORY_BUDGET, VAL_FRAC, Either, ListOf, Real, Text, shown
+from featstore.schema import CHUNK_ROWS, FIELDS, MEMORY_BUDGET, VAL_FRAC, Either, ListOf, Real, Text, comma_list, shown
 from featstore.store.location import StoreLocation
 from featstore.store.reader import FeatureStore, model_key
 from featstore.workflows.build import BuildConfig, build
@@ -137,7 +137,7 @@ def load_study(path: str | Path, data: str | Path | None = None, out: str | Path
     section_data, build_section, probe_section = found["data"], found["build"], found["probe"]
     located = data or section_data.get("path")
     if not located:
-        raise FeatstoreError(f"study file {path} names no images: give --data or [data] path")
+        raise FeatstoreError(f"study file {path} names no images: give `data` or [data] path")
     base = path.parent
     labels = section_data.get("labels")
     images = ImageSource(local_path(located, base if not data else Path.cwd()),
@@ -196,7 +196,7 @@ def _check_k(where: str, k: int, models: list[StudyModel]) -> None:
     as the file tells it: its `anchors` list, the model's preset, or the default count; the report checks the
     anchors the store really has)."""
     for m in models:
-        count = len([a for a in m.anchors.split(",") if a.strip()]) if m.anchors else len(
+        count = len(comma_list(m.anchors)) if m.anchors else len(
             PRESETS.get(m.spec.model, [None] * DEFAULT_COUNT))
         if k >= count:
             raise FeatstoreError(f"{where}: k = {k} must be below the {count} anchors of {m.key} (k counts the "
@@ -294,7 +294,7 @@ def run_study(path: str | Path, data: str | Path | None = None, out: str | Path 
     study = replace(study, build_run=replace(study.build_run, threads=threads),
                     probe_run=replace(study.probe_run, threads=threads))
     if not study.images.data.is_dir():
-        raise FeatstoreError(f"image folder {study.images.data} does not exist; pass --data or fix [data] path")
+        raise FeatstoreError(f"image folder {study.images.data} does not exist; pass `data` or fix [data] path")
     study.out.mkdir(parents=True, exist_ok=True)
     state_file = study.out / "study-state.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}

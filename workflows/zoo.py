@@ -24,7 +24,7 @@ from featstore.errors import FeatstoreError
 from featstore.images.datasets import ViewDataset, labels_for_head
 from featstore.images.views import parse_view
 from featstore.records import ZooRow
-from featstore.schema import FIELDS, IG_STEPS, Text, check_fields
+from featstore.schema import FIELDS, IG_STEPS, TAU, TIMM_WEIGHTS, TOP_N, Text, check_fields
 from featstore.threads import ThreadPolicy
 from featstore.workflows.toml_files import TABLE, entries, local_path, read_toml, section
 
@@ -63,8 +63,8 @@ class ZooConfig:
     db: Path
     ig_steps: int = IG_STEPS
     limit: int | None = None
-    tau: float = 0.3
-    top_n: int = 200
+    tau: float = TAU
+    top_n: int = TOP_N
     run: RunOptions = field(default_factory=RunOptions)
 
     def __post_init__(self) -> None:
@@ -107,7 +107,7 @@ def read_zoo(path: str | Path) -> ZooSpec:
     models = []
     for i, entry in enumerate(entries(doc["models"])):
         entry = section(f"{path} [[models]] #{i + 1}", entry, MODEL_KEYS, {"name", "model"})
-        weights = entry.get("weights", "default")
+        weights = entry.get("weights", TIMM_WEIGHTS)
         models.append(ZooModel(entry["name"], ModelSpec(
             entry["model"], weights if weights in ("default", "none") else str(local_path(weights, base)),
             entry.get("image_size"))))

@@ -31,7 +31,7 @@ from torch import nn
 from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 from featstore.errors import FeatstoreError
 from featstore.records import CircuitRun
-from featstore.schema import IG_STEPS
+from featstore.schema import IG_STEPS, VIEW, check_fields
 
 try:  # timm's LayerNorm subclass only changes how it is called, not what it computes
     from timm.layers import LayerNorm as _TimmLayerNorm
@@ -370,11 +370,14 @@ class CircuitConfig:
 
     model: ModelSpec
     images: ImageSource
-    view: str = "clean"
+    view: str = VIEW
     ig_steps: int = IG_STEPS
     name: str | None = None
     dataset: str | None = None
     run: RunOptions = field(default_factory=RunOptions)
+
+    def __post_init__(self) -> None:
+        check_fields(self, ("view", "ig_steps"))
 
     @property
     def source(self) -> ImageSource:
@@ -414,8 +417,6 @@ def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
     from featstore.threads import ThreadPolicy
 
     tune_allocator()
-    if cfg.ig_steps < 1:
-        raise FeatstoreError("--ig-steps must be at least 1")
     view = parse_view(cfg.view)
     images = cfg.source.discover(cfg.run.seed)
     loaded, graph = load_graph(cfg.model, cfg.run.seed, cfg.run.device, cfg.name)

@@ -20,11 +20,11 @@ from featstore.store.writer import ChunkData
 def resolve_precision(precision: str, device: torch.device) -> str:
     """`--precision` made concrete for a device (auto: fp16 on CUDA, fp32 elsewhere), refusing what it cannot run."""
     if precision not in PRECISIONS:
-        raise FeatstoreError(f"--precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+        raise FeatstoreError(f"precision={precision!r}: use one of {', '.join(PRECISIONS)}")
     if precision == "auto":
         return "fp16" if device.type == "cuda" else "fp32"
     if precision == "fp16" and device.type != "cuda":
-        raise FeatstoreError("--precision fp16 needs --device cuda; use fp32 or bf16 on CPU")
+        raise FeatstoreError("precision=fp16 needs device=cuda; use fp32 or bf16 on CPU")
     return precision
 
 

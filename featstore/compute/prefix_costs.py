@@ -20,6 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from featstore.nets.anchors import Anchor
 from featstore.nets.extraction import hook_anchor, output_shapes, pool
 from featstore.records import AnchorCost, ModelCost
+from featstore.schema import REPEATS
 
 
 class _Stop(Exception):
@@ -58,7 +59,7 @@ def _flops(fn: Callable[[], object]) -> int:
 
 
 def measure_costs(model: nn.Module, anchors: Sequence[Anchor], crop: int, num_classes: int, device: torch.device,
-                  batch_size: int, token_pool: str = "cls", repeats: int = 20, warmup: int = 3) -> ModelCost:
+                  batch_size: int, token_pool: str = "cls", repeats: int = REPEATS, warmup: int = 3) -> ModelCost:
     """Prefix and probe cost of every anchor, and the full model's, at one batch size."""
     model = model.to(device).eval()
     x = torch.randn(batch_size, 3, crop, crop, device=device)

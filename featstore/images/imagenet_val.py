@@ -163,5 +163,5 @@ def match_files(root: Path, labels: Path, listed: dict[str, ListedLabel], files:
     if not found:
         example = next(iter(listed))
         raise FeatstoreError(f"labels file {labels} lists {len(listed):,} images and none of them is in {root} "
-                             f"(e.g. {example}.JPEG); pass the folder that holds them as --data")
+                             f"(e.g. {example}.JPEG); pass the folder that holds them as `data`")
     return found

@@ -22,6 +22,7 @@ from functools import cache
 import torch
 
 from featstore.errors import FeatstoreError
+from featstore.schema import comma_list
 
 VIEW_GENERATOR = 2  # how new views are made (recorded per view): 2 draws noise from the counter-based generator;
 VIEW_GENERATORS = (1, 2)  # 1 (views made before it, which record none) from per-image torch.Generator draws
@@ -178,7 +179,7 @@ def with_generator(view: View, recorded: dict) -> View:
     generator = int(recorded.get("view_generator", 1))
     if generator not in VIEW_GENERATORS:
         raise FeatstoreError(f"view {view.name!r} was made with view generator {generator}, which this featstore "
-                             f"does not have; build it with that featstore's version, or under another --name")
+                             f"does not have; build it with that featstore's version, or under another `name`")
     return View(view.name, view.corruption, view.severity, generator)
 
 
@@ -194,7 +195,7 @@ def parse_view(name: str) -> View:
 
 def parse_views(spec: str) -> list[View]:
     """'clean,gaussian_noise-1' -> views in the given order, without repeats."""
-    names = [n.strip() for n in spec.split(",") if n.strip()]
+    names = comma_list(spec)
     if not names:
-        raise FeatstoreError("--views is empty: give e.g. clean or clean,gaussian_noise-1")
+        raise FeatstoreError("`views` is empty: give e.g. clean or clean,gaussian_noise-1")
     return [parse_view(n) for n in dict.fromkeys(names)]

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from featstore.errors import FeatstoreError
+from featstore.schema import comma_list
 
 if TYPE_CHECKING:  # the records above are read without torch (`featstore info`); the functions below take a model
     from torch import nn
@@ -164,7 +165,7 @@ def head_name(model: nn.Module) -> str | None:
 def check_anchor_names(names: list[str]) -> list[str]:
     """A usable anchor list: no name twice, and a start and an end."""
     if len(set(names)) != len(names):
-        raise FeatstoreError(f"--anchors lists a name twice: {','.join(names)}")
+        raise FeatstoreError(f"`anchors` lists a name twice: {','.join(names)}")
     if len(names) < 2:
         raise FeatstoreError("need at least 2 anchors: a decision timeline has a start and an end")
     return names
@@ -176,11 +177,11 @@ def tap_anchor_names(model: nn.Module, taps: str) -> list[str]:
 
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, (nn.Sequential, nn.ModuleList)) or not all(hasattr(b, "norm2") for b in blocks):
-        raise FeatstoreError("--taps needs a timm VisionTransformer-style model (blocks with norm1/attn/norm2/mlp)")
-    names = list(TAPS) if taps == "all" else [t.strip() for t in taps.split(",") if t.strip()]
+        raise FeatstoreError("`taps` needs a timm VisionTransformer-style model (blocks with norm1/attn/norm2/mlp)")
+    names = list(TAPS) if taps == "all" else comma_list(taps)
     unknown = [t for t in names if t not in TAPS]
     if unknown:
-        raise FeatstoreError(f"--taps {taps}: unknown tap(s) {', '.join(unknown)}; use all or {','.join(TAPS)}")
+        raise FeatstoreError(f"taps={taps}: unknown tap(s) {', '.join(unknown)}; use all or {','.join(TAPS)}")
     return [f"blocks.{i}.{tap}" for i in range(len(blocks)) for tap in names]
 
 

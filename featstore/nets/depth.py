@@ -22,6 +22,7 @@ from torch import nn
 from featstore.errors import FeatstoreError
 from featstore.nets.anchors import INPUT_SUFFIX, check_anchor_names, preset_for
 from featstore.nets.extraction import is_channels_last, noisy_pair
+from featstore.schema import comma_list
 
 DEFAULT_COUNT = 12
 
@@ -44,7 +45,7 @@ def anchor_names_for(arch: str, library: str, model: nn.Module, anchors: str | N
                      token_pool: str = "cls") -> list[str]:
     """The user's --anchors, else the preset for this model, else the traced defaults (one forward on `sample`)."""
     if anchors:
-        names = [a.strip() for a in anchors.split(",") if a.strip()]
+        names = comma_list(anchors)
     else:
         names = preset_for(library, arch) or default_anchor_names(model, sample, token_pool)
     return check_anchor_names(names)
@@ -68,7 +69,7 @@ def default_anchor_names(model: nn.Module, sample: torch.Tensor, token_pool: str
     chosen = _spread(layers, count - 1)
     if not chosen:
         raise FeatstoreError("found no module output that the whole forward passes through before the head; "
-                             "pass --anchors a,b,c (`featstore anchors --model <name> --all` lists the names)")
+                             "pass anchors=a,b,c (`featstore anchors --model <name> --all` lists the names)")
     return [p.name for p in chosen] + [head + INPUT_SUFFIX]
 
 
@@ -131,13 +132,13 @@ def trace_places(model: nn.Module, sample: torch.Tensor, token_pool: str = "cls"
             logits = logits[0] if isinstance(logits, (tuple, list)) else logits
     except RuntimeError as e:
         raise FeatstoreError(f"cannot trace this model to choose its default anchors ({str(e)[:120]}); pass "
-                             f"--anchors a,b,c") from e
+                             f"anchors=a,b,c") from e
     finally:
         for h in handles:
             h.remove()
     if not last_start or not isinstance(logits, torch.Tensor) or logits.grad_fn is None:
         raise FeatstoreError("cannot find this model's head (its output does not come from a module with "
-                             "parameters); pass --anchors a,b,c")
+                             "parameters); pass anchors=a,b,c")
     head, head_input = last_start[0]
     chain = dominator_chain(logits.grad_fn, image.grad_fn)
     position = {node: i for i, node in enumerate(chain)}

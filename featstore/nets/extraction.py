@@ -54,7 +54,7 @@ class Tapper:
 
     def __init__(self, model: nn.Module, anchors: Sequence[Anchor], token_pool: str = "cls"):
         if token_pool not in TOKEN_POOLS:
-            raise FeatstoreError(f"--pool {token_pool!r}: use one of {', '.join(TOKEN_POOLS)}")
+            raise FeatstoreError(f"pool={token_pool!r}: use one of {', '.join(TOKEN_POOLS)}")
         self.model = model
         self.anchors = list(anchors)
         self.token_pool = token_pool

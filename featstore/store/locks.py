@@ -34,7 +34,7 @@ def lock_holder(path: Path) -> str:
 
 
 @contextmanager
-def locked(path: Path, wait: bool, what: str, instead: str = "or use another --store") -> Iterator[None]:
+def locked(path: Path, wait: bool, what: str, instead: str = "or use another `store`") -> Iterator[None]:
     """Hold an exclusive lock on directory `path`: wait for it, or refuse at once naming its holder (`instead`:
     what else the refusal suggests)."""
     fd = os.open(path, os.O_RDONLY)

@@ -42,7 +42,7 @@ def model_key(name: str) -> str:
     """A model name as a store group name: 'timm/vit_base_patch16_224' -> 'timm_vit_base_patch16_224'."""
     key = name.replace("/", "_")
     if not _KEY.match(key):
-        raise FeatstoreError(f"{name!r} cannot name a store group; use --name with letters, digits, _ . -")
+        raise FeatstoreError(f"{name!r} cannot name a store group; use `name` with letters, digits, _ . -")
     return key
 
 
@@ -69,12 +69,12 @@ class StoreReading:
                                         **({} if mode == "r" else {"attributes": {"featstore_format": FORMAT}}))
         except Exception as e:
             raise FeatstoreError(f"cannot open {self.location} as a Zarr v3 store ({type(e).__name__}: "
-                                 f"{brief(e)}); point --store at a featstore store or a new path") from e
+                                 f"{brief(e)}); point `store` at a featstore store or a new path") from e
         fmt = self.root.attrs.get("featstore_format")
         if fmt is None and mode != "r" and not list(self.root.keys()):
             self.root.attrs["featstore_format"] = FORMAT
         elif fmt != FORMAT:
-            raise FeatstoreError(f"{self.location} is not a featstore store (format {fmt!r}); use a new --store path")
+            raise FeatstoreError(f"{self.location} is not a featstore store (format {fmt!r}); use a new `store` path")
 
 
     # -- the roles it composes ----------------------------------------------------------------------

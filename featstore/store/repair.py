@@ -33,8 +33,8 @@ def repair_images(store: StoreWriter, images: ImageSet) -> list[str]:
             continue
     if images.fingerprint() not in known:
         raise FeatstoreError(f"store {store.location} is damaged: {damage[0]}; these images are not those the store "
-                             f"was built from, so their table cannot be rewritten: pass the --data, --labels and "
-                             f"--limit it was built with, or use a new --store")
+                             f"was built from, so their table cannot be rewritten: pass the `data`, `labels` and "
+                             f"`limit` it was built with, or use a new `store`")
     stats = store.image_stats(contents=False)  # as recorded: the views keep their own contents
     store.delete("images")
     store.write_images(images)
@@ -60,7 +60,7 @@ def check_image_files(store: StoreWriter, images: ImageSet, rebuild: bool) -> li
         more = f" and {len(names) - 1} more" if len(names) > 1 else ""
         raise FeatstoreError(f"image {names[0]}{more} changed since store {store.location} was built from it (size, "
                              f"modification time or content), so its features would mix old and new images; pass "
-                             f"--rebuild-changed to recompute the chunks that hold them, or restore the file")
+                             f"`rebuild_changed` to recompute the chunks that hold them, or restore the file")
     store.undo_rows(changed)
     store.record_image_stats(now)
     return names

@@ -87,14 +87,14 @@ class StoreWriter(FeatureStore):
             raise FeatstoreError(f"store {self.location} is damaged: the metadata of model {key!r} ({key}/zarr.json) "
                                  f"cannot be read ({brief(e)}), so what built its arrays is unknown and build "
                                  f"cannot repair it; remove {key} from the store and build it again, or use a new "
-                                 f"--store") from e
+                                 f"`store`") from e
         if key in self.listed(""):
             diff = self.config(key).differences(config)
             if diff:
                 raise FeatstoreError(
                     f"store {self.location} already holds {key!r} built with a different {', '.join(diff)}; "
-                    f"rebuild with the same settings, pass --name to store this config beside it, or use a "
-                    f"new --store")
+                    f"rebuild with the same settings, pass `name` to store this config beside it, or use a "
+                    f"new `store`")
             return
         g = self.root.create_group(key)
         g.attrs.update({"config": config.to_dict(), "versions": versions})
