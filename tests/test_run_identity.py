@@ -21,6 +21,7 @@ from featstore.analytics.queries import query
 from featstore.compute.specs import RunOptions
 from featstore.errors import FeatstoreError
 from featstore.probing import run as probe_run
+from featstore.probing.base import check_probe_name
 from featstore.records import RunIdentity
 from featstore.store.reader import FeatureStore
 from featstore.store.writer import StoreWriter
@@ -220,6 +221,23 @@ def test_a_probe_name_that_no_identity_makes_is_refused():
             RunIdentity.from_probe_name("m", "clean", bad)
     with pytest.raises(FeatstoreError, match="probe_id='x-seed1'"):  # its name would read back as seed 1
         RunIdentity("m", "clean", "x-seed1", "clean")
+    for name in ("lda-seed1", "x-cf3", "y-streamed"):  # refused as a variant's or an estimator probe's name
+        with pytest.raises(FeatstoreError, match=f"name='{name}' ends like"):
+            check_probe_name(name)
+    assert check_probe_name("x-seed") == "x-seed" and check_probe_name("seed1") == "seed1"
+
+
+def test_an_estimators_default_name_never_ends_like_a_cross_fit(monkeypatch):
+    from featstore.probing import estimator_variant
+
+    class Lda:
+        pass
+
+    for digest, name in (("3f2a9c01" + "0" * 56, "lda-3f2a9c01"), ("cf123456" + "7a" * 28, "lda-cf1234567a"),
+                         ("cf0123456" + "0" * 55, "lda-cf012345")):  # '-cf0…' is no cross-fit part
+        monkeypatch.setattr(estimator_variant, "estimator_digest", lambda _, digest=digest: digest)
+        assert estimator_variant.default_name(Lda()) == name
+        assert RunIdentity.from_probe_name("m", "clean", f"{name}@clean").probe_id == name
 
 
 def _by_hand(run_id: str) -> dict:
