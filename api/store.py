@@ -37,14 +37,14 @@ class Store:
     """A featstore store opened read-only (a folder or an object-store URL): its models, and per model its data."""
 
     def __init__(self, location: str | Path):
+        from featstore.store.location import StoreLocation
         from featstore.store.reader import FeatureStore
 
-        if isinstance(location, Path) or "://" not in str(location):  # a folder: where it is now, whatever cwd later
-            self._named = str(location)  # as given: what info() says the store is
-            location = Path(location).absolute()
-        else:
-            self._named = str(location)
-        self._fs = FeatureStore(location)  # mode "r": a missing store is an error, nothing is created
+        self._named = str(location)  # as given: what info() says the store is
+        where = StoreLocation.parse(location)  # a scheme featstore cannot reach is refused, never read as a folder
+        if where.is_local:  # a folder: where it is now, whatever cwd later
+            where = StoreLocation.parse(where.path.absolute())
+        self._fs = FeatureStore(where)  # mode "r": a missing store is an error, nothing is created
 
     @property
     def location(self) -> str:

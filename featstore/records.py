@@ -76,6 +76,20 @@ _NAME_TAIL = re.compile(r"(?:-cf(?P<cf>[1-9][0-9]*))?(?:-seed(?P<seed>[1-9][0-9]
 _LOOKS_LIKE_TAIL = re.compile(r"-(?:cf|seed)[1-9][0-9]*$|-streamed$")
 
 
+def ends_like_a_run_part(name: str) -> bool:
+    """Whether `name` ends like a probe name's cross-fit, seed or streamed part ('-cf2', '-seed1', '-streamed'): a
+    variant so named would have probe names that read back as another run's."""
+    return bool(_LOOKS_LIKE_TAIL.search(name))
+
+
+def check_variant_end(name: str, what: str = "probe_id") -> str:
+    """`name` (a variant's name or id) unless it `ends_like_a_run_part`: one FeatstoreError naming `what`."""
+    if ends_like_a_run_part(name):
+        raise FeatstoreError(f"{what}={name!r} ends like a probe name's cross-fit, seed or streamed part (-cf<k>, "
+                             f"-seed<s>, -streamed), so its runs would read back as others; give it another name")
+    return name
+
+
 @dataclass(frozen=True)
 class RunIdentity:
     """What names a probe run: every parameter that changes its results. It makes the run id
@@ -101,9 +115,7 @@ class RunIdentity:
             if not isinstance(value, str) or not value or "/" in value or (what != "model" and "@" in value):
                 raise FeatstoreError(f"{what}={value!r}: a run identity's {what} is a non-empty name without '/'"
                                      f"{'' if what == 'model' else ' or @'}")
-        if _LOOKS_LIKE_TAIL.search(self.probe_id):
-            raise FeatstoreError(f"probe_id={self.probe_id!r} ends like a probe name's cross-fit, seed or streamed "
-                                 f"part, so its probe name would read back as another run; rename the variant")
+        check_variant_end(self.probe_id)
         for what in ("cross_fit", "seed"):
             value = getattr(self, what)
             if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer) or value < 0:

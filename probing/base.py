@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from featstore.errors import FeatstoreError, FeatstoreWarning
+from featstore.records import check_variant_end
 from featstore.schema import Value, shown
 
 if TYPE_CHECKING:
@@ -352,7 +353,7 @@ def check_probe_name(name: object, what: str = "name") -> str:
         size = f" ({len(name)} characters)" if isinstance(name, str) and len(name) > 64 else ""
         raise FeatstoreError(f"{what}={shown_name}{size}: use letters a-z, digits, _ . - (1 to 64, the first a "
                              f"letter or digit): a probe name names runs and store groups")
-    return name
+    return check_variant_end(name, what)
 
 
 def register(cls: type[ProbeVariant]) -> type[ProbeVariant]:

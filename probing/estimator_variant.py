@@ -32,6 +32,7 @@ from featstore.probing.base import (
     ProbeVariant,
     check_probe_name,
 )
+from featstore.records import ends_like_a_run_part
 
 STORED = "estimator"  # the array a fit is kept as: its pickle's bytes, uint8 [folds, bytes]
 
@@ -78,9 +79,13 @@ def estimator_digest(estimator: Any) -> str:
 
 def default_name(estimator: Any) -> str:
     """An estimator's runs' name when none is given: its class name, lower case, and 8 hex digits of its digest
-    ('pipeline-3f2a9c01'), so two estimators of one class never take each other's runs."""
+    ('pipeline-3f2a9c01'), so two estimators of one class never take each other's runs; more digits where 8 would
+    end like a cross-fit part ('-cf123456', which a probe name reads back as --cross-fit 123456)."""
     stem = re.sub(r"[^a-z0-9_.-]+", "-", type(estimator).__name__.lower()).strip("-._")[:48] or "estimator"
-    name = f"{stem}-{estimator_digest(estimator)[:8]}"
+    digest, cut = estimator_digest(estimator), 8
+    while cut < 15 and ends_like_a_run_part(f"{stem}-{digest[:cut]}"):  # '-cf123456' reads back as a cross-fit
+        cut += 1
+    name = f"{stem}-{digest[:cut]}"
     assert PROBE_NAME.fullmatch(name), name
     return name
 

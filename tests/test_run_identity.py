@@ -7,6 +7,8 @@ import hashlib
 import json
 import random
 import shutil
+import tarfile
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -19,6 +21,7 @@ from featstore.analytics.queries import query
 from featstore.compute.specs import RunOptions
 from featstore.errors import FeatstoreError
 from featstore.probing import run as probe_run
+from featstore.probing.base import check_probe_name
 from featstore.records import RunIdentity
 from featstore.store.reader import FeatureStore
 from featstore.store.writer import StoreWriter
@@ -218,6 +221,23 @@ def test_a_probe_name_that_no_identity_makes_is_refused():
             RunIdentity.from_probe_name("m", "clean", bad)
     with pytest.raises(FeatstoreError, match="probe_id='x-seed1'"):  # its name would read back as seed 1
         RunIdentity("m", "clean", "x-seed1", "clean")
+    for name in ("lda-seed1", "x-cf3", "y-streamed"):  # refused as a variant's or an estimator probe's name
+        with pytest.raises(FeatstoreError, match=f"name='{name}' ends like"):
+            check_probe_name(name)
+    assert check_probe_name("x-seed") == "x-seed" and check_probe_name("seed1") == "seed1"
+
+
+def test_an_estimators_default_name_never_ends_like_a_cross_fit(monkeypatch):
+    from featstore.probing import estimator_variant
+
+    class Lda:
+        pass
+
+    for digest, name in (("3f2a9c01" + "0" * 56, "lda-3f2a9c01"), ("cf123456" + "7a" * 28, "lda-cf1234567a"),
+                         ("cf0123456" + "0" * 55, "lda-cf012345")):  # '-cf0…' is no cross-fit part
+        monkeypatch.setattr(estimator_variant, "estimator_digest", lambda _, digest=digest: digest)
+        assert estimator_variant.default_name(Lda()) == name
+        assert RunIdentity.from_probe_name("m", "clean", f"{name}@clean").probe_id == name
 
 
 def _by_hand(run_id: str) -> dict:
@@ -314,3 +334,21 @@ def test_an_older_database_is_upgraded_once_and_reads_the_same(typed_db, tmp_pat
     con.close()
     fsdb.connect(old).close()  # upgraded already: the columns are the file's own now, not a copy of params
     assert rows(old, runs_sql) == want_runs and rows(old, fits_sql) == want_fits
+
+
+def test_a_database_an_older_featstore_wrote_reads_its_identity_and_strengths_typed(tmp_path):
+    """The format1 file of tests/data (identity only in params, no streamed or C column): every typed column reads
+    what its run id and JSON say, read-only and after a write connection upgraded it."""
+    with tarfile.open(Path(__file__).parent / "data" / "legacy-format1.tar.gz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    db = tmp_path / "format1" / "featstore.duckdb"
+    raw = rows(db, "SELECT run_id, params FROM runs ORDER BY run_id")
+    want = [(run_id, *_by_hand(run_id).values(), json.loads(params).get("C") or None) for run_id, params in raw]
+    held = rows(db, "SELECT run_id, fold, anchor, info FROM probe_fits ORDER BY ALL")
+    fits = [(run_id, fold, anchor, json.loads(info).get("C")) for run_id, fold, anchor, info in held]
+    assert len(want) == 2 and fits  # its fits predate the recorded C (None); the file made above holds some
+    runs_sql = f"SELECT run_id, {', '.join(IDENTITY)}, C FROM runs ORDER BY run_id"
+    fits_sql = "SELECT run_id, fold, anchor, C FROM probe_fits ORDER BY ALL"
+    assert query(db, runs_sql).rows() == want and query(db, fits_sql).rows() == fits
+    fsdb.connect(db).close()
+    assert rows(db, runs_sql) == want and rows(db, fits_sql) == fits
