@@ -26,7 +26,7 @@ from featstore.cli.options import (
 from featstore.errors import FeatstoreError, FeatstoreWarning, Interrupted, RunReplaced, interrupted, storage_failure
 
 if TYPE_CHECKING:
-    from featstore.api import ModelInfo, StoreInfo
+    from featstore.api import StoreInfo
 
 
 def user_errors(fn):
@@ -618,7 +618,7 @@ def format_info(summary: StoreInfo) -> str:
         top1 = f" (published top-1 {m.published_top1:.2f}%)" if m.published_top1 is not None else ""
         lines.append(f"\nmodel  {key}: {m.model}  weights {m.weights}{top1}  classes {m.num_classes}")
         prep = f"resize {p.resize} crop {p.crop} {p.interpolation}" if p else "none (written directly)"
-        pool = f"  pool {m.token_pool}" if _reads_tokens(m) else ""
+        pool = f"  pool {m.token_pool}" if m.reads_tokens else ""
         lines.append(f"  preprocessing {prep}{pool}  chunk rows {m.chunk_rows}")
         lines.append("  anchors " + ", ".join(f"{a.index}:{a.name}[{a.dim}]" for a in m.anchors))
         for view, v in m.views.items():
@@ -640,16 +640,6 @@ def format_info(summary: StoreInfo) -> str:
 
 # architectures whose anchors are [B, N, D] token sequences with a class token; the token pool (cls or mean) applies
 # only to those, while a store records one for every model (a convolutional map is averaged over H, W)
-CLASS_TOKEN_MODELS = ("vit", "deit", "beit", "cait", "eva", "xcit")
-
-
-def _reads_tokens(m: ModelInfo) -> bool:
-    """Whether a model's token pool says anything: a mean pool is chosen only where tokens exist (or with --taps,
-    a VisionTransformer's), and the class-token families read `cls`."""
-    arch = m.model.removeprefix("timm/").split(".")[0]
-    return m.token_pool == "mean" or arch.startswith(CLASS_TOKEN_MODELS)
-
-
 @cli.command()
 @option("--model", "network", positional="MODEL")
 @option("--all")

@@ -224,3 +224,21 @@ def test_the_api_estimator_probe_and_load_probe_go_through_the_layers_below(stor
     loaded = fs.load_probe(store, "synthetic", run, db=db, trust_pickle=True)
     for a, dim in zip(loaded.anchors, DIMS, strict=True):
         np.testing.assert_allclose(loaded.predict_proba(a, np.zeros((2, dim))), [prior, prior])
+
+
+@pytest.mark.parametrize("arch", ["vit_tiny_patch16_224", "deit_tiny_patch16_224", "resnet18"])
+def test_info_shows_the_token_pool_where_the_build_read_a_class_token(arch):
+    """`featstore info` names a model's token pool only where it says something: the class-token families' rule
+    (StoreInfo's `reads_tokens`, by name, since a store records `cls` for every model) agrees with what the build
+    finds in the network itself (a class-token parameter), for a random-init model of each."""
+    import timm
+
+    from featstore.nets.extraction import default_token_pool
+    from featstore.store.summary import ModelInfo
+
+    model = timm.create_model(arch, pretrained=False, num_classes=10).eval()
+    has_class_token = any(name.rpartition(".")[2] in ("cls_token", "class_token") for name, _ in
+                          model.named_parameters())
+    pool = default_token_pool(model, torch.zeros(1, 3, 224, 224))
+    info = ModelInfo(f"timm/{arch}", "none:seed=0", None, None, pool, 10, 8, (), {}, (), {})
+    assert info.reads_tokens == has_class_token and pool == "cls"

@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from featstore.store.reading import StoreReading
 
 
+# the model families whose token anchors are read at their class token (`cls`): a store records `cls` for every
+# model, tokens or none, so the name says whether it was read
+CLASS_TOKEN_FAMILIES = ("vit", "deit", "beit", "cait", "eva", "xcit")
+
+
 @dataclass(frozen=True)
 class Damaged:
     """A part of the store that cannot be read or trusted, and why."""
@@ -91,6 +96,14 @@ class ModelInfo:
     probes: tuple[str, ...]
     versions: Mapping[str, Any]
     foreign: tuple[str, ...] = ()
+
+    @property
+    def reads_tokens(self) -> bool:
+        """Whether the token pool says anything of this model: a mean pool is recorded only where tokens exist (or
+        with taps, a VisionTransformer's); `cls` is recorded for every model, and read only by the class-token
+        families (the build's `default_token_pool` found a class token in them)."""
+        arch = self.model.removeprefix("timm/").split(".")[0]
+        return self.token_pool == "mean" or arch.startswith(CLASS_TOKEN_FAMILIES)
 
     def to_dict(self) -> dict[str, Any]:
         return {
