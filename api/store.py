@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from featstore.errors import FeatstoreError
-from featstore.schema import VAL_FRAC
+from featstore.schema import VAL_FRAC, VIEW
 
 if TYPE_CHECKING:
     from featstore.nets.anchors import Anchor
@@ -117,7 +117,7 @@ class ModelData:
         raise FeatstoreError(f"anchor {which!r} of {self.key!r}: give a name or an index 0..{len(anchors) - 1} "
                              f"(the anchors: {', '.join(names)})")
 
-    def features(self, anchor: str | int, view: str = "clean") -> np.ndarray:
+    def features(self, anchor: str | int, view: str = VIEW) -> np.ndarray:
         """[images, width] pooled features of one anchor, as float32 (what the probes learn from)."""
         a = self.anchor(anchor)
         return np.asarray(self._fs.read(self.key, view, a.name), dtype=np.float32)
@@ -127,7 +127,7 @@ class ModelData:
         current one (`featstore probe` saves them; `load_probe` reads a run's)."""
         return self._fs.read_probe(self.key, name, version)
 
-    def skipped(self, view: str = "clean") -> np.ndarray:
+    def skipped(self, view: str = VIEW) -> np.ndarray:
         """[images] bool: rows the build could not read (the probes leave them out)."""
         return self._fs.read_skipped(self.key, view)
 

@@ -189,11 +189,12 @@ def probe(**given) -> None:
     DuckDB."""
     from featstore.api import ProbeConfig, connect, runs_written
     from featstore.api import probe as run_probe
+    from featstore.api.declared import VARIANT
 
     (run,), rest = split_options(given, RunOptions)
     project_dim = rest.pop("project_dim")
     if project_dim is not None:
-        if rest["variant"] != "linear":
+        if rest["variant"] != VARIANT:
             raise FeatstoreError("--project-dim and --variant exclude each other (it means projected:dim=D)")
         rest["variant"] = f"projected:dim={project_dim}"
     before = runs_written(rest["db"])

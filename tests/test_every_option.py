@@ -214,3 +214,15 @@ def test_the_cli_says_each_field_as_its_flag(said, shown):
     from featstore.cli.options import as_flags
 
     assert as_flags(said) == shown
+
+
+def test_project_dim_stands_for_the_default_variant_only(tmp_path):
+    """--project-dim D means projected:dim=D in place of the default variant: beside the default it is taken, beside
+    another variant refused, before anything is read or written."""
+    from conftest import fails
+
+    db = tmp_path / "p.duckdb"
+    args = ("probe", "--store", tmp_path / "s.zarr", "--model", "m", "--db", db, "--project-dim", "4")
+    assert "--project-dim and --variant exclude each other" in fails(*args, "--variant", "knn")
+    assert "exclude each other" not in fails(*args, "--variant", "linear")  # the default: on to the missing store
+    assert not db.exists()
