@@ -607,13 +607,13 @@ def format_info(summary: StoreInfo) -> str:
     im = summary.images
     repair = "run featstore verify, then the same featstore build to repair it"
     if isinstance(im, Damaged):
-        lines.append(f"images DAMAGED: {im.what}; {repair}")
+        lines.append(f"images DAMAGED: {as_flags(im.what)}; {repair}")
     elif im:
         space = " labelled as ImageNet-1k indices" if im.label_space == "imagenet-1k" else ""
         lines.append(f"images {im.count} in {im.classes} classes{space} ({im.source})")
     for key, m in summary.models.items():
         if isinstance(m, Damaged):
-            lines.append(f"\nmodel  {key}: DAMAGED: {m.what}")
+            lines.append(f"\nmodel  {key}: DAMAGED: {as_flags(m.what)}")
             continue
         p = m.preprocessing
         top1 = f" (published top-1 {m.published_top1:.2f}%)" if m.published_top1 is not None else ""
@@ -624,7 +624,7 @@ def format_info(summary: StoreInfo) -> str:
         lines.append("  anchors " + ", ".join(f"{a.index}:{a.name}[{a.dim}]" for a in m.anchors))
         for view, v in m.views.items():
             if isinstance(v, Damaged):
-                lines.append(f"  view {view}: DAMAGED: {v.what}; {repair}")
+                lines.append(f"  view {view}: DAMAGED: {as_flags(v.what)}; {repair}")
                 continue
             state = "complete" if v.complete else "INCOMPLETE (rerun build to resume)"
             if v.damaged_chunks:
@@ -700,9 +700,9 @@ def verify(store: str, model: str | None, quick: bool, dbs: tuple[Path, ...]) ->
     found = open_store(store).verify(model, deep=not quick, dbs=dbs)
     problems, leftovers = found.problems, found.unreferenced
     for problem in problems:
-        click.echo(problem)
+        click.echo(as_flags(str(problem)))
     for u in leftovers:
-        click.echo(str(u))
+        click.echo(as_flags(str(u)))
     if any(u.removable for u in leftovers):
         click.echo(f"{sum(u.removable for u in leftovers)} probe weight version(s) no run names: `featstore gc "
                    f"{store}` removes them", err=True)
@@ -729,7 +729,7 @@ def gc(store: str, model: str | None, dbs: tuple[Path, ...], min_age: float, dry
     found = collect(store, dbs, model, min_age, dry_run)
     for u in found:
         verb = ("would remove" if dry_run else "removed") if u.removable else "kept"
-        click.echo(f"{verb} {u}")
+        click.echo(f"{verb} {as_flags(str(u))}")
     removed = sum(u.removable for u in found)
     click.echo(f"{store}: {removed} probe weight version(s) {'to remove' if dry_run else 'removed'}, "
                f"{len(found) - removed} kept")
