@@ -108,7 +108,7 @@ def _output_flag(error: BaseException, given: dict) -> str:
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """featstore's own warnings as `featstore: warning: ...` on stderr; any other as Python shows it."""
     if issubclass(category, FeatstoreWarning):
-        click.echo(f"featstore: warning: {message}", err=True)
+        click.echo(f"featstore: warning: {as_flags(str(message))}", err=True)
     else:
         _python_showwarning(message, category, filename, lineno, file, line)
 

@@ -378,7 +378,7 @@ def get_variant(spec: str) -> ProbeVariant:
     name, _, args = spec.partition(":")
     if name in RENAMED:
         now, why = RENAMED[name]
-        warnings.warn(f"--variant {name} is now --variant {now}, {why}; this run lands as {now}", RenamedVariant,
+        warnings.warn(f"variant={name} is now variant={now}, {why}; this run lands as {now}", RenamedVariant,
                       stacklevel=2)
         name = now
     if name not in VARIANTS:

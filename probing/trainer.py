@@ -111,8 +111,8 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
     if unconverged:
         cap = probes[unconverged[0]].info.get("cap", variant.cap_param)  # the parameter that capped it
         warnings.warn(f"{label}: the probes of anchor(s) {', '.join(map(str, unconverged))} stopped at their cap "
-                      f"({cap}={variant.params.get(cap, plan.max_epochs)}) before converging; raise it with "
-                      f"--variant {variant.name}:{cap}=N", UnconvergedProbe, stacklevel=2)
+                      f"({variant.name}:{cap}={variant.params.get(cap, plan.max_epochs)}) before converging; raise it "
+                      f"with variant={variant.name}:{cap}=N", UnconvergedProbe, stacklevel=2)
     return probes
 
 

@@ -66,5 +66,5 @@ def warn_if_near_chance(agreement: HeadAgreement, model: str, source: str) -> No
         warnings.warn(f"{model}'s pretrained head agrees with the labels of {source} on {agreement.agreement:.1%} of "
                       f"the first chunk's {agreement.rows} images, about chance ({agreement.chance:.1%}): the labels "
                       f"are likely in another class order than the head's (ImageNet: pass the devkit's ground truth "
-                      f"with its meta.mat, or LOC_val_solution.csv, as --labels; docs/build.md)", LabelsNearChance,
+                      f"with its meta.mat, or LOC_val_solution.csv, as `labels`; docs/build.md)", LabelsNearChance,
                       stacklevel=2)
