@@ -13,16 +13,16 @@ ONE_WINDOW = 2  # the window a one-window part shows when several are asked for 
 
 
 def run_ids(given: str | Sequence[str] | None) -> list[str] | None:
-    """Run ids from a comma list ('a,b'; None or empty: the command's default runs). A piece without a '/'
-    continues the id before it, whose variant spells several parameters (`…/knn:metric=euclidean,ties=lowest`);
-    a sequence is taken as the ids themselves."""
+    """Run ids from a comma list ('a,b'; None or empty: the command's default runs). A piece continues the id
+    before it, whose variant spells several parameters (`…/knn:metric=euclidean,ties=lowest/train=clean`), unless
+    it starts like a run id: a model key (never with '=') and a '/'. A sequence is taken as the ids themselves."""
     if given is None:
         return None
     if not isinstance(given, str):
         return list(given) or None
     chosen: list[str] = []
     for piece in (r.strip() for r in given.split(",")):
-        if chosen and piece and "/" not in piece:
+        if chosen and piece and ("/" not in piece or "=" in piece.partition("/")[0]):
             chosen[-1] += "," + piece
         elif piece:
             chosen.append(piece)

@@ -16,7 +16,7 @@ import click
 from featstore.api import ImageSource, ModelSpec, RunOptions, split_options
 from featstore.cli.options import (
     DB_PATH,
-    as_flags,
+    as_said,
     image_source_options,
     model_spec_options,
     option,
@@ -29,16 +29,25 @@ if TYPE_CHECKING:
     from featstore.api import StoreInfo
 
 
+GIVEN: dict[str, object] = {}  # the options of the command running (one per process)
+
+
+def said(text: str) -> str:
+    """The library's words as this command says them (`as_said`): its flags, the user's values as given."""
+    return as_said(text, GIVEN)
+
+
 def user_errors(fn):
     """Turn FeatstoreError (its fields said as the flags that set them), object storage that stopped answering and
     a full disk into one line on stderr and exit status 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        GIVEN.update(kwargs)  # what warnings are said beside
         try:
             return fn(*args, **kwargs)
         except (FeatstoreError, Interrupted) as e:  # the library names fields; the CLI says the flags that set them
-            click.echo(f"featstore: error: {as_flags(str(e))}", err=True)
+            click.echo(f"featstore: error: {as_said(str(e), kwargs)}", err=True)
             sys.exit(2)
         except Exception as e:
             if interrupted(e):  # DuckDB's own Ctrl-C, as every other Ctrl-C: one line, exit status 130
@@ -108,7 +117,7 @@ def _output_flag(error: BaseException, given: dict) -> str:
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """featstore's own warnings as `featstore: warning: ...` on stderr; any other as Python shows it."""
     if issubclass(category, FeatstoreWarning):
-        click.echo(f"featstore: warning: {as_flags(str(message))}", err=True)
+        click.echo(f"featstore: warning: {as_said(str(message), GIVEN)}", err=True)
     else:
         _python_showwarning(message, category, filename, lineno, file, line)
 
@@ -594,7 +603,7 @@ def info(store: str, fmt: str) -> None:
 
     summary = open_store(store).info()
     if fmt == "json":
-        click.echo(json.dumps(summary.to_dict(), indent=2))
+        click.echo(said(json.dumps(summary.to_dict(), indent=2)))  # a damaged part's words as this command says them
         return
     click.echo(format_info(summary))
 
@@ -607,13 +616,13 @@ def format_info(summary: StoreInfo) -> str:
     im = summary.images
     repair = "run featstore verify, then the same featstore build to repair it"
     if isinstance(im, Damaged):
-        lines.append(f"images DAMAGED: {as_flags(im.what)}; {repair}")
+        lines.append(f"images DAMAGED: {said(im.what)}; {repair}")
     elif im:
         space = " labelled as ImageNet-1k indices" if im.label_space == "imagenet-1k" else ""
         lines.append(f"images {im.count} in {im.classes} classes{space} ({im.source})")
     for key, m in summary.models.items():
         if isinstance(m, Damaged):
-            lines.append(f"\nmodel  {key}: DAMAGED: {as_flags(m.what)}")
+            lines.append(f"\nmodel  {key}: DAMAGED: {said(m.what)}")
             continue
         p = m.preprocessing
         top1 = f" (published top-1 {m.published_top1:.2f}%)" if m.published_top1 is not None else ""
@@ -624,7 +633,7 @@ def format_info(summary: StoreInfo) -> str:
         lines.append("  anchors " + ", ".join(f"{a.index}:{a.name}[{a.dim}]" for a in m.anchors))
         for view, v in m.views.items():
             if isinstance(v, Damaged):
-                lines.append(f"  view {view}: DAMAGED: {as_flags(v.what)}; {repair}")
+                lines.append(f"  view {view}: DAMAGED: {said(v.what)}; {repair}")
                 continue
             state = "complete" if v.complete else "INCOMPLETE (rerun build to resume)"
             if v.damaged_chunks:
@@ -700,12 +709,12 @@ def verify(store: str, model: str | None, quick: bool, dbs: tuple[Path, ...]) ->
     found = open_store(store).verify(model, deep=not quick, dbs=dbs)
     problems, leftovers = found.problems, found.unreferenced
     for problem in problems:
-        click.echo(as_flags(str(problem)))
+        click.echo(said(str(problem)))
     for u in leftovers:
-        click.echo(as_flags(str(u)))
+        click.echo(said(str(u)))
     if any(u.removable for u in leftovers):
         click.echo(f"{sum(u.removable for u in leftovers)} probe weight version(s) no run names: `featstore gc "
-                   f"{store}` removes them", err=True)
+                   f"--store {store}` removes them", err=True)
     if problems:
         click.echo(f"{len(problems)} problem(s); rerun the same `featstore build` to repair what it can recompute, "
                    f"and the same `featstore probe` for a run whose weights are missing", err=True)
@@ -729,7 +738,7 @@ def gc(store: str, model: str | None, dbs: tuple[Path, ...], min_age: float, dry
     found = collect(store, dbs, model, min_age, dry_run)
     for u in found:
         verb = ("would remove" if dry_run else "removed") if u.removable else "kept"
-        click.echo(f"{verb} {as_flags(str(u))}")
+        click.echo(f"{verb} {said(str(u))}")
     removed = sum(u.removable for u in found)
     click.echo(f"{store}: {removed} probe weight version(s) {'to remove' if dry_run else 'removed'}, "
                f"{len(found) - removed} kept")

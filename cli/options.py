@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from featstore.api.declared import (
     DEMO_DATASET,
     FIELDS,
     JOINT_MIN_CONF,
+    MAX_THRESHOLDS,
     PER_PAIR,
     SCOPES,
     TIMM_WEIGHTS,
@@ -132,7 +133,6 @@ def _list_parser(kind: str, example: str, minimum: int):
     return parse
 
 
-MAX_THRESHOLDS = 10_000  # values a start:stop:step range may hold: each is a policy simulated over every image
 
 
 def _threshold_parser(_ctx, param, text: str) -> list[float]:
@@ -461,6 +461,33 @@ def as_flags(message: str) -> str:
     if spec is None:
         return _FIELD.sub(_flag, message)
     return _FIELD.sub(_flag, message[:spec.end()]) + _IN_SPEC_TAIL.sub(_flag, message[spec.end():])
+
+
+def _given_texts(given: Mapping[str, object]) -> list[str]:
+    """The text of every path and word a command was given (lists and tuples item by item)."""
+    texts = []
+    for value in given.values():
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, str | Path) and str(item):
+                texts.append(str(item))
+    return texts
+
+
+def as_said(message: str, given: Mapping[str, object]) -> str:
+    """A library message as the CLI says it: its fields as the flags that set them (`as_flags`), and what the user
+    gave as they gave it: a relative path the API made absolute said relative again, and a value of theirs that
+    reads like a field (a folder `seed=1.zarr`, a run id with ` image=3` in it) left as it is."""
+    texts = _given_texts(given)
+    for text in texts:
+        if "://" not in text and not Path(text).is_absolute():
+            message = message.replace(str(Path(text).absolute()), text)
+    protected = sorted({t for t in texts if "=" in t or "`" in t}, key=len, reverse=True)
+    for i, text in enumerate(protected):
+        message = message.replace(text, f"\0{i}\0")
+    message = as_flags(message)
+    for i, text in enumerate(protected):
+        message = message.replace(f"\0{i}\0", text)
+    return message
 
 
 def _alias_dest(flag: str) -> str:

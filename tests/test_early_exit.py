@@ -15,6 +15,7 @@ from synthetic import run_rows
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
 from featstore.compute.prefix_costs import AnchorCost, ModelCost, measure_costs
+from featstore.errors import FeatstoreError
 from featstore.nets.anchors import PRESETS, resolve_anchors
 
 from conftest import fails, run_cli
@@ -182,3 +183,25 @@ def test_the_macros_defaults_are_the_cli_and_report_defaults(db):
         assert not bare.sort(bare.columns).equals(coarse), "the check cannot tell thresholds apart on this data"
     bare = q.query(db, "SELECT * FROM exit_shares('m/clean/linear') ORDER BY ALL")
     assert bare.sort(bare.columns).equals(q.exit_shares(db, "m/clean/linear").sort(bare.columns))
+
+
+@pytest.mark.parametrize("given, said", [
+    ({"thresholds": (2.0,)}, "thresholds=2.0: confidences lie in [0, 1]"),
+    ({"thresholds": (0.5, float("nan"))}, "thresholds=nan: confidences lie in [0, 1]"),
+    ({"combined": (-0.1,)}, "combined_thresholds=-0.1: confidences lie in [0, 1]"),
+    ({"thresholds": ()}, "thresholds=(): give at least one confidence threshold"),
+    ({"ks": ()}, "ks=(): give stability windows, integers >= 1"),
+    ({"ks": (0, 2)}, "ks=0,2: give stability windows, integers >= 1"),
+    ({"thresholds": (0.5,) * 10_001}, "thresholds=(10,001 values): at most 10,000; give fewer"),
+])
+def test_the_policies_are_checked_where_python_callers_make_them(given, said):
+    """Python's early_exit builds its ExitPolicies without the CLI's parser: a confidence outside [0, 1] (a policy
+    that never or always exits), an empty list or 10,001 thresholds is one line naming the field, before a query."""
+    from dataclasses import replace
+
+    from featstore.analytics.exit_policies import DEFAULT_POLICIES, MAX_THRESHOLDS
+
+    with pytest.raises(FeatstoreError) as caught:
+        replace(DEFAULT_POLICIES, **given)
+    assert str(caught.value) == said and MAX_THRESHOLDS == 10_000
+    assert replace(DEFAULT_POLICIES, thresholds=(0.0, 1.0), combined=(), learned=()).args()[1] == [0.0, 1.0]

@@ -216,6 +216,24 @@ def test_the_cli_says_each_field_as_its_flag(said, shown):
     assert as_flags(said) == shown
 
 
+def test_what_the_user_gave_is_said_as_given(tmp_path, monkeypatch):
+    """A value of the user's that reads like a field (a folder `view=clean.zarr`, a run id with ` image=3`) is not
+    made a flag, and a relative path the API made absolute is said as typed; checked by the command's one line
+    and by `as_said` on its own."""
+    from featstore.cli.options import as_said
+
+    from conftest import fails
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "view=clean.zarr").mkdir()
+    line = fails("info", "--store", "view=clean.zarr")
+    assert line == "featstore: error: no featstore store at view=clean.zarr; build one with `featstore build`"
+    given = {"run_id": "x image=3", "db": Path("g.duckdb"), "dbs": (Path("a b/seed=1.duckdb"),), "k": 2}
+    said = as_said(f"run=x image=3: no run in {(tmp_path / 'g.duckdb').absolute()}; seed=1 of "
+                   f"{(tmp_path / 'a b/seed=1.duckdb').absolute()}", given)
+    assert said == "--run x image=3: no run in g.duckdb; --seed 1 of a b/seed=1.duckdb"
+
+
 def test_project_dim_stands_for_the_default_variant_only(tmp_path):
     """--project-dim D means projected:dim=D in place of the default variant: beside the default it is taken, beside
     another variant refused, before anything is read or written."""

@@ -35,6 +35,9 @@ def test_run_lists_keep_a_run_id_s_own_commas():
     assert run_ids("m/clean/knn:metric=euclidean,ties=lowest,m/clean/linear") == [
         "m/clean/knn:metric=euclidean,ties=lowest", "m/clean/linear"]
     assert run_ids(" m/clean/linear , ") == ["m/clean/linear"]
+    several = ["m/clean/linear:C=0.25,max_epochs=7/seed1", "m/noise-1/knn:metric=euclidean,ties=lowest/train=clean",
+               "m/clean/knn:k=5,refs=/data/s.zarr/cf2", "m/clean/linear"]
+    assert run_ids(",".join(several)) == several  # a parameter's piece holds a '/' in its tail or its value
     assert run_ids("") is None and run_ids(None) is None and run_ids(["a/b/c"]) == ["a/b/c"]
 
 
