@@ -7,6 +7,7 @@ name returns, so Python, `featstore sql` and any DuckDB client see the same numb
 from __future__ import annotations
 
 import functools
+import numbers
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -201,6 +202,9 @@ def stability_windows(db: Db, ks: Sequence[int] | None = None, runs: Sequence[st
     is refused: the one rule of every command and macro call that takes k. `runs`: only these runs count."""
     most = query(db, "SELECT max(n_anchors) AS a FROM runs WHERE ?::VARCHAR[] IS NULL OR list_contains(?, run_id)",
                  [runs, runs])["a"][0]
+    if isinstance(ks, str) or (ks is not None and not all(isinstance(k, numbers.Integral) and not isinstance(k, bool)
+                                                           for k in ks)):
+        raise FeatstoreError(f"k={ks!r}: give stability windows as integers (one, or a list)")
     if ks is None or list(ks) == list(DEFAULT_KS):  # the default: trimmed to what the runs have
         return [k for k in DEFAULT_KS if most is None or k < most] or [1]
     where = f"run {runs[0]!r} has" if runs and len(runs) == 1 else "the runs in the database have at most"
@@ -510,6 +514,8 @@ def comparison_runs(db: Db, runs: Sequence[str] | None = None) -> list[str]:
 def compare(db: Db, runs: Sequence[str] | None = None, k: int = 2, min_conf: float = JOINT_MIN_CONF,
             scope: str = "auto", per_pair: int = PER_PAIR) -> Comparison:
     """l*(k), prediction depth and the joint criterion of each run, compared image by image."""
+    if isinstance(per_pair, bool) or not isinstance(per_pair, numbers.Integral) or per_pair < 0:
+        raise FeatstoreError(f"per_pair={per_pair!r}: give how many disagreeing images to list per pair, >= 0")
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True, wait_s=READ_WAIT_S)
     try:
         runs = comparison_runs(con, runs)

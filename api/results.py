@@ -4,6 +4,7 @@ DDB and CSS, the report), each a thin call of the analytics function that comput
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,7 +111,7 @@ class Results:
         among them), 2; a list without 2 is refused (analytics/selection.py `one_window`)."""
         from featstore.analytics.selection import one_window, run_ids
 
-        return one_window(self.db, [ks] if isinstance(ks, int) else ks, run_ids(runs))
+        return one_window(self.db, [ks] if isinstance(ks, numbers.Number) else ks, run_ids(runs))
 
     def only_run(self, run: str | None = None) -> str:
         """The run a one-run result is of: `run`, else the database's only run (several: an error naming them)."""

@@ -46,3 +46,20 @@ def test_a_one_run_result_takes_the_only_run_or_names_them(digits_linear):
     only = fs.connect(db).sql("SELECT run_id FROM runs")["run_id"].to_list()
     assert len(only) == 1 and fs.connect(db).only_run() == only[0]
     assert fs.connect(db).only_run("any/given/run") == "any/given/run"  # a run given is taken as given
+
+
+def test_the_api_checks_what_the_cli_s_parsers_check(digits_linear, digits_store):
+    """Python callers pass no click parser: a negative per_pair, k as a string, a negative min_age (which would let
+    gc remove a version a running probe is still writing) are one line naming the field, before anything runs;
+    numpy integers are integers."""
+    import numpy as np
+
+    db, _ = digits_linear
+    results = fs.connect(db)
+    for call, said in ((lambda: results.compare(per_pair=-1), "per_pair=-1: "),
+                       (lambda: results.compare(k="3,4"), "k='3,4': give stability windows as integers"),
+                       (lambda: fs.gc(digits_store, min_age=-1), "min_age=-1: give seconds >= 0")):
+        with pytest.raises(fs.FeatstoreError) as caught:
+            call()
+        assert str(caught.value).startswith(said), caught.value
+    assert results.window(np.int64(3)) == 3 and results.window(np.array([1, 2, 3])) == 2
