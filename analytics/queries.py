@@ -202,8 +202,8 @@ def stability_windows(db: Db, ks: Sequence[int] | None = None, runs: Sequence[st
     is refused: the one rule of every command and macro call that takes k. `runs`: only these runs count."""
     most = query(db, "SELECT max(n_anchors) AS a FROM runs WHERE ?::VARCHAR[] IS NULL OR list_contains(?, run_id)",
                  [runs, runs])["a"][0]
-    if isinstance(ks, str) or (ks is not None and not all(isinstance(k, numbers.Integral) and not isinstance(k, bool)
-                                                           for k in ks)):
+    if isinstance(ks, str) or (ks is not None and not (len(ks) and all(
+            isinstance(k, numbers.Integral) and not isinstance(k, bool) for k in ks))):
         raise FeatstoreError(f"k={ks!r}: give stability windows as integers (one, or a list)")
     if ks is None or list(ks) == list(DEFAULT_KS):  # the default: trimmed to what the runs have
         return [k for k in DEFAULT_KS if most is None or k < most] or [1]

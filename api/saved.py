@@ -78,7 +78,8 @@ def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path |
     data = handle.model(model)
     name, version, recorded, digests = _probe_name(data.key, run), None, None, {}
     if db is not None:
-        rows = Results(db).sql("SELECT probe, params FROM runs WHERE run_id = ?", [run])
+        results = Results(db)
+        rows = results.sql("SELECT probe, params FROM runs WHERE run_id = ?", [run])
         if not len(rows):
             raise FeatstoreError(f"database {db} has no run {run!r}")
         params = json.loads(rows["params"][0])
@@ -86,7 +87,7 @@ def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path |
             raise FeatstoreError(f"database {db}: its row of run {run!r} names probes {params['probe_name']!r} where "
                                  f"run {run!r} names {name!r} (the name its id spells); load_probe reads no other")
         recorded, version = (rows["probe"][0], params), params.get("probe_version")
-        digests = _recorded_digests(db, run)
+        digests = _recorded_digests(results, run)
     if version is not None and not (isinstance(version, str) and GROUP_NAME.fullmatch(version)):
         raise FeatstoreError(f"database {db}: {version!r} is no stored-weights version of run {run!r} (a name of "
                              f"letters, digits, _ . -)")
@@ -121,10 +122,10 @@ def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path |
     return LoadedProbe(data, name, version, fits, attrs)
 
 
-def _recorded_digests(db: str | Path, run: str) -> dict[tuple[int, int], str]:
+def _recorded_digests(results: Results, run: str) -> dict[tuple[int, int], str]:
     """(fold, anchor) -> the sha256 of the pickle an estimator run's fit was saved as, as the database recorded it
     when the probe was written (none in a database written before they were recorded)."""
-    rows = Results(db).sql("SELECT fold, anchor, info->>'pickle_sha256' AS sha FROM probe_fits WHERE run_id = ? AND "
+    rows = results.sql("SELECT fold, anchor, info->>'pickle_sha256' AS sha FROM probe_fits WHERE run_id = ? AND "
                            "info->>'pickle_sha256' IS NOT NULL", [run])
     return {(int(f), int(a)): sha for f, a, sha in rows.iter_rows()}
 

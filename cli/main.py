@@ -43,11 +43,12 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        GIVEN.update(kwargs)  # what warnings are said beside
+        GIVEN.clear()  # this command's options only (tests run several commands in one process)
+        GIVEN.update(kwargs)
         try:
             return fn(*args, **kwargs)
         except (FeatstoreError, Interrupted) as e:  # the library names fields; the CLI says the flags that set them
-            click.echo(f"featstore: error: {as_said(str(e), kwargs)}", err=True)
+            click.echo(f"featstore: error: {said(str(e))}", err=True)
             sys.exit(2)
         except Exception as e:
             if interrupted(e):  # DuckDB's own Ctrl-C, as every other Ctrl-C: one line, exit status 130
@@ -117,7 +118,7 @@ def _output_flag(error: BaseException, given: dict) -> str:
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """featstore's own warnings as `featstore: warning: ...` on stderr; any other as Python shows it."""
     if issubclass(category, FeatstoreWarning):
-        click.echo(f"featstore: warning: {as_said(str(message), GIVEN)}", err=True)
+        click.echo(f"featstore: warning: {said(str(message))}", err=True)
     else:
         _python_showwarning(message, category, filename, lineno, file, line)
 
@@ -648,8 +649,6 @@ def format_info(summary: StoreInfo) -> str:
     return "\n".join(lines)
 
 
-# architectures whose anchors are [B, N, D] token sequences with a class token; the token pool (cls or mean) applies
-# only to those, while a store records one for every model (a convolutional map is averaged over H, W)
 @cli.command()
 @option("--model", "network", positional="MODEL")
 @option("--all")
