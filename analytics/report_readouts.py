@@ -77,12 +77,11 @@ def _calibration(figs: _Figures, con, run_id: str, bins: int, scope: str) -> str
     left.tick_params(labelsize=TICKS)
     left.legend(fontsize=TICKS - 1, loc="upper left")
     anchors = per_anchor["anchor"].to_numpy()
-    for column, marker, shift in (("ece", "o", -0.1), ("mce", "s", 0.1)):
-        value = per_anchor[column].to_numpy().astype(float)
-        spread = [value - per_anchor[f"{column}_lo"].to_numpy().astype(float),
-                  per_anchor[f"{column}_hi"].to_numpy().astype(float) - value]
-        right.errorbar(anchors + shift, value, yerr=spread, marker=marker, ms=3, lw=1, capsize=2,
-                       label=column.upper() + " (95% bootstrap interval)")
+    for column, marker, shift in (("ece", "o", -0.1), ("mce", "s", 0.1)):  # a percentile interval need not hold
+        line = right.plot(anchors + shift, per_anchor[column].to_numpy().astype(float), marker=marker, ms=3, lw=1,
+                          label=column.upper() + " (95% bootstrap interval)")[0]
+        right.vlines(anchors + shift, per_anchor[f"{column}_lo"].to_numpy().astype(float),
+                     per_anchor[f"{column}_hi"].to_numpy().astype(float), color=line.get_color(), lw=1)
     _anchor_ticks(right, [n or "" for n in per_anchor["name"].to_list()])
     right.tick_params(axis="y", labelsize=TICKS)
     right.set_ylabel("calibration error", fontsize=TICKS + 1)
@@ -108,65 +107,70 @@ def _calibration(figs: _Figures, con, run_id: str, bins: int, scope: str) -> str
 def _overthinking(figs: _Figures, con, run_ids: Sequence[str], scope: str) -> str:
     """Share right at some anchor <= l per run beside its label-blind permutation null, the head's accuracy, and
     the run-wide shares with their nulls and p-values."""
+    from matplotlib.lines import Line2D
+
     frames = {run_id: r.overthinking(con, run_id, scope) for run_id in run_ids}
     frames = {k: v for k, v in frames.items() if not v.is_empty() and v["n"][0]}
     if not frames:
         return ""
-    fig, ax = figs.plt.subplots(figsize=(8, 4.2))
+    fig, ax = figs.plt.subplots(figsize=(11, 4.2))
     names: list[str] = []
     one_head = len({v["head_accuracy"][0] for v in frames.values()}) == 1  # the same head on the same images
     for run_id, frame in frames.items():
         anchors = frame["anchor"].to_list()
-        line = ax.plot(anchors, frame["correct_by"].to_list(), marker="o", ms=3,
-                       label=f"{run_id}: right at some anchor <= l")[0]
-        ax.plot(anchors, frame["correct_by_null"].to_list(), color=line.get_color(), ls="--", lw=1,
-                label=f"{run_id}: labels shuffled (mean, 95% band)")
+        line = ax.plot(anchors, frame["correct_by"].to_list(), marker="o", ms=3, label=run_id)[0]
+        ax.plot(anchors, frame["correct_by_null"].to_list(), color=line.get_color(), ls="--", lw=1)
         ax.fill_between(anchors, frame["correct_by_null_lo"].to_list(), frame["correct_by_null_hi"].to_list(),
-                        color=line.get_color(), alpha=0.15, lw=0)
+                        color=line.get_color(), alpha=0.12, lw=0)
         if not one_head:
-            ax.axhline(frame["head_accuracy"][0], color=line.get_color(), ls=":", lw=1,
-                       label=f"{run_id}: the model's head")
+            ax.axhline(frame["head_accuracy"][0], color=line.get_color(), ls=":", lw=1)
         if len(frame) > len(names):
             names = [n or "" for n in frame["name"].to_list()]
     if one_head:
-        ax.axhline(next(iter(frames.values()))["head_accuracy"][0], color="0.4", ls=":", lw=1,
-                   label="the model's head (every run's images)")
+        ax.axhline(next(iter(frames.values()))["head_accuracy"][0], color="0.4", ls=":", lw=1)
+    style = [Line2D([], [], color="0.3", marker="o", ms=3, label="right at some anchor <= l"),
+             Line2D([], [], color="0.3", ls="--", lw=1, label="labels shuffled: mean (band: 95%)"),
+             Line2D([], [], color="0.4", ls=":", lw=1, label="the model's head")]
+    ax.legend(handles=[*ax.get_legend_handles_labels()[0], *style], fontsize=TICKS - 1, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
     _anchor_ticks(ax, names)
     ax.tick_params(axis="y", labelsize=TICKS)
     ax.set_ylabel("share of images", fontsize=TICKS + 1)
     ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=TICKS - 1, loc="center right")
     draws = next(iter(frames.values()))["draws"][0]
     caption = (f"Overthinking (Kaya et al. 2019) of {', '.join(frames)}: share of images whose probe is right at "
                f"some anchor <= l (solid), the same share with the labels shuffled among the images the head gets "
                f"right and among those it gets wrong, each image keeping its timeline (dashed: the mean; band: 95% "
                f"of {draws} permutations), and the head's accuracy (dotted), scope {scope}")
-    shares = pl.DataFrame([_run_shares(run_id, frame) for run_id, frame in frames.items()])
+    shares = pl.DataFrame([line for run_id, frame in frames.items() for line in _run_shares(run_id, frame)])
     return ("<h2>Overthinking: right earlier than the end</h2>"
             "<p>wasteful: right at some internal anchor (0..T-1) and the head right too; destructive: right at "
-            "some internal anchor but the head wrong (of_mistakes: the same as a share of the head's mistakes). "
+            "some internal anchor but the head wrong; <em>of group</em>: the same as a share of the images the head "
+            "gets right (wasteful) or wrong (destructive). "
             "Beside each its label-blind null: the labels shuffled among the images of the same head outcome, "
-            "every image keeping its timeline of predictions (<em>_null</em>: the null's mean; "
-            "<em>[lo, hi]</em>: 95% of the permutations; <em>p</em>: the share of permutations at least as high, "
-            f"(1 + count) / ({draws} + 1)). A union over many anchors matches some label by luck; a share above "
-            "its null's interval (small p) says the probes were right for this image's label, not any label, "
-            "before the end (docs/design.md §7).</p>"
+            "every image keeping its timeline of predictions (<em>null</em>: its mean; "
+            "<em>null 95%</em>: the interval of 95% of the permutations; <em>p</em>: the share of permutations at "
+            f"least as high, (1 + count) / ({draws} + 1)). A union over many anchors matches some label by luck; "
+            "a share above its null's interval (small p) says the probes were right for this image's label, not "
+            "any label, before the end (docs/design.md §7).</p>"
             + figs.save(fig, "overthinking", caption) + _table(shares))
 
 
-def _run_shares(run_id: str, frame: pl.DataFrame) -> dict:
-    """One run's row of the overthinking table: each run-wide share, its null with interval, and its p."""
+def _run_shares(run_id: str, frame: pl.DataFrame) -> list[dict]:
+    """One run's rows of the overthinking table: per run-wide share, observed, its null with interval and p, and
+    both as shares of the group the head's outcome makes (its right answers, its mistakes)."""
     row = frame.row(0, named=True)
-    mistakes = 1 - row["head_accuracy"]
-    out: dict = {"run_id": run_id}
+    groups = {"wasteful": row["head_accuracy"], "destructive": 1 - row["head_accuracy"]}
+    out = []
     for share in r.RUN_SHARES:
-        out |= {share: row[share], f"{share}_null": row[f"{share}_null"],
-                f"{share}_null [lo, hi]": f"[{row[f'{share}_null_lo']:.3f}, {row[f'{share}_null_hi']:.3f}]",
-                f"{share}_p": f"{row[f'{share}_p']:.4f}"}
-    if mistakes > 0:
-        out |= {"destructive of_mistakes": row["destructive"] / mistakes,
-                "its null": row["destructive_null"] / mistakes}
-    return out | {"head_accuracy": row["head_accuracy"], "n": row["n"], "draws": row["draws"]}
+        group = groups[share]
+        out.append({"run_id": run_id, "share": share, "observed": row[share], "null": row[f"{share}_null"],
+                    "null 95%": f"[{row[f'{share}_null_lo']:.3f}, {row[f'{share}_null_hi']:.3f}]",
+                    "p": f"{row[f'{share}_p']:.4f}",
+                    "observed of group": row[share] / group if group else None,
+                    "null of group": row[f"{share}_null"] / group if group else None,
+                    "group": "head right" if share == "wasteful" else "head wrong", "n": row["n"]})
+    return out
 
 
 def _cka(figs: _Figures, con, model: str) -> str:

@@ -204,5 +204,5 @@ def test_readout_sections_draw_every_part_and_name_the_run(world, tmp_path):
     wrong = [i for i in rows if world.head[i] != world.labels[i]]  # the null's mean: every label of the head's
     null = sum(world.labels[j] in world.preds[i, :T] for i in wrong for j in wrong) / len(wrong) / len(rows)
     assert f"<td>{null:.3f}</td>" in page  # mistakes over every timeline of them, each pair once
-    assert "destructive_p" in page and "mce_hi" in page and "hollow: a bin of fewer than 10 images" in page
+    assert "<th>null 95%</th>" in page and "mce_hi" in page and "hollow: a bin of fewer than 10 images" in page
     assert len(list(tmp_path.glob("*.png"))) == 3
