@@ -528,7 +528,8 @@ def compare(db: Db, runs: Sequence[str] | None = None, k: int = 2, min_conf: flo
                           query(con, f"SELECT * FROM definition_disagreements{picked}", [*args[:3], per_pair, args[3]]),
                           query(con, f"SELECT * FROM definition_decided_disagreements{picked}",
                                 [*args[:3], per_pair, args[3]]),
-                          query(con, f"SELECT * FROM definition_ranking{tail}", args))
+                          query(con, f"SELECT * FROM definition_ranking{tail}", args),
+                          query(con, "SELECT * FROM prediction_depth_summary(?, scope := ?)", [runs, args[3]]))
     finally:
         if con is not db:
             con.close()

@@ -141,7 +141,20 @@ def test_comparison_equals_scipy_and_numpy(world):
     assert sorted(result.summary["definition"].to_list()) == sorted(layers)
     assert result.summary["definition"].to_list()[:3] == [f"l*(2) {RUNS[0]}", f"joint(2, 0.5) {RUNS[0]}",
                                                           f"depth {RUNS[0]}"]
-    band = {name: np.where(v < 0.3 * T, "early", np.where(v >= 0.7 * T, "late", "mid")) for name, v in layers.items()}
+    # an unsettled depth (T + 1) is in no band of the three: 'unsettled', not late
+    band = {name: np.where(v > T, "unsettled", np.where(v < 0.3 * T, "early", np.where(v >= 0.7 * T, "late", "mid")))
+            for name, v in layers.items()}
+    for row in result.summary.iter_rows(named=True):
+        shares = {b: float(np.mean(band[row["definition"]] == b)) for b in ("early", "mid", "late", "unsettled")}
+        assert (row["f_early"], row["f_mid"], row["f_late"], row["f_unsettled"]) == pytest.approx(
+            (shares["early"], shares["mid"], shares["late"], shares["unsettled"]))
+        assert (row["f_unsettled"] > 0) == (row["kind"] == "depth")  # every depth run here has unsettled images
+    for run_id in RUNS:
+        depths = result.depths.filter(pl.col("run_id") == run_id).row(0, named=True)
+        unsettled = int(np.sum(layers[f"depth {run_id}"] > T))
+        assert (depths["unsettled"], depths["n"], depths["t"]) == (unsettled, N, T)
+        assert (depths["layer0"], depths["input_layer0"]) == ("a0", False)
+        assert depths["reference_rows"] == "the train split of view clean"
     for row in result.agreement.iter_rows(named=True):
         a, b = layers[row["a"]], layers[row["b"]]
         assert row["n"] == N
@@ -150,7 +163,9 @@ def test_comparison_equals_scipy_and_numpy(world):
         assert row["early_a_late_b"] == int(np.sum((band[row["a"]] == "early") & (band[row["b"]] == "late")))
     assert len(result.agreement) == len(layers) * (len(layers) - 1) // 2
     cells = result.crosstab.filter((pl.col("a") == f"depth {RUNS[1]}") & (pl.col("b") == f"l*(2) {RUNS[0]}"))
-    assert len(cells) == 9 and cells["n"].sum() == N
+    assert len(cells) == 12 and cells["n"].sum() == N  # depth's rows: early, mid, late and unsettled
+    assert len(result.crosstab.filter((pl.col("a") == f"joint(2, 0.5) {RUNS[0]}")
+                                      & (pl.col("b") == f"l*(2) {RUNS[0]}"))) == 9
     for row in cells.iter_rows(named=True):
         expected = np.sum((band[row["a"]] == row["band_a"]) & (band[row["b"]] == row["band_b"]))
         assert row["n"] == expected
