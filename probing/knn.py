@@ -6,7 +6,8 @@ distance (docs/design.md §5 says what can and cannot be checked).
 
 - References (default): the train split's rows of the training view, on the raw pooled features (no
   standardisation); prediction depth names them with its result (`prediction_depths.reference_rows`). A store built
-  with the `input` anchor (the image on an 8x8 grid) gives knn a probe at the input, Baldock et al.'s layer 0. "Training" is one pass that memorises them, as they come by in the trainer's mini-batches
+  with the `input` anchor (the image on an 8x8 grid) gives knn a probe at the input, Baldock et al.'s layer 0.
+  "Training" is one pass that memorises them, as they come by in the trainer's mini-batches
   (float16, which is what the store holds, so the copy is exact); the store keeps which rows they were
   (`reference`, a mask over its rows per fold), never a second copy of the features.
 - References from another store (`knn:refs=STORE`, Baldock et al.'s own protocol: the network's *training*
