@@ -142,7 +142,8 @@ def pair_lines(result: Comparison, shown: int | None = None) -> list[str]:
             for r in ranking.iter_rows(named=True)]
     legend = wrapped("decided: images early by one definition and late by the other where both layers are decisions "
                      "(no fallback: a never-stable l* or joint layer at T, an unsettled depth at T + 1); "
-                     "early/late, late/early: early by a and late by b, and the reverse, fallbacks counted; "
+                     "early/late, late/early: early by a and late by b, and the reverse, l* and joint fallbacks "
+                     "counted (an unsettled depth is in no band); "
                      "same: share of the images in the same band; spearman: Spearman's ρ of the layers "
                      "(- when one is constant); n: images both place.")
     return [title, *columns(["decided", "early/late", "late/early", "same", "spearman", "n", "a  vs  b"], rows),

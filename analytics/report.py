@@ -621,10 +621,10 @@ def _definitions(figs: _Figures, con, model: str, runs: list[str], k: int, min_c
     decided = result.decided.select("a", "b", pl.col("n").alias("early_late_decided")).unique(maintain_order=True)
     worst = decided.sort(["early_late_decided", "a", "b"], descending=[True, False, False]).head(3)
     parts.append("<h3>The pairs that disagree most: images early by one definition and late by the other, both "
-                 "layers decisions</h3><p>Counted only where both layers are decisions: an image that never settles "
-                 "(l* or joint placed at T, prediction depth T + 1 when the last anchor is not the model's answer) "
-                 "is late by construction, so the pairs it makes disagree say which definition has a fallback, not "
-                 "where the network decides (early_a_late_b and late_a_early_b count those too).</p>")
+                 "layers decisions</h3><p>Counted only where both layers are decisions: an l* or joint layer that "
+                 "never settles is placed at T, late by construction, so the pairs it makes disagree say which "
+                 "definition has a fallback, not where the network decides (early_a_late_b and late_a_early_b count "
+                 "those too); an unsettled prediction depth is in no band.</p>")
     if worst.is_empty():
         return "".join(parts) + "<p>No pair has an image early by one definition and decided late by another.</p>"
     parts.append(_table(worst.join(result.agreement, on=["a", "b"]).select(
