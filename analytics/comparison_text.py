@@ -109,7 +109,7 @@ def columns(header: Sequence[str], rows: Sequence[Sequence[str | Sequence[str]]]
 def summary_lines(result: Comparison) -> list[str]:
     """Per definition: images placed, mean and median layer, the share in each band."""
     rows = [[str(r["n"]), _cell(r["mean"], 2), _cell(r["median"], 1), _cell(r["f_early"], 3), _cell(r["f_mid"], 3),
-             _cell(r["f_late"], 3), _cell(r["f_unsettled"], 3) if r["kind"] == "depth" else "-", r["definition"]]
+             _cell(r["f_late"], 3), _cell(r["f_unsettled"], 3), r["definition"]]
             for r in result.summary.iter_rows(named=True)]
     return columns(["n", "mean", "median", "early", "mid", "late", "unsettled", "definition"], rows)
 
