@@ -236,3 +236,29 @@ def test_average_rank_is_scipys_and_band_limits_are_the_bands_ends():
         late = [layer for layer in range(t + 1) if layer >= 0.7 * t]
         assert con.execute("SELECT * FROM band_limits(?)", [t]).fetchall() == [(max(early, default=None), min(late))]
     con.close()
+
+
+def test_every_depth_names_its_layer_0_and_the_rows_its_probes_learnt_from(tmp_path):
+    """prediction_depths names what each run read: anchor 0's name, and the rows its probes learnt from (knn: the
+    rows that vote), for a probe-train split, a train+val fit, cross-fit folds and another store's rows."""
+    db = tmp_path / "f.duckdb"
+    con = fsdb.connect(db)
+    ids = np.arange(6)
+    fsdb.register_images(con, fsdb.DatasetInfo("fp", "t", "-", 0), ids, np.array([f"{i}.png" for i in ids]),
+                         np.zeros(6, dtype=int), np.array(["test"] * 6))
+    fsdb.register_anchors(con, "m", [SimpleNamespace(index=a, name=n, module="", dim=2, depth_frac=a / 2)
+                                     for a, n in enumerate(["input", "b", "c"])])
+    fsdb.replace_model_outputs(con, "m", "clean", ids, np.zeros(6, dtype=int), np.full(6, 0.9))
+    runs = {"m/clean/knn": ({"probe": "knn", "params": {"refs": ""}}, "the train split of view clean"),
+            "m/clean/paper": ({"probe": "paper", "params": {"train_on_val": 1}},
+                              "the train and val splits of view clean"),
+            "m/clean/linear/cv5": ({"cross_fit": 5}, "the other 4 of 5 cross-fit folds of view clean, less their "
+                                                     "val rows"),
+            "m/clean/knn:refs=x": ({"probe": "knn", "params": {"refs": "/data/train.zarr"}},
+                                   "every row of view clean of store /data/train.zarr")}
+    for run_id, (fields, _) in runs.items():
+        fsdb.write_runs(con, [run_rows({"run_id": run_id, "model": "m", "view": "clean", **fields}, ids,
+                                       np.zeros((6, 3), dtype=int), np.ones((6, 3), dtype=np.float32))])
+    con.close()
+    got = q.query(db, "SELECT DISTINCT run_id, layer0, reference_rows FROM prediction_depths('all') ORDER BY run_id")
+    assert got.rows() == sorted((run_id, "input", said) for run_id, (_, said) in runs.items())
