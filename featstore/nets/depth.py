@@ -46,7 +46,9 @@ def anchor_names_for(arch: str, library: str, model: nn.Module, anchors: str | N
                      token_pool: str = "cls") -> list[str]:
     """The user's --anchors, else the preset for this model, else the traced defaults (one forward on `sample`).
     `default` in the user's list stands for those defaults (`input,default`: the input image, then the defaults)."""
-    defaults = lambda: preset_for(library, arch) or default_anchor_names(model, sample, token_pool)  # noqa: E731
+    def defaults() -> list[str]:
+        return preset_for(library, arch) or default_anchor_names(model, sample, token_pool)
+
     if not anchors:
         return check_anchor_names(defaults())
     names: list[str] = []
