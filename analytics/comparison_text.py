@@ -122,7 +122,8 @@ def depth_lines(result: Comparison) -> list[str]:
     lines = []
     for r in result.depths.iter_rows(named=True):
         zero = ("the input image (on a grid), as Baldock et al.'s" if r["input_layer0"]
-                else f"{r['layer0']}, the first stored anchor, not the input (a build with the anchors input,default stores it)")
+                else f"{r['layer0']}, the first stored anchor, not the input (a build with the anchors "
+                     "input,default stores it)")
         lines += wrapped(f"depth {r['run_id']}: layer 0 = {zero}; references: {r['reference_rows']}; unsettled "
                          f"(even anchor {r['t']} is not the model's answer; no depth, not late): {r['unsettled']} of "
                          f"{r['n']} ({r['f_unsettled']:.1%})")
