@@ -308,7 +308,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--views": {"": ((), declared("views",
                                   help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, brightness-S."))},
     "--anchors": {"": ((), dict(help="Comma list of module names (X.mid inside ResNet blocks, X.input what enters "
-                                "X); default: the preset, else traced places ending at what the head reads."))},
+                                "X; input, first: the image on an 8x8 grid; default: the defaults, e.g. "
+                                "input,default); default: the preset, else traced places ending at what the head "
+                                "reads."))},
     "--taps": {"": ((), dict(help="Transformer module taps per block: all, or a list of ln1,attn,resid_mid,ln2,fc1,"
                              "act,fc2,resid (timm ViTs); anchors become (block, tap) pairs."))},
     "--pool": {"": ((), declared("pool", help="Token pooling for ViTs [default: cls where the model has a class "
