@@ -280,6 +280,24 @@ class StoreReading:
                                      f"same `featstore build` to write the head again")
         return weight, bias, str(attrs.get("module", ""))
 
+    def read_head_reading(self, key: str) -> tuple[dict, dict[str, np.ndarray]] | None:
+        """The model's final norm and each anchor's role to the head (`featstore.nets.head_norm`), with the norm's
+        arrays, as `write_head` kept them; None where the head was kept without them (or not at all)."""
+        if self.read_head(key) is None:
+            return None
+        with self.damage_is_one_line(f"{key}/{HEAD}"):
+            g = self.root[key][HEAD]
+            attrs = dict(g.attrs)
+            if "reading" not in attrs:
+                return None
+            names = [n for n in attrs["checksums"] if n not in ("weight", "bias")]
+            arrays = {n: np.asarray(g[n][:]) for n in names}
+        for name, values in arrays.items():
+            if int(attrs["checksums"][name], 16) != checksum(values):
+                raise FeatstoreError(f"store {self.location} is damaged: {key}/{HEAD}/{name} {CHANGED}; rerun the "
+                                     f"same `featstore build` to write the head again")
+        return dict(attrs["reading"]), arrays
+
     def has_head(self, key: str) -> bool:
         """True when the model's classifier is kept (complete), whatever its values (`read_head` checks them)."""
         try:
