@@ -49,8 +49,7 @@ def macro_order() -> tuple[str, ...]:
             found = _DEFINITION.search(text)
             if found and found.group(2) == entry.name.removesuffix(".sql"):
                 texts[found.group(2)] = text[found.end():]
-    uses = {name: {other for other in texts if other != name and re.search(rf"\b{other}\b", body)}
-            for name, body in texts.items()}
+    uses = {name: set(re.findall(r"\w+", body)) & texts.keys() - {name} for name, body in texts.items()}
     order: list[str] = []
     while uses:
         ready = sorted(name for name, needs in uses.items() if needs <= set(order))
@@ -72,21 +71,27 @@ def _definitions_digest(con: duckdb.DuckDBPyConnection) -> str:
 
 
 @functools.cache
-def _this_versions_digest() -> str:
-    """`_definitions_digest` of a database holding exactly this version's definitions (made once per process)."""
-    con = in_memory("schema", *MACROS)
+def macro_set_digest() -> str:
+    """The digest of this version's view and macro definitions, of their sql/ text (read once per process)."""
+    return hashlib.sha256("\n".join(sql_text(name) for name in MACROS).encode()).hexdigest()
+
+
+def _definition_statements(temporary: bool) -> list[str]:
+    texts = [sql_text(name) for name in MACROS]
+    if temporary:
+        texts = [_DEFINITION.sub(lambda m: f"CREATE OR REPLACE TEMP {m.group(1)} {m.group(2)}", text, count=1)
+                 for text in texts]
+    return texts
+
+
+def _recorded_macro_set(con: duckdb.DuckDBPyConnection) -> tuple[str, str] | None:
+    """(source digest, printed digest) of the definitions a write connection last installed in the file (sql/
+    macro_set.sql), or None for a file without the record (an older featstore's, or an in-memory database)."""
     try:
-        return _definitions_digest(con)
-    finally:
-        con.close()
-
-
-def _create_definitions(con: duckdb.DuckDBPyConnection, temporary: bool) -> None:
-    for name in MACROS:
-        text = sql_text(name)
-        if temporary:
-            text = _DEFINITION.sub(lambda m: f"CREATE OR REPLACE TEMP {m.group(1)} {m.group(2)}", text, count=1)
-        con.execute(text)
+        found = con.execute("SELECT source_digest, printed_digest FROM main.macro_set").fetchall()
+    except duckdb.CatalogException:
+        return None
+    return found[0] if len(found) == 1 else None
 
 
 def in_memory(*names: str) -> duckdb.DuckDBPyConnection:
@@ -99,14 +104,21 @@ def in_memory(*names: str) -> duckdb.DuckDBPyConnection:
 
 
 def install_macros(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> None:
-    """Create every view and macro of this featstore version. Write connections persist them in the file (a
-    plain DuckDB client can call them); read-only ones create them as TEMP objects, which shadow whatever an
-    older featstore (or another client) left in the file, so every client of one version runs the same
-    definitions. Binding them takes ~0.3 s, so where the file already holds exactly these definitions (compared as
-    DuckDB prints them back, ~0.05 s) nothing is created."""
-    if _definitions_digest(con) == _this_versions_digest():
+    """Create every view and macro of this featstore version, once per database and version. A write connection
+    persists them in the file (a plain DuckDB client can call them) beside a record of which set it put there
+    (sql/macro_set.sql): binding them takes ~0.3 s, so a later open finds the record and, where the file's
+    definitions are still those recorded (DuckDB prints them back, ~0.05 s: no other client replaced one), binds
+    nothing. A read-only connection to a file of another version (or without the record, or whose definitions another
+    client changed) creates them as TEMP objects, in one batched statement, which shadow whatever the file holds, so
+    every client of one version runs the same definitions."""
+    recorded = _recorded_macro_set(con)
+    if recorded is not None and recorded[0] == macro_set_digest() and recorded[1] == _definitions_digest(con):
         return
-    _create_definitions(con, temporary)
+    con.execute(";\n".join(_definition_statements(temporary)))
+    if not temporary:
+        con.execute(sql_text("macro_set"))
+        con.execute("DELETE FROM macro_set")
+        con.execute("INSERT INTO macro_set VALUES (?, ?)", [macro_set_digest(), _definitions_digest(con)])
 
 
 def schema_tables() -> tuple[str, ...]:
@@ -233,24 +245,13 @@ def _check_shadowing(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """Refuse a file that defines a view where featstore keeps a table, or a macro named like a DuckDB built-in
     (sql/shadowing_objects.sql): either would run the file's own SQL wherever featstore reads that table or calls that
     function. Only the catalog is read, before any table."""
-    found = con.execute(sql_text("shadowing_objects"), [list(schema_tables()), _builtin_functions()]).fetchone()
+    found = con.execute(sql_text("shadowing_objects"), [list(schema_tables())]).fetchone()
     if found:
         kind, name = found
         what = (f"{name} is a view where featstore keeps a table" if kind == "view"
                 else f"it defines {name}, a function DuckDB already has, which it would replace in every query")
         raise FeatstoreError(f"{path}: {what}, so reading it would run the file's own SQL; pass a `db` that "
                              f"featstore wrote")
-
-
-@functools.cache
-def _builtin_functions() -> list[str]:
-    """The names of DuckDB's own functions, lower case (listed once per process)."""
-    con = duckdb.connect(":memory:", config=SEALED)
-    try:
-        return [n for (n,) in con.execute("SELECT DISTINCT lower(function_name) FROM duckdb_functions() WHERE "
-                                          "database_name = 'system' ORDER BY 1").fetchall()]
-    finally:
-        con.close()
 
 
 # the columns migrate_runs.sql gives the tables of a file an older featstore wrote
