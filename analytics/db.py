@@ -103,16 +103,39 @@ def in_memory(*names: str) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def install_macros(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> None:
+def file_state(path: Path) -> tuple:
+    """What changes whenever a database file (or its write-ahead log) is written: identity, size and modification
+    time of both. Checks of a file's catalog are kept per process under it (`_CHECKED`)."""
+    state = []
+    for p in (path, path.with_name(path.name + ".wal")):
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            state.append(None)
+            continue
+        state.append((str(p.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(state)
+
+
+_CHECKED: dict[tuple[str, tuple], bool] = {}  # (check, file_state) -> passed: a process opening one file repeatedly
+
+
+def install_macros(con: duckdb.DuckDBPyConnection, temporary: bool = False, path: Path | None = None) -> None:
     """Create every view and macro of this featstore version, once per database and version. A write connection
     persists them in the file (a plain DuckDB client can call them) beside a record of which set it put there
     (sql/macro_set.sql): binding them takes ~0.3 s, so a later open finds the record and, where the file's
     definitions are still those recorded (DuckDB prints them back, ~0.05 s: no other client replaced one), binds
-    nothing. A read-only connection to a file of another version (or without the record, or whose definitions another
-    client changed) creates them as TEMP objects, in one batched statement, which shadow whatever the file holds, so
-    every client of one version runs the same definitions."""
+    nothing; a process that opens the same unchanged file again (`path`, `file_state`) skips even that. A read-only
+    connection to a file of another version (or without the record, or whose definitions another client changed)
+    creates them as TEMP objects, which shadow whatever the file holds, so every client of one version runs the same
+    definitions."""
+    key = ("macros", file_state(path)) if path is not None and temporary else None
+    if key is not None and _CHECKED.get(key):
+        return
     recorded = _recorded_macro_set(con)
     if recorded is not None and recorded[0] == macro_set_digest() and recorded[1] == _definitions_digest(con):
+        if key is not None:
+            _CHECKED[key] = True
         return
     con.execute(";\n".join(_definition_statements(temporary)))
     if not temporary:
@@ -227,7 +250,7 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
         else:
             _stand_in_for_newer_tables(con)
             _migrated_runs(con)
-        install_macros(con, temporary=read_only)
+        install_macros(con, temporary=read_only, path=path)
     except BaseException as e:
         if creating:
             remove_empty(con, path)
@@ -245,6 +268,9 @@ def _check_shadowing(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """Refuse a file that defines a view where featstore keeps a table, or a macro named like a DuckDB built-in
     (sql/shadowing_objects.sql): either would run the file's own SQL wherever featstore reads that table or calls that
     function. Only the catalog is read, before any table."""
+    key = ("shadowing", file_state(path))
+    if _CHECKED.get(key):  # this process read this very file's catalog before
+        return
     found = con.execute(sql_text("shadowing_objects"), [list(schema_tables())]).fetchone()
     if found:
         kind, name = found
@@ -252,6 +278,7 @@ def _check_shadowing(con: duckdb.DuckDBPyConnection, path: Path) -> None:
                 else f"it defines {name}, a function DuckDB already has, which it would replace in every query")
         raise FeatstoreError(f"{path}: {what}, so reading it would run the file's own SQL; pass a `db` that "
                              f"featstore wrote")
+    _CHECKED[key] = True
 
 
 # the columns migrate_runs.sql gives the tables of a file an older featstore wrote
