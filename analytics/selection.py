@@ -52,7 +52,8 @@ def one_window(db: Db, ks: Sequence[int] | None = None, chosen: Sequence[str] | 
         return windows[0]
     if ONE_WINDOW in windows:
         return ONE_WINDOW
-    raise FeatstoreError(f"k={','.join(map(str, windows))}: this command uses one stability window; give one, e.g. "
+    raise FeatstoreError(f"k={','.join(map(str, windows))}: this command shows one stability window, the one k "
+                         f"given, or 2 of a list holding it (as the default 1,2,3,4 does); give one, e.g. "
                          f"k={windows[0]}")
 
 

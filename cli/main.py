@@ -126,6 +126,12 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 _python_showwarning = warnings.showwarning
 
 
+def _visible_options(command: click.Command) -> set[str]:
+    """The option spellings `command -h` shows."""
+    return {o for p in command.params if isinstance(p, click.Option) and not p.hidden for o in (*p.opts,
+                                                                                                 *p.secondary_opts)}
+
+
 class _OneLineErrors(click.Group):
     """Usage errors (a bad choice, an unknown option) as one line and exit status 2, like every bad input;
     featstore's warnings as one line each."""
@@ -137,12 +143,25 @@ class _OneLineErrors(click.Group):
                 warnings.showwarning = _one_line_warning
                 super().main(*args, standalone_mode=False, **kwargs)
         except click.ClickException as e:
-            click.echo(f"featstore: error: {e.format_message()} (featstore COMMAND -h lists the options)", err=True)
+            ctx = getattr(e, "ctx", None)
+            if isinstance(e, click.NoSuchOption) and ctx is not None:  # never suggest a hidden (old) spelling
+                e.possibilities = [o for o in e.possibilities if o in _visible_options(ctx.command)]
+            command = self._command_said(ctx, kwargs.get("args", args[0] if args else None))
+            click.echo(f"featstore: error: {e.format_message()} ({command} -h lists the options)", err=True)
             sys.exit(e.exit_code)
         except click.Abort:  # Ctrl-C outside a write (a write rolls back and says so itself), or EOF at a prompt
             click.echo("featstore: interrupted", err=True)
             sys.exit(130)
         sys.exit(0)
+
+    def _command_said(self, ctx: click.Context | None, args) -> str:
+        """`featstore NAME` of the command whose options were wrong (its context, else its name on the command
+        line), or `featstore` where none was named."""
+        if ctx is not None and ctx.command is not self:
+            return " ".join(["featstore", *ctx.command_path.split()[1:]])
+        given = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        name = next((a for a in given if not a.startswith("-")), None)
+        return f"featstore {name}" if name in self.commands else "featstore"
 
 
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -162,10 +181,11 @@ def cli() -> None:
 @user_errors
 def build(**given) -> None:
     """Extract pooled anchor activations (and logits) of MODEL over DATA into STORE; resumable."""
+    (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
+    images.check_exists()  # before torch and the model load
     from featstore.api import BuildConfig
     from featstore.api import build as run_build
 
-    (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
     result = run_build(BuildConfig(model=model, images=images, run=run, **rest))
     if result.repaired:
         click.echo(f"repaired {len(result.repaired)} damaged part(s) of the store: "
@@ -560,10 +580,11 @@ def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
 @user_errors
 def circuits(**given) -> None:
     """EAP-IG edge scores of a ViT on one view (label-free) into DuckDB's edges table."""
+    (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
+    images.check_exists()  # before torch and the model load
     from featstore.api import CircuitConfig
     from featstore.api import circuits as run_circuits
 
-    (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
     db = rest.pop("db")
     result = run_circuits(CircuitConfig(model=model, images=images, run=run, **rest), db=db)
     click.echo(f"wrote circuit {result.run.run_id}")

@@ -188,7 +188,7 @@ def test_the_library_names_the_field_and_the_cli_its_flag(tmp_path, image_dir):
             call()
         assert str(caught.value) == "val_frac=1.5: must be a number > 0 and < 1"
     assert fails("probe", "--store", tmp_path / "s.zarr", "--model", "m", "--db", db, "--val-frac", "1.5") == (
-        "featstore: error: --val-frac 1.5: must be a number > 0 and < 1 (featstore COMMAND -h lists the options)")
+        "featstore: error: --val-frac 1.5: must be a number > 0 and < 1 (featstore probe -h lists the options)")
     assert not db.exists()
     # a message raised deep in the library (the store's URL), as each face says it
     with pytest.raises(ValueError, match="^store=ftp://b/s.zarr: ftp:// is not a storage featstore can reach; "):

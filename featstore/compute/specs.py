@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from featstore.errors import FeatstoreError
 from featstore.schema import check_fields
 
 
@@ -45,6 +46,13 @@ class ImageSource:
         if self.labels is not None:
             object.__setattr__(self, "labels", Path(self.labels))
         check_fields(self, ("limit",))
+
+    def check_exists(self) -> None:
+        """Refuse a `data` folder that is not there without loading torch, so that a command says so at once,
+        before it loads a model (`discover` reads the folder)."""
+        if not self.data.expanduser().is_dir():
+            raise FeatstoreError(f"image folder {self.data} does not exist; pass data=<ImageFolder root or flat "
+                                 f"folder>")
 
     def discover(self, seed: int = 0):
         """The images (featstore.images.datasets.ImageSet); `seed` draws the --limit subset."""

@@ -81,7 +81,8 @@ def library_of(name: str, weights: str = "auto") -> tuple[str, str]:
         return "timm", name
     import difflib
 
-    close = difflib.get_close_matches(name, list(_torchvision_names()) + timm.list_models(), n=4)
+    names = list(dict.fromkeys([*_torchvision_names(), *timm.list_models()]))  # a name both libraries know: once
+    close = difflib.get_close_matches(name, names, n=4)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise FeatstoreError(f"unknown model {name!r}: not a torchvision or timm model name{hint}")
 
