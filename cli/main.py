@@ -211,7 +211,7 @@ def build(**given) -> None:
 @option("--db", "write")
 @options(option("--view", "predict"), option("--variant", "probe"), option("--train-on-view"), option("--cross-fit"),
          option("--project-dim"))
-@run_options("seed", "device", "threads", "progress")
+@run_options("seed", "device", "threads", "progress", roles={"seed": "probe"})
 @options(option("--split-seed"), option("--val-frac"), option("--memory-budget"))
 @user_errors
 def probe(**given) -> None:
@@ -573,10 +573,10 @@ def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
 
 @cli.command()
 @model_spec_options("vit", "timm")
-@image_source_options()
+@image_source_options(limit_role="circuits")
 @option("--db", "write")
 @options(option("--view", "circuit"), option("--ig-steps"))
-@run_options("batch_size", "device", "workers", "seed", "threads", "progress")
+@run_options("batch_size", "device", "workers", "seed", "threads", "progress", roles={"batch_size": "circuits"})
 @user_errors
 def circuits(**given) -> None:
     """EAP-IG edge scores of a ViT on one view (label-free) into DuckDB's edges table."""
@@ -767,8 +767,8 @@ def gc(store: str, model: str | None, dbs: tuple[Path, ...], min_age: float, dry
 @cli.command()
 @click.argument("config", type=click.Path(path_type=Path))
 @option("--db", "write")
-@options(option("--ig-steps"), option("--limit"))
-@run_options("batch_size", "device", "workers", "seed", "threads")
+@options(option("--ig-steps"), option("--limit", "circuits"))
+@run_options("batch_size", "device", "workers", "seed", "threads", roles={"batch_size": "circuits"})
 @options(option("--tau", "zoo"), option("--top-n"), option("--format"))
 @run_options("progress")
 @user_errors

@@ -198,8 +198,10 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                     "LOC_val_solution.csv).  See docs/build.md."))},
     "--limit": {
         "": ((), dict(type=checked("limit"), default=_default(ImageSource, "limit"),
-                      help="Deterministic subset of N images (ids stay those of the full set) [default: all; "
-                           "circuits and zoo: 500].")),
+                      help="Deterministic subset of N images (ids stay those of the full set) [default: all].")),
+        "circuits": ((), dict(type=checked("limit"), default=_default(ImageSource, "limit"),
+                              help="Deterministic subset of N images (ids stay those of the full set) whose edges "
+                                   "are scored [default: 500].")),
         "demo": ((), dict(type=checked("limit"), help="Use only about N images (a quick run, e.g. in CI).")),
     },
     # RunOptions
@@ -212,19 +214,25 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                      "compute; up to 8 DataLoader processes on CUDA]; 0 decodes serially."))},
     "--batch-size": {
         "": ((), dict(type=checked("batch_size"), default=D.batch_size,
-                      help="Images per forward pass [default: 64; EAP-IG: 32, its memory grows linearly with it].")),
+                      help="Images per forward pass [default: 64].")),
+        "circuits": ((), dict(type=checked("batch_size"), default=D.batch_size,
+                              help="Images per EAP-IG pass [default: 32]; its memory grows linearly with it.")),
         "measured": (("batch_sizes",), dict(default=",".join(map(str, COST_BATCH_SIZES)),
                                             callback=_list_parser("batch sizes", "1,64", 1),
                                             help="Batch sizes to measure: latency (1) and throughput.")),
         "price": ((), dict(type=checked("batch_size"), default=COST_BATCH_SIZES[0],
                             help="Which measured batch size prices the exits.")),
     },
-    "--seed": {"": ((), dict(type=checked("seed"), default=D.seed,
-                             help="Seed of everything random the command does: random init and the --limit subset "
-                                  "(view noise depends on the image id alone); for probes, SGD's shuffling (paper; "
-                                  "linear:full_batch=0), the sample sizing the steps, and projections; linear's "
-                                  "default full-batch L-BFGS solve reaches the same probe whatever the seed (runs of "
-                                  "several probe seeds land side by side: macro seed_spread)."))},
+    "--seed": {
+        "": ((), dict(type=checked("seed"), default=D.seed,
+                      help="Seed of the random init (--weights none) and of the --limit subset (view noise depends on "
+                           "the image id alone).")),
+        "probe": ((), dict(type=checked("seed"), default=D.seed,
+                           help="Seed of the probes: SGD's shuffling (paper; linear:full_batch=0), the sample sizing "
+                                "the steps, and projections; linear's default full-batch L-BFGS solve reaches the "
+                                "same probe whatever the seed (runs of several probe seeds land side by side: macro "
+                                "seed_spread).")),
+    },
     "--threads": {"": ((), dict(type=checked("threads"), default=D.threads,
                                 help="CPU threads for the compute [default: one per idle core, looked at again at "
                                      "each chunk, epoch or batch]; recorded with the results."))},
@@ -560,15 +568,16 @@ def model_spec_options(model_role: str = "network", weights_role: str = "auto") 
     return options(option("--model", model_role), option("--weights", weights_role), option("--image-size"))
 
 
-def image_source_options(data_role: str = "") -> Callable:
+def image_source_options(data_role: str = "", limit_role: str = "") -> Callable:
     """--data, --labels, --limit: an `ImageSource`."""
-    return options(option("--data", data_role), option("--labels"), option("--limit"))
+    return options(option("--data", data_role), option("--labels"), option("--limit", limit_role))
 
 
 RUN_FLAGS = {"device": "--device", "workers": "--workers", "batch_size": "--batch-size", "seed": "--seed",
              "threads": "--threads", "progress": "--progress/--no-progress"}
 
 
-def run_options(*names: str) -> Callable:
-    """The `RunOptions` fields a command takes (all by default), declared as above."""
-    return options(*(option(RUN_FLAGS[n]) for n in names or RUN_FLAGS))
+def run_options(*names: str, roles: dict[str, str] | None = None) -> Callable:
+    """The `RunOptions` fields a command takes (all by default), declared as above; `roles`: the role of a field
+    whose meaning is the command's own (--seed of a probe, --batch-size of EAP-IG)."""
+    return options(*(option(RUN_FLAGS[n], (roles or {}).get(n, "")) for n in names or RUN_FLAGS))

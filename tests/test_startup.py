@@ -1,0 +1,94 @@
+"""Commands that answer at once: a refusal before torch loads, usage errors in the command's own words, each
+command's help about its own options, and the views and macros bound once per database and version."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+
+from featstore.analytics import db as fsdb
+from featstore.cli.main import cli
+
+from conftest import fails, run_cli
+
+SQL = Path(__file__).resolve().parents[1] / "sql"
+TEMPORARY = ("SELECT (SELECT count(*) FROM duckdb_functions() WHERE database_name = 'temp') + "
+             "(SELECT count(*) FROM duckdb_views() WHERE temporary AND NOT internal)")
+
+
+def test_a_build_without_its_data_folder_is_refused_before_torch_loads(tmp_path):
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom featstore.cli.main import cli\n"
+            f"r = CliRunner().invoke(cli, ['build', '--model', 'resnet18', '--data', {str(tmp_path / 'no')!r}, "
+            f"'--store', {str(tmp_path / 's.zarr')!r}])\n"
+            "print(r.exit_code, 'torch' in sys.modules)\nprint(r.output)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    status, said = done.stdout.split("\n", 1)
+    assert status == "2 False", done.stdout + done.stderr
+    assert said.strip() == f"featstore: error: image folder {tmp_path / 'no'} does not exist; pass --data " \
+                           f"<ImageFolder root or flat folder>"
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_usage_errors_name_the_command_and_suggest_only_what_its_help_shows():
+    assert fails("timeline", "--bogus").endswith("(featstore timeline -h lists the options)")
+    assert fails("timeline", "--db").endswith("(featstore timeline -h lists the options)")
+    assert fails("nosuchcommand").endswith("(featstore -h lists the options)")
+    shown = {o for p in cli.commands["timeline"].params if not getattr(p, "hidden", False)
+             for o in (*p.opts, *p.secondary_opts)}
+    hidden = {o for p in cli.commands["timeline"].params if getattr(p, "hidden", False) for o in p.opts}
+    assert "--json" in hidden  # the old spelling, still taken, never offered
+    line = fails("timeline", "--jsn")
+    offered = {word.strip("'?,.") for word in line.split("Did you mean", 1)[-1].split() if word.startswith("'--")}
+    assert "--json" not in line and offered <= shown
+
+
+def test_each_command_explains_its_own_options():
+    def help_of(command: str, flag: str) -> str:
+        lines = run_cli(command, "-h").output.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.strip().startswith(flag + " "))
+        block = [lines[start]]
+        for line in lines[start + 1:]:
+            if line.strip().startswith("--"):
+                break
+            block.append(line)
+        return " ".join(" ".join(block).split())
+
+    build = run_cli("build", "-h").output
+    assert "SGD" not in build and "EAP-IG" not in build and "circuits" not in build
+    assert "SGD" in help_of("probe", "--seed")
+    assert "EAP-IG" in help_of("circuits", "--batch-size") and "default: 32" in help_of("circuits", "--batch-size")
+    assert "default: 500" in help_of("circuits", "--limit") and "default: all" in help_of("build", "--limit")
+
+
+def _record(db: Path) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute("SELECT source_digest FROM macro_set").fetchall()
+    finally:
+        con.close()
+
+
+def test_definitions_are_installed_once_per_database_and_version(tmp_path):
+    """A write connection records which definitions it put in the file (the digest of their sql/ text); a read-only
+    open of that file binds nothing; a file recording another version's set is read through TEMP definitions,
+    and the next write connection puts this version's back with its record."""
+    db = tmp_path / "f.duckdb"
+    fsdb.connect(db).close()
+    texts = "\n".join((SQL / f"{name}.sql").read_text() for name in fsdb.MACROS)
+    assert _record(db) == [(hashlib.sha256(texts.encode()).hexdigest(),)]
+    con = fsdb.connect(db, read_only=True)
+    assert con.execute(TEMPORARY).fetchall() == [(0,)]
+    con.close()
+    raw = duckdb.connect(str(db))
+    raw.execute("UPDATE macro_set SET source_digest = 'an older featstore'")
+    raw.close()
+    con = fsdb.connect(db, read_only=True)
+    assert con.execute(TEMPORARY).fetchall() == [(len(fsdb.MACROS),)]
+    assert con.execute("SELECT count(*) FROM decision_layers(2)").fetchall() == [(0,)]
+    con.close()
+    fsdb.connect(db).close()
+    assert _record(db) == [(hashlib.sha256(texts.encode()).hexdigest(),)]
