@@ -235,8 +235,10 @@ def _per_k(macro: str, db: Db, k: int, scope: str, min_conf: float) -> pl.DataFr
                  [k, check_scope(scope), check_min_conf(min_conf)])
 
 
-def decision_layers(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
-    return _per_k("decision_layers", db, k, scope, min_conf)
+def decision_layers(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0, band: str = "paper") -> pl.DataFrame:
+    """l*(k) per run and image with its band (macro decision_layers); `band`: 'paper' or 'window'."""
+    return query(db, "SELECT * FROM decision_layers(?, scope := ?, min_conf := ?, band := ?)",
+                 [k, check_scope(scope), check_min_conf(min_conf), check_band(band)])
 
 
 def decision_summary(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0, band: str = "paper") -> pl.DataFrame:

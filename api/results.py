@@ -129,6 +129,13 @@ class Results:
             shown = shown.filter(shown["run_id"].is_in(chosen))
         return late_notes(sorted({n - 1 for n in shown["n_anchors"]}), ks)
 
+    def decision_layers(self, k: int, scope: str = "auto", min_conf: float = 0.0, band: str = "paper") -> pl.DataFrame:
+        """l*(k) of every image under every run, with its early/mid/late `band` (the macro decision_layers, its band
+        named by decision_band: 'paper' = thirds of T, 'window' = thirds of T - k), as `featstore sql` gives it."""
+        from featstore.analytics.queries import decision_layers
+
+        return decision_layers(self.db, k, scope, min_conf, band)
+
     def k_sweep(self, ks: Sequence[int] | None = None, scope: str = "auto", min_conf: float = 0.0, runs: Runs = None,
                 band: str = "paper") -> Sweep:
         """The decision layers' statistics per run and window k (`featstore timeline`); `band`: 'paper' (thirds

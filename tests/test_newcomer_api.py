@@ -1,0 +1,57 @@
+"""What a newcomer reaches for from Python: `connect(db).decision_layers(k)` with each image's band."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from synthetic import register_toy_images, run_rows
+
+import featstore as fs
+from featstore.analytics import db as fsdb
+
+
+def hand_band(layer: int, t: int, k: int) -> str:
+    """docs/design.md §5 and §7 by hand: thirds of t - k (k = 0: the paper's thirds of t), 'never' past t - k."""
+    if k > 0 and layer > t - k:
+        return "never"
+    if layer < 0.3 * (t - k):
+        return "early"
+    return "late" if layer >= 0.7 * (t - k) else "mid"
+
+
+@pytest.fixture(scope="module")
+def settled(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    n, anchors = 80, 10
+    labels = rng.integers(0, 3, n)
+    settle = rng.integers(0, anchors + 1, n)  # anchor from which the prediction stays put (anchors: never)
+    preds = rng.integers(0, 3, (n, anchors))
+    for i in range(n):
+        preds[i, settle[i]:] = labels[i]
+        if settle[i] > 0:  # the anchor just before it holds another class
+            preds[i, settle[i] - 1] = (labels[i] + 1) % 3
+    db = tmp_path_factory.mktemp("bands") / "f.duckdb"
+    con = fsdb.connect(db)
+    register_toy_images(con, labels, np.array(["test"] * n), ("m",), anchors)
+    fsdb.write_runs(con, [run_rows({"run_id": "m/clean/linear", "model": "m", "view": "clean"}, np.arange(n), preds,
+                                   np.full((n, anchors), 0.9, dtype=np.float32))])
+    con.close()
+    return db, preds
+
+
+def hand_layer(row: np.ndarray, k: int) -> int:
+    """l*(k) by hand: the first anchor from which the prediction holds for k more anchors; T when none does."""
+    t = len(row) - 1
+    return next((a for a in range(t - k + 1) if (row[a:a + k + 1] == row[a]).all()), t)
+
+
+@pytest.mark.parametrize("k,band", [(1, "paper"), (2, "paper"), (3, "window")])
+def test_decision_layers_from_python_carry_the_band(settled, k, band):
+    db, preds = settled
+    frame = fs.connect(db).decision_layers(k, band=band).sort("image_id")
+    t = preds.shape[1] - 1
+    assert frame["t"].to_list() == [t] * len(preds)
+    assert frame["layer"].to_list() == [hand_layer(row, k) for row in preds]
+    window = k if band == "window" else 0
+    assert frame["band"].to_list() == [hand_band(hand_layer(row, k), t, window) for row in preds]
+    assert set(frame["band"]) > {"early", "late"}
