@@ -6,9 +6,11 @@ name returns, so Python, `featstore sql` and any DuckDB client see the same numb
 
 from __future__ import annotations
 
+import difflib
 import functools
 import numbers
 import queue
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -21,7 +23,7 @@ import pyarrow as pa
 
 from featstore.analytics.bands import BANDS
 from featstore.analytics.comparison_text import Comparison
-from featstore.analytics.db import connect, connect_several, in_memory
+from featstore.analytics.db import MACROS, connect, connect_several, in_memory, schema_tables
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
 from featstore.analytics.scopes import SCOPES
 from featstore.errors import FeatstoreError
@@ -55,7 +57,20 @@ def _sql_error(e: duckdb.Error) -> FeatstoreError:
     if any(m in first.lower() for m in ("read-only", "disabled", "locked", "cannot attach")):
         return FeatstoreError(f"queries open the database read-only and reach no other file, extension or "
                               f"setting ({first}); featstore probe is what writes")
+    missing = re.match(r"Catalog Error: (.+?) with name (\w+) does not exist!", first)
+    if missing:
+        return FeatstoreError(f"SQL error: no {missing.group(1).lower()} named {missing.group(2)}"
+                              f"{_nearest_name(missing.group(2), str(e))}")
     return FeatstoreError(f"SQL error: {first}")
+
+
+def _nearest_name(name: str, said: str) -> str:
+    """'; did you mean X?' of a misspelled name: the nearest of featstore's macros, views and tables and of what
+    DuckDB itself suggests (a table's misspelling may be of a table macro); and where featstore's macros are
+    listed."""
+    suggested = re.findall(r'Did you mean "([^"]+)"', said)
+    close = difflib.get_close_matches(name.lower(), [*MACROS, *schema_tables(), *suggested], n=1, cutoff=0.6)
+    return (f"; did you mean {close[0]}?" if close else "") + " (featstore's macros: docs/analytics.md)"
 
 
 def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFrame:

@@ -9,6 +9,8 @@ from synthetic import register_toy_images, run_rows
 import featstore as fs
 from featstore.analytics import db as fsdb
 
+from conftest import fails
+
 
 def hand_band(layer: int, t: int, k: int) -> str:
     """docs/design.md §5 and §7 by hand: thirds of t - k (k = 0: the paper's thirds of t), 'never' past t - k."""
@@ -55,3 +57,15 @@ def test_decision_layers_from_python_carry_the_band(settled, k, band):
     window = k if band == "window" else 0
     assert frame["band"].to_list() == [hand_band(hand_layer(row, k), t, window) for row in preds]
     assert set(frame["band"]) > {"early", "late"}
+
+
+def test_a_misspelled_macro_is_answered_with_the_nearest_name(settled):
+
+    db, _ = settled
+    assert fails("sql", "--db", db, "SELECT * FROM decison_layers(2)") == (
+        "featstore: error: SQL error: no table function named decison_layers; did you mean decision_layers? "
+        "(featstore's macros: docs/analytics.md)")
+    assert "did you mean decision_layers?" in fails("sql", "--db", db, "SELECT * FROM decision_layer")
+    assert "did you mean" not in fails("sql", "--db", db, "SELECT * FROM zzzqqq")
+    with pytest.raises(fs.FeatstoreError, match="no scalar function named decison_band; did you mean decision_band"):
+        fs.connect(db).sql("SELECT decison_band(1, 9)")
