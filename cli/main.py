@@ -630,6 +630,9 @@ def info(store: str, fmt: str) -> None:
     click.echo(format_info(summary))
 
 
+INFO_CLASSES = 10  # class names `featstore info` shows (its JSON lists them all)
+
+
 def format_info(summary: StoreInfo) -> str:
     """`featstore info`'s table: the images, then per model its network, anchors, views and probes."""
     from featstore.api import Damaged
@@ -642,6 +645,11 @@ def format_info(summary: StoreInfo) -> str:
     elif im:
         space = " labelled as ImageNet-1k indices" if im.label_space == "imagenet-1k" else ""
         lines.append(f"images {im.count} in {im.classes} classes{space} ({im.source})")
+        if im.class_names:
+            shown = ", ".join(im.class_names[:INFO_CLASSES])
+            more = (f" … ({len(im.class_names)} in all: --format json lists them)"
+                    if len(im.class_names) > INFO_CLASSES else "")
+            lines.append(f"classes {shown}{more}")
     for key, m in summary.models.items():
         if isinstance(m, Damaged):
             lines.append(f"\nmodel  {key}: DAMAGED: {said(m.what)}")

@@ -1,15 +1,16 @@
-"""What a newcomer reaches for from Python: `connect(db).decision_layers(k)` with each image's band."""
+"""What a newcomer reaches for: `connect(db).decision_layers(k)` with each image's band, the nearest macro of a
+misspelled one, and a store's class names (`model(m).class_names`, `info`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from synthetic import register_toy_images, run_rows
+from synthetic import register_toy_images, run_rows, write_feature_store
 
 import featstore as fs
 from featstore.analytics import db as fsdb
 
-from conftest import fails
+from conftest import fails, run_cli
 
 
 def hand_band(layer: int, t: int, k: int) -> str:
@@ -69,3 +70,21 @@ def test_a_misspelled_macro_is_answered_with_the_nearest_name(settled):
     assert "did you mean" not in fails("sql", "--db", db, "SELECT * FROM zzzqqq")
     with pytest.raises(fs.FeatstoreError, match="no scalar function named decison_band; did you mean decision_band"):
         fs.connect(db).sql("SELECT decison_band(1, 9)")
+
+
+def test_a_store_names_its_classes(tmp_path):
+    """Five recorded classes, images of three of them: the model's class names index its labels, and `info` names
+    the three the images carry (its JSON too)."""
+    import json
+
+    labels = np.array([0, 2, 4, 2, 0, 4, 4, 2])
+    feats = [np.random.default_rng(0).normal(size=(len(labels), 3)).astype(np.float32)]
+    store = write_feature_store(tmp_path / "s.zarr", feats, labels, n_classes=5)
+    model = fs.open_store(store).model("synthetic")
+    assert model.class_names == ["class_0", "class_1", "class_2", "class_3", "class_4"]
+    assert model.label_space == "folder-rank"
+    assert [model.class_names[y] for y in model.labels] == [f"class_{y}" for y in labels]
+    shown = run_cli("info", "--store", store).output.splitlines()
+    assert "classes class_0, class_2, class_4" in shown
+    summary = json.loads(run_cli("info", "--store", store, "--format", "json").output)
+    assert summary["images"]["class_names"] == ["class_0", "class_2", "class_4"]

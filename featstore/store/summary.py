@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from featstore.errors import FeatstoreError
 from featstore.images.preprocessing import Preprocessing
 from featstore.store.verification import StoreCheck
@@ -37,15 +39,18 @@ class Damaged:
 
 @dataclass(frozen=True)
 class ImagesInfo:
-    """The image table: how many images, how many distinct labels they carry, where they were read from."""
+    """The image table: how many images, how many distinct labels they carry, where they were read from, and the
+    names the store records of those classes (folder names; ImageNet's WNIDs), in label order."""
 
     count: int | None
     classes: int
     source: str | None
     label_space: str  # "folder-rank" or "imagenet-1k" (`featstore.images.datasets`)
+    class_names: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "classes": self.classes, "source": self.source, "label_space": self.label_space}
+        return {"count": self.count, "classes": self.classes, "source": self.source, "label_space": self.label_space,
+                "class_names": list(self.class_names)}
 
 
 @dataclass(frozen=True)
@@ -142,7 +147,7 @@ def summarize(store: StoreReading) -> StoreInfo:
         elif store.image_rows.complete():
             a = store.image_rows.attrs()
             images = ImagesInfo(a.get("count"), store.image_rows.classes_present(), a.get("source"),
-                                a.get("label_space", "folder-rank"))
+                                a.get("label_space", "folder-rank"), _present_class_names(store, a))
         models: dict[str, ModelInfo | Damaged] = {}
         for key in store.models():
             try:
@@ -183,3 +188,10 @@ def _published_top1(weights_id: str) -> float | None:
     from featstore.nets.models import published_top1
 
     return published_top1(weights_id)
+
+
+def _present_class_names(store: StoreReading, attrs: dict) -> tuple[str, ...]:
+    """The recorded names of the classes the images carry, in label order (none where the store records none)."""
+    names = attrs.get("class_names") or []
+    present = np.unique(store.root["images"]["label"][:]) if names else []
+    return tuple(str(names[i]) for i in present if 0 <= i < len(names))
