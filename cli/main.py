@@ -217,8 +217,7 @@ def build(**given) -> None:
 def probe(**given) -> None:
     """Train a probe per anchor from the store (linear by default, or any --variant) and land every prediction in
     DuckDB."""
-    from featstore.api import ProbeConfig, connect, runs_written
-    from featstore.api import probe as run_probe
+    from featstore.api import open_store
     from featstore.api.declared import VARIANT
 
     (run,), rest = split_options(given, RunOptions)
@@ -227,6 +226,10 @@ def probe(**given) -> None:
         if rest["variant"] != VARIANT:
             raise FeatstoreError("--project-dim and --variant exclude each other (it means projected:dim=D)")
         rest["variant"] = f"projected:dim={project_dim}"
+    open_store(rest["store"])  # a missing or foreign store is refused before torch loads
+    from featstore.api import ProbeConfig, connect, runs_written
+    from featstore.api import probe as run_probe
+
     before = runs_written(rest["db"])
     with warnings.catch_warnings():  # this command says "replaced" in its own line below
         warnings.simplefilter("ignore", RunReplaced)

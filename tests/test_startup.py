@@ -20,17 +20,26 @@ TEMPORARY = ("SELECT (SELECT count(*) FROM duckdb_functions() WHERE database_nam
              "(SELECT count(*) FROM duckdb_views() WHERE temporary AND NOT internal)")
 
 
-def test_a_build_without_its_data_folder_is_refused_before_torch_loads(tmp_path):
+def refused_without_torch(*args: object) -> str:
+    """Run the CLI in a fresh Python: its one line, after checking it exited 2 without importing torch."""
     code = ("import sys\nfrom click.testing import CliRunner\nfrom featstore.cli.main import cli\n"
-            f"r = CliRunner().invoke(cli, ['build', '--model', 'resnet18', '--data', {str(tmp_path / 'no')!r}, "
-            f"'--store', {str(tmp_path / 's.zarr')!r}])\n"
+            f"r = CliRunner().invoke(cli, {[str(a) for a in args]!r})\n"
             "print(r.exit_code, 'torch' in sys.modules)\nprint(r.output)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     status, said = done.stdout.split("\n", 1)
     assert status == "2 False", done.stdout + done.stderr
-    assert said.strip() == f"featstore: error: image folder {tmp_path / 'no'} does not exist; pass --data " \
-                           f"<ImageFolder root or flat folder>"
-    assert not (tmp_path / "s.zarr").exists()
+    return said.strip()
+
+
+def test_a_job_given_what_is_not_there_is_refused_before_torch_loads(tmp_path):
+    assert refused_without_torch("build", "--model", "resnet18", "--data", tmp_path / "no", "--store",
+                                 tmp_path / "s.zarr") == (
+        f"featstore: error: image folder {tmp_path / 'no'} does not exist; pass --data <ImageFolder root or flat "
+        f"folder>")
+    assert refused_without_torch("probe", "--store", tmp_path / "none.zarr", "--model", "resnet18", "--db",
+                                 tmp_path / "f.duckdb") == (
+        f"featstore: error: no featstore store at {tmp_path / 'none.zarr'}; build one with `featstore build`")
+    assert not (tmp_path / "s.zarr").exists() and not (tmp_path / "f.duckdb").exists()
 
 
 def test_usage_errors_name_the_command_and_suggest_only_what_its_help_shows():
