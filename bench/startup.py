@@ -50,6 +50,8 @@ def commands(featstore: Path, db: Path, scratch: Path) -> dict[str, list[str]]:
         "featstore timeline": [str(featstore), "timeline", "--db", str(db)],
         "build refused (no --data folder)": [str(featstore), "build", "--model", "resnet18", "--data",
                                              str(scratch / "missing"), "--store", str(scratch / "store")],
+        "probe refused (no --store)": [str(featstore), "probe", "--store", str(scratch / "missing.zarr"), "--model",
+                                       "resnet18", "--db", str(scratch / "p.duckdb")],
     }
 
 

@@ -101,3 +101,21 @@ def test_definitions_are_installed_once_per_database_and_version(tmp_path):
     con.close()
     fsdb.connect(db).close()
     assert _record(db) == [(hashlib.sha256(texts.encode()).hexdigest(),)]
+
+
+def test_a_misspelled_model_is_answered_with_each_name_once():
+    import re
+
+    import pytest
+    import timm
+    import torchvision
+
+    from featstore.errors import FeatstoreError
+    from featstore.nets.models import library_of
+
+    with pytest.raises(FeatstoreError) as caught:
+        library_of("resnett18")
+    offered = re.search(r"did you mean (.*)\?\)$", str(caught.value)).group(1).split(", ")
+    known = sorted({*torchvision.models.list_models(), *timm.list_models()})
+    assert len(offered) == len(set(offered)) and "resnet18" in offered
+    assert set(offered) <= set(known) and len(offered) == 4
