@@ -13,6 +13,7 @@ import importlib.resources
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -169,6 +170,28 @@ def database_files(paths: Sequence[Path]) -> list[Path]:
     return [f for r in resolved for f in (r, r.with_name(r.name + ".wal"))]
 
 
+NOT_FILES = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def not_a_file(path: Path) -> str | None:
+    """What `path` is when it is there and no regular file (after its links): a folder, a FIFO (opening one waits
+    for a writer forever), a socket or a device (/dev/null keeps nothing); None for a file or nothing there."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return next((what for test, what in NOT_FILES if test(mode)), None)
+
+
+def check_database_path(path: Path) -> None:
+    """A database is a regular file (or nothing yet, for a write): anything else is refused in one line before
+    DuckDB opens it (it would wait forever on a FIFO)."""
+    what = not_a_file(path)
+    if what is not None:
+        raise FeatstoreError(f"{path} is {what}, not a database file; pass the DuckDB file itself as `db`")
+
+
 def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
             reach: Sequence[Path] = ()) -> duckdb.DuckDBPyConnection:
     """Open a featstore database; a lock held by another process becomes a one-line error, after retrying for
@@ -179,6 +202,7 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
     the only files and folders it may touch beside its own (`seal`). A file whose views or macros would run in place
     of featstore's tables or DuckDB's functions is refused (`_check_shadowing`)."""
     path = Path(path)
+    check_database_path(path)
     if read_only and not path.exists():
         raise FeatstoreError(f"no database at {path}; fill one with `featstore probe --db {path}`")
     creating = not read_only and not path.exists()
