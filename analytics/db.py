@@ -25,6 +25,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from featstore.analytics.interrupts import interruptible
 from featstore.errors import FeatstoreError
 from featstore.records import CircuitRun, DatasetInfo, GateScores, ModelCost, ModelSource, RunRows, ZooRow
 
@@ -93,7 +94,7 @@ def _create_definitions(con: duckdb.DuckDBPyConnection, temporary: bool) -> None
 def in_memory(*names: str) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB holding the named views and macros of sql/ (in the order given): for a figure that reads
     a definition without any database."""
-    con = duckdb.connect(":memory:")
+    con = interruptible(duckdb.connect(":memory:"))
     for name in names:
         con.execute(sql_text(name))
     return con
@@ -210,7 +211,8 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
     try:
         while True:
             try:
-                con = duckdb.connect(str(path), read_only=read_only, config=NO_EXTENSIONS if reach else SEALED)
+                con = interruptible(duckdb.connect(str(path), read_only=read_only,
+                                                   config=NO_EXTENSIONS if reach else SEALED))
                 break
             except duckdb.IOException as e:
                 if "lock" not in str(e).lower() or time.monotonic() >= deadline:
@@ -420,7 +422,7 @@ def connect_several(paths: Sequence[str | Path], runs: Sequence[str] | None = No
     paths = _distinct_files([Path(p) for p in paths])
     for p in paths:
         connect(p, read_only=True).close()  # each one exists and is a featstore database
-    con = duckdb.connect(":memory:", config=NO_EXTENSIONS)
+    con = interruptible(duckdb.connect(":memory:", config=NO_EXTENSIONS))
     try:
         seal(con, database_files(paths))  # before anything is attached: they, and nothing else, can be read
         aliases = attach_names(con, paths)
