@@ -464,10 +464,10 @@ def cost(model: str, db: Path, store: str | None, device: str, threads: int | No
     """Measure the cost of exiting at each anchor: network prefix + probes, ms and FLOPs, into DuckDB."""
     from featstore.api import cost as measure
 
-    click.echo(f"cost: timing every prefix and probe of {model} on {device}, batch size(s) "
-               f"{', '.join(map(str, batch_sizes))}, {repeats} repeats each …", err=True)
     for c in measure(model, db, store, device=device, batch_sizes=batch_sizes, repeats=repeats,
-                     image_size=image_size, threads=threads):
+                     image_size=image_size, threads=threads, on_start=lambda: click.echo(
+                         f"cost: timing every prefix and probe of {model} on {device}, batch size(s) "
+                         f"{', '.join(map(str, batch_sizes))}, {repeats} repeats each …", err=True)):
         click.echo(f"{model} on {c.device}, batch {c.batch_size}: full model {c.ms:.2f} ms, {c.flops / 1e9:.3f} GFLOP")
         for a in c.anchors:
             click.echo(f"  anchor {a.anchor:2d}: prefix {a.ms:8.3f} ms {a.flops / 1e9:8.3f} GFLOP  "
