@@ -398,8 +398,11 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
         if fmt != "table":
             print_frame(sweep.table, fmt)
             return
-        click.echo("band fractions per probe, [95% bootstrap interval over images]; holds = share whose band is the "
-                   "same under every probe of the set; range = min..max over the set")
+        click.echo(f"band fractions per run, [95% bootstrap interval over {sweep.table['interval_over'][0]}]; family "
+                   "= share whose band is the same under every run of its family (C neighbours, seeds); set rows: "
+                   "range = min..max over the runs, holds = share whose band is the same under every family's vote, "
+                   "kappa = Fleiss' kappa of those votes (0 = chance), chance = the share independent votes would "
+                   "agree on; - = one family, nothing to agree")
         print_frame(sweep.shown, full=True)
     else:
         sweep = results.k_sweep(ks, scope, min_conf, run_id, band)
