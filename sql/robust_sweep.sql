@@ -21,19 +21,25 @@ per_run AS (
     FROM b GROUP BY model, view, k, run_id),
 counts AS (  -- per image, how many voters put it in each band
     SELECT model, view, k, image_id, band, count(*) AS c FROM b WHERE votes GROUP BY ALL),
-observed AS (  -- Fleiss' P-bar: the mean over images of the share of agreeing pairs of voters
-    SELECT model, view, k, avg(p_i) AS p_bar
-    FROM (SELECT model, view, k, image_id, (sum(c * c) - sum(c)) / (sum(c) * (sum(c) - 1)) AS p_i
-          FROM counts GROUP BY ALL HAVING sum(c) > 1)
-    GROUP BY ALL),
-expected AS (  -- Fleiss' P-e: the squared shares of each band over every vote
-    SELECT model, view, k, sum(share * share) AS p_e
-    FROM (SELECT model, view, k, sum(c) / sum(sum(c)) OVER (PARTITION BY model, view, k) AS share
-          FROM counts GROUP BY model, view, k, band)
-    GROUP BY ALL),
+agreement AS (  -- Fleiss' kappa from integer sums (exact, so no thread count moves it): N images, m votes each,
+               -- S = the sum of squared per-image band counts, E = the sum of squared per-band totals
+    SELECT model, view, k, any_value(m) AS m, any_value(big_n) AS big_n, any_value(s) AS s, sum(total * total) AS e
+    FROM (SELECT model, view, k, band, sum(c) AS total,
+                 sum(sum(c * c)) OVER (PARTITION BY model, view, k) AS s
+          FROM counts GROUP BY model, view, k, band) per_band
+    JOIN (SELECT model, view, k, count(DISTINCT image_id) AS big_n, max(votes_) AS m
+          FROM (SELECT model, view, k, image_id, sum(c) AS votes_ FROM counts GROUP BY ALL) GROUP BY ALL)
+    USING (model, view, k)
+    GROUP BY model, view, k),
+fleiss AS (  -- P-bar = (S - N m) / (N m (m - 1)), P-e = E / (N m)^2, kappa = (P-bar - P-e) / (1 - P-e)
+    SELECT model, view, k,
+           CASE WHEN m > 1 AND e < (big_n * m) ** 2
+                THEN ((s - big_n * m) / (big_n * m * (m - 1)) - e / (big_n * m) ** 2) / (1 - e / (big_n * m) ** 2)
+           END AS kappa
+    FROM agreement),
 chance AS (  -- independent voters at their own band shares: the chance that all pick the same band
-    SELECT model, view, k, sum(together) AS band_holds_chance
-    FROM (SELECT model, view, k, band, product(share) AS together
+    SELECT model, view, k, list_sum(list(together ORDER BY band)) AS band_holds_chance
+    FROM (SELECT model, view, k, band, list_reduce(list(share ORDER BY run_id), lambda a, b: a * b) AS together
           FROM (SELECT p.model, p.view, p.k, p.run_id, bands.band,
                        CASE bands.band WHEN 'early' THEN p.f_early WHEN 'mid' THEN p.f_mid ELSE p.f_late END AS share
                 FROM per_run p, (VALUES ('early'), ('mid'), ('late')) bands(band) WHERE p.votes)
@@ -44,13 +50,13 @@ voters AS (
 SELECT p.model, p.view, p.k, p.run_id, p.probe_id, p.family, p.votes, p.n, p.mean, p.f_early, p.f_mid, p.f_late,
        p.never_stable, p.family_holds, p.probes, p.families, v.probe_set, p.band_holds, p.layer_holds,
        CASE WHEN p.families > 1 THEN c.band_holds_chance END AS band_holds_chance,
-       CASE WHEN p.families > 1 AND e.p_e < 1 THEN (o.p_bar - e.p_e) / (1 - e.p_e) END AS kappa,
+       CASE WHEN p.families > 1 THEN f.kappa END AS kappa,
        min(p.f_early) OVER w AS f_early_min, max(p.f_early) OVER w AS f_early_max,
        min(p.f_mid) OVER w AS f_mid_min, max(p.f_mid) OVER w AS f_mid_max,
        min(p.f_late) OVER w AS f_late_min, max(p.f_late) OVER w AS f_late_max,
        min(p.never_stable) OVER w AS never_stable_min, max(p.never_stable) OVER w AS never_stable_max,
        decision_band(p.t - p.k, p.t) <> 'late' AS late_is_never_stable
 FROM per_run p JOIN voters v USING (model, view, k) JOIN chance c USING (model, view, k)
-LEFT JOIN observed o USING (model, view, k) LEFT JOIN expected e USING (model, view, k)
+LEFT JOIN fleiss f USING (model, view, k)
 WINDOW w AS (PARTITION BY p.model, p.view, p.k)
 ORDER BY p.model, p.view, p.k, p.run_id;
