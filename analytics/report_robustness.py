@@ -106,7 +106,7 @@ def _headline(sweep: pl.DataFrame, k: int, model: str, caveat: str = "") -> str:
                 f"{f', with {others} near-duplicate run(s)' if others else ''}), so no "
                 f"agreement between probes is measured; land another family (<code>featstore probe --variant "
                 f"knn</code>, <code>--variant paper</code>) to see how much of its timeline the probe decides.</p>")
-    voters = ", ".join(html.escape(run.split("/", 2)[-1]) for run in r["probe_set"])
+    voters = "; ".join(html.escape(run.split("/", 2)[-1]) for run in r["probe_set"])
     return (f"<p class='headline'>{html.escape(model)}, k = {k}: of the {r['n']} images every run counts, "
             f"{r['band_holds']:.0%} [{r['band_holds_lo']:.0%}, {r['band_holds_hi']:.0%}] fall in the same "
             f"early/mid/late band under all {r['families']} probe families ({voters}; one vote each, "
