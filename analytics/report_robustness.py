@@ -147,7 +147,7 @@ def _figure(figs: _Figures, sweep: pl.DataFrame, model: str) -> str:
     for ax in axes:
         ax.set_xlabel("k")
         ax.set_xticks(ks)
-        ax.set_ylim(min(0, *(v for v in agreement["kappa_lo"].to_list() if v is not None)) - 0.02, 1.02)
+        ax.set_ylim(min([0, *(v for v in agreement["kappa_lo"].to_list() if v is not None)]) - 0.02, 1.02)
     axes[0].set_title("early share")
     axes[1].set_title("late share (never stable included)")
     axes[0].set_ylabel("share of images")
