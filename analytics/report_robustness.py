@@ -77,9 +77,9 @@ def robustness_section(figs: _Figures, con, ks: Sequence[int], k: int, scope: st
              "by chance, 1: complete), and <em>chance</em> the share that independent votes at those shares would "
              "all agree on. Every interval is a 95% percentile bootstrap over images "
              f"(seed {rb.SEED}, {rb.REPLICATES:,} resamples; all probes count the same images) with each probe's "
-             "fit fixed: it does not cover refitting the probes (<code>refits=True</code> in Python adds their "
-             "seeds). A set of one family has no agreement figure (-). What these figures measure is how far the "
-             "probe families available here agree on each image's band, not the band's truth "
+             "fit fixed: it does not cover refitting the probes (<code>featstore timeline --spread --refits</code> "
+             "adds their seeds). A set of one family has no agreement figure (-). What these figures measure is "
+             "how far the probe families available here agree on each image's band, not the band's truth "
              "(<code>robust_bands</code>, <code>robust_sweep</code>; docs/design.md §5).</p>"]
     if sweep.is_empty():
         return "".join(parts) + "<p>No clean run to read.</p>"

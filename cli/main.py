@@ -372,17 +372,20 @@ def export(db: Path, out: Path) -> None:
 @cli.command()
 @option("--db", "read")
 @options(option("--run", "any"), option("--k"), option("--min-conf"), option("--scope"), option("--band"),
-         option("--format"), option("--image"), option("--spread"))
+         option("--format"), option("--image"), option("--spread"), option("--refits"))
 @user_errors
 def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope: str, band: str, fmt: str,
-             image_id: int | None, spread: bool) -> None:
+             image_id: int | None, spread: bool, refits: bool) -> None:
     """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong
     (--image ID: that image's class and confidence at every anchor of every run instead; --run: only those runs;
-    --spread: the sweep over a set of probes, with intervals and the range over the set)."""
+    --spread: the sweep over a set of probes, with intervals, the range over the set, the agreement of its probe
+    families and Fleiss' kappa)."""
     from featstore.api import connect
 
     if spread and image_id is not None:
         raise FeatstoreError("--spread and --image exclude each other: the sweep's spread, or one image's timeline")
+    if refits and not spread:
+        raise FeatstoreError("--refits needs --spread: it widens the spread's intervals to the probe seeds")
     results = connect(db)
     if image_id is not None:
         shown = results.image_timeline(image_id, ks, run_id)
@@ -394,7 +397,7 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
             print_frame(shown.table, fmt)
         return
     if spread:
-        sweep = results.spread(ks, scope, run_id, min_conf)
+        sweep = results.spread(ks, scope, run_id, min_conf, refits)
         if fmt != "table":
             print_frame(sweep.table, fmt)
             return

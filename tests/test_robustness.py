@@ -299,6 +299,10 @@ def test_timeline_spread_prints_intervals_and_the_range(world):
     frame = run_cli("timeline", "--db", db, "--spread", "--format", "csv").output
     assert frame.splitlines()[0].startswith("model,view,k,run_id") and "f_early_lo" in frame
     assert "--spread and --image" in fails("timeline", "--db", db, "--spread", "--image", "3")
+    refit = run_cli("timeline", "--db", db, "--spread", "--refits", "--k", "2", "--format", "csv").output
+    assert "m/clean/linear/seed1" in refit and "images and probe seeds" in refit  # the seed joins the set
+    line = fails("timeline", "--db", db, "--refits")
+    assert "--refits needs --spread" in line and len(line.strip().splitlines()) == 1
 
 
 def test_neighbour_c_runs_are_scikit_learns_optimum_at_the_neighbouring_c(tmp_path):
