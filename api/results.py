@@ -146,14 +146,17 @@ class Results:
         notes = self.notes(ks or sorted(set(frame["k"])), frame["run_id"].to_list()) if band == "paper" else []
         return Sweep(frame, frame.drop("model", "view", "probe"), notes)
 
-    def spread(self, ks: Ks = None, scope: str = "auto", runs: Runs = None, min_conf: float = 0.0) -> Sweep:
+    def spread(self, ks: Ks = None, scope: str = "auto", runs: Runs = None, min_conf: float = 0.0,
+               refits: bool = False) -> Sweep:
         """The k-sweep over a set of probes (`timeline --spread`): each fraction with a 95% bootstrap interval over
-        the images, whether each image's band holds under every probe, and each fraction's range over the set."""
+        the images (`refits`: over the images and the probe seeds, every seed of each run in the set), the share
+        whose band holds under every family's vote and Fleiss' kappa of those votes, and each fraction's range."""
         from featstore.analytics.report_robustness import spread_table
         from featstore.analytics.robustness import robust_sweep
         from featstore.analytics.selection import fraction, run_ids, windows
 
-        frame = robust_sweep(self.db, windows(ks), scope, run_ids(runs), fraction(min_conf, "min_conf"))
+        frame = robust_sweep(self.db, windows(ks), scope, run_ids(runs), fraction(min_conf, "min_conf"),
+                             refits=refits)
         if frame.is_empty():
             raise FeatstoreError("no images that every probe of the set counts in this scope; pass `runs` or `scope`")
         return Sweep(frame, spread_table(frame), self.notes(sorted(set(frame["k"])), frame["run_id"].to_list()))
