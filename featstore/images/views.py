@@ -7,15 +7,16 @@ normalisation, where the crop is (the build's device): `View.apply_batch` takes 
 Gaussian noise comes from a counter-based generator (`VIEW_GENERATOR` 3): each value is a function of the view's
 name, the image id and the value's index in the [3, H, W] crop alone. Value i of an image hashes i with 32-bit
 integer hashing (lowbias32 twice, keyed by the two halves of a 64-bit blake2b of view and id); its bits pick a side
-of the median, and, read as a float32's exponent and top mantissa bits, one of 3,968 intervals of probability
-(128 per octave towards the tail), the normal's quantile function linear in each: the standard normal within 1e-6
-in probability, cut at +-6.23 (a share of 5e-10 of normal draws lies beyond). It works in cache-sized blocks with
+of the median, and, read as a float32's exponent and top mantissa bits, one of 3,968 intervals of probability (128
+per octave towards the tail), the normal's quantile function linear in each: the standard normal within 1.003e-6 in
+probability, cut at +-6.23 (a share of 5e-10 of normal draws lies beyond). It works in cache-sized blocks with
 in-place 32-bit operations over a 32 KB table. Every step is an integer operation or a correctly rounded IEEE one
 (no fused multiply-add), so a view is bit-identical whatever the batch, worker count, chunk, resume point, thread
 count or device (CPU or CUDA), and only the crop's bytes cross to the device. A store's views keep the generator
-they were made with (the build reads the version a view records): 2 (SplitMix64 over int64 and a 2^20-knot
-table, 6x-15x the CPU time of 3) or 1 (views that record none: per-image draws of torch's CPU generator).
+they were made with (the build reads the version a view records): 2 (SplitMix64 over int64 and a 2^20-knot table:
+about 6x the CPU time of 3) or 1 (views that record none: per-image draws of torch's CPU generator).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -250,7 +251,7 @@ def gaussian_field32(view: str, image_ids: list[int], shape: tuple[int, ...], de
             x.copy_(torch.arange(start, start + x.shape[1], dtype=torch.int32, device=device).expand_as(x))
             _lowbias32_(x.bitwise_xor_(block_keys[:, :1]), index[:n].view_as(x))
             _lowbias32_(x.bitwise_xor_(block_keys[:, 1:]), index[:n].view_as(x))
-            target = out[first:first + rows, start:start + x.shape[1]].reshape(-1)  # contiguous: a view
+            target = out[first:first + rows, start:start + x.shape[1]].view(-1)  # whole rows or part of one
             normal_from_bits_(bits[:n], target, index[:n], values[:n], fraction[:n])
     return out.view(len(image_ids), *shape)
 
