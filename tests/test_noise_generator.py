@@ -9,12 +9,18 @@ import hashlib
 import numpy as np
 import pytest
 import torch
+import torchvision
+import zarr
 from scipy import special, stats
-from test_gpu_input import numpy_gaussian_field
+from synthetic import make_image_folder
+from test_gpu_input import SMALL, numpy_gaussian_field
 
 import featstore.images.views as views
 from featstore.errors import FeatstoreError
 from featstore.images.views import gaussian_field32, parse_view, with_generator
+from featstore.store.reader import FeatureStore
+
+from conftest import assert_fp16_close, reference_batch, run_cli
 
 CPU = torch.device("cpu")
 IDS = [0, 1, 7, 49_999, 1 << 40]
@@ -138,3 +144,42 @@ def test_new_views_use_generator_three_and_stores_keep_generator_two_and_one():
     assert with_generator(new, {"name": "gaussian_noise-2"}).generator == 1  # records none: made before 2
     with pytest.raises(FeatstoreError, match="view generator 4"):
         with_generator(new, {"view_generator": 4})
+
+
+def _noisy_logits(fs: FeatureStore, jpegs, rows: range, noise: np.ndarray) -> np.ndarray:
+    """resnet18 (the build's random init) on the clean crops of `rows` plus 0.08 `noise`, written independently."""
+    images = fs.image_table()
+    prep = fs.model_attrs("resnet18")["config"]["preprocessing"]
+    clean = reference_batch([jpegs / images["path"][r] for r in rows], {**prep, "mean": [0] * 3, "std": [1] * 3})
+    mean, std = (torch.tensor(prep[k]).view(1, 3, 1, 1) for k in ("mean", "std"))
+    noisy = ((clean + 0.08 * torch.from_numpy(noise).view_as(clean)).clamp(0, 1) - mean) / std
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).eval()
+    with torch.no_grad():
+        return torch.cat([model(part) for part in noisy.split(2)]).numpy()
+
+
+def test_a_build_draws_generator_three_and_resumes_a_generator_two_view_with_generator_two(tmp_path):
+    """A new noise view records generator 3 and holds its draws; once its attrs say 2 (a store made before 3), a
+    rebuilt chunk holds generator 2's draws (the numpy rewrite of test_gpu_input) and the view still says 2."""
+    jpegs = make_image_folder(tmp_path / "jpegs", n_classes=3, per_class=4, size=(60, 45))
+    store = tmp_path / "s.zarr"
+    args = ["--data", jpegs, "--store", store, "--views", "clean,gaussian_noise-1", "--workers", "0", *SMALL]
+    run_cli("build", *args)
+    fs = FeatureStore(store)
+    ids = [int(i) for i in fs.image_table()["image_id"][4:8]]
+    assert fs.view_group("resnet18", "gaussian_noise-1").attrs["view_generator"] == 3
+    three = numpy_gaussian_field32("gaussian_noise-1", ids, 3 * 32 * 32)
+    made_by_three = fs.read_logits("resnet18", "gaussian_noise-1")
+    assert_fp16_close(made_by_three[4:8], _noisy_logits(fs, jpegs, range(4, 8), three), "generator 3's chunk")
+    group = zarr.open_group(str(store), mode="a")["resnet18"]["gaussian_noise-1"]
+    group.attrs.put({**dict(group.attrs), "view_generator": 2})
+    group["done"][1] = False
+    assert "1 chunk(s) written" in run_cli("build", *args).output
+    fs = FeatureStore(store)
+    assert fs.view_group("resnet18", "gaussian_noise-1").attrs["view_generator"] == 2
+    stored = fs.read_logits("resnet18", "gaussian_noise-1")
+    two = numpy_gaussian_field("gaussian_noise-1", ids, 3 * 32 * 32)
+    assert_fp16_close(stored[4:8], _noisy_logits(fs, jpegs, range(4, 8), two), "generator 2's chunk")
+    assert not np.array_equal(stored[4:8], made_by_three[4:8])
+    assert np.array_equal(np.delete(stored, range(4, 8), 0), np.delete(made_by_three, range(4, 8), 0))
