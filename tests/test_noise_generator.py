@@ -107,12 +107,12 @@ def test_each_value_is_its_probability_s_normal_quantile_within_1e_6():
 def test_generator_three_is_standard_normal():
     z = field(list(range(20)), (3, 128, 128)).ravel().astype(np.float64)
     assert abs(z.mean()) < 3e-3 and abs(z.std() - 1) < 3e-3
-    assert abs(stats.skew(z)) < 6e-3 and abs(stats.kurtosis(z)) < 1.2e-2  # ~1e6 values: 5 sigma
+    assert abs(stats.skew(z)) < 1e-2 and abs(stats.kurtosis(z)) < 2e-2  # 4 standard errors of 983,040 draws
     assert stats.kstest(z, "norm").statistic < 2e-3  # the KS distance of a true normal's ~1e6 draws is ~1e-3
     assert np.abs(z).max() <= 6.24
     assert abs(stats.pearsonr(z[:-1], z[1:]).statistic) < 5e-3  # neighbouring values do not follow each other
     images = z.reshape(20, -1)
-    assert np.abs(np.corrcoef(images)[np.triu_indices(20, 1)]).max() < 1.5e-2  # nor images each other
+    assert np.abs(np.corrcoef(images)[np.triu_indices(20, 1)]).max() < 2.5e-2  # nor images each other (5.5 s.e.)
 
 
 def test_generator_three_is_the_same_in_any_batch_block_shape_and_thread_count(monkeypatch):

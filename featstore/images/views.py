@@ -238,8 +238,9 @@ def gaussian_field32(view: str, image_ids: list[int], shape: tuple[int, ...], de
     for side in shape:
         count *= side
     out = torch.empty((len(image_ids), count), dtype=torch.float32, device=device)
-    width = min(count, NOISE_BLOCK if device.type == "cpu" else NOISE_BLOCK_ACCELERATOR)
-    rows = max(1, (NOISE_BLOCK if device.type == "cpu" else NOISE_BLOCK_ACCELERATOR) // width)
+    block = NOISE_BLOCK if device.type == "cpu" else NOISE_BLOCK_ACCELERATOR
+    width = max(1, min(count, block))
+    rows = max(1, block // width)
     keys = torch.tensor([image_keys32(view, i) for i in image_ids], dtype=torch.int32).view(-1, 2).to(device)
     bits, index = (torch.empty(rows * width, dtype=torch.int32, device=device) for _ in range(2))
     values, fraction = (torch.empty(rows * width, dtype=torch.float32, device=device) for _ in range(2))
