@@ -45,6 +45,8 @@ def interrupt_open() -> None:
 
 
 def _watch(read_fd: int) -> None:
+    """The watcher thread: each SIGINT byte read from the wakeup pipe interrupts the open connections, again every
+    RETRY_S while the main thread stays where it was (inside the call the signal found it in)."""
     while True:
         try:
             data = os.read(read_fd, 512)
@@ -55,7 +57,7 @@ def _watch(read_fd: int) -> None:
         if signal.SIGINT not in data or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             continue  # another signal, or SIGINT handled by someone else's handler
         where = _main_position()
-        while _main_position() == where:  # checked and interrupted holding the GIL: never once it moved on
+        while where is not None and _main_position() == where:  # stops once the main thread has moved on
             interrupt_open()
             time.sleep(RETRY_S)
 
@@ -75,6 +77,7 @@ def interruptible(con: Any) -> Any:
 
 
 def _install() -> None:
+    """The watcher and its wakeup fd, where SIGINT is Python's default and no one else's wakeup fd is set."""
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return  # the caller's own handler (or SIG_IGN): theirs to keep
     if _Watch.pipe is None:

@@ -271,8 +271,10 @@ def _from_csv(root: Path, labels: Path, text: str) -> tuple[list[str], list[int]
 def labels_for_head(images: ImageSet, num_classes: int) -> ImageSet:
     """The one label rule of every command that scores images against a model's head (build, and through its
     store probe, cost and study; circuits; zoo): WNID classes keep their ImageNet-1k indices for a 1000-wide head
-    and become the folder ranks 0..n-1 for any other head; then every label must index the head, or the command
-    refuses in one line (`check_labels`). The same images so always carry the same labels for the same head."""
+    and become the folder ranks 0..n-1 for any other head; WNID classes of which one is no ImageNet-1k class (a
+    typo) are refused for a 1000-wide head, whose ranks would be read as ImageNet-1k indices; then every label must
+    index the head, or the command refuses in one line (`check_labels`). The same images so always carry the same
+    labels for the same head."""
     labelled = images if num_classes == IMAGENET_CLASSES else images.with_folder_ranks()
     foreign = foreign_wnid(labelled.class_names) if num_classes == IMAGENET_CLASSES else None
     if foreign is not None and labelled.label_space != "imagenet-1k":
