@@ -1,6 +1,6 @@
 """Trust round 5, part A: inputs that gave a silently wrong result, a hang, a garbled or unclear line, or a Ctrl-C
 that was not read. Each case failed on the code before this module (its test says how) and is now refused in one
-line or made right. 14 cases:
+line or made right. 13 cases:
 
 Silent wrong labels
  1. a row of Kaggle's LOC_val_solution.csv whose WNID is no ImageNet-1k class (`n00000001`) is refused with its
@@ -25,8 +25,8 @@ Unclear
 12. Kaggle ImageIds written with their extension (`ILSVRC2012_val_00000001.JPEG`) label their images (they were
     refused, the example `ILSVRC2012_val_00000001.JPEG.JPEG`).
 Ctrl-C
-13. one real SIGINT stops a multi-threaded DuckDB query that featstore runs on the main thread, 20 times of 20;
-14. the same for a whole command: `featstore timeline` on a database whose query runs long stops on one SIGINT.
+13. one real SIGINT stops a multi-threaded DuckDB query on a featstore connection (as every command opens them:
+    `analytics/db.py`) on the main thread, 20 times of 20.
 """
 
 from __future__ import annotations
