@@ -108,13 +108,24 @@ def _headline(sweep: pl.DataFrame, k: int, model: str, caveat: str = "") -> str:
                 f"knn</code>, <code>--variant paper</code>) to see how much of its timeline the probe decides.</p>")
     voters = "; ".join(html.escape(run.split("/", 2)[-1]) for run in r["probe_set"])
     return (f"<p class='headline'>{html.escape(model)}, k = {k}: of the {r['n']} images every run counts, "
-            f"{r['band_holds']:.0%} [{r['band_holds_lo']:.0%}, {r['band_holds_hi']:.0%}] fall in the same "
-            f"early/mid/late band under all {r['families']} probe families ({voters}; one vote each, "
+            f"{_share(r['band_holds'])} [{_share(r['band_holds_lo'])}, {_share(r['band_holds_hi'])}] fall in the "
+            f"same early/mid/late band under all {r['families']} probe families ({voters}; one vote each, "
             f"{r['probes']} runs in all); independent probes at their own band shares would agree on "
-            f"{r['band_holds_chance']:.0%}; Fleiss' kappa = {r['kappa']:.2f} [{r['kappa_lo']:.2f}, "
-            f"{r['kappa_hi']:.2f}]. Over the runs the early share ranges {r['f_early_min']:.0%}..{r['f_early_max']:.0%}"
-            f" and the late share{late} {r['f_late_min']:.0%}..{r['f_late_max']:.0%}. Intervals: 95% bootstrap over "
+            f"{_share(r['band_holds_chance'])}; Fleiss' kappa = {_kappa(r['kappa'])} [{_kappa(r['kappa_lo'])}, "
+            f"{_kappa(r['kappa_hi'])}] (undefined where every vote falls in one band). Over the runs the early share "
+            f"ranges {_share(r['f_early_min'])}..{_share(r['f_early_max'])} and the late share{late} "
+            f"{_share(r['f_late_min'])}..{_share(r['f_late_max'])}. Intervals: 95% bootstrap over "
             f"{html.escape(r['interval_over'])}.</p>")
+
+
+def _share(value: float | None) -> str:
+    """A share as a whole percentage; '-' where it is undefined (NULL)."""
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _kappa(value: float | None) -> str:
+    """Fleiss' kappa to two places; '-' where it is undefined (every vote in one band: no chance to correct)."""
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _errorbar(ax, rows: pl.DataFrame, name: str, x: list[float], **style) -> None:
