@@ -27,6 +27,7 @@ class Comparison:
     disagreements: pl.DataFrame  # per pair: a few images early by one and late by the other
     decided: pl.DataFrame  # the same where both layers are decisions (no fallback at T or T + 1), with their count n
     ranking: pl.DataFrame  # per pair: the agreement with that count (early_late_decided), most disagreeing first
+    depths: pl.DataFrame | None = None  # per run: prediction depth's layer 0, references and unsettled images
 
     def shortened(self) -> Comparison:
         """The same tables with the run ids' common 'model/view/' prefix left out of every definition's name."""
@@ -40,7 +41,9 @@ class Comparison:
             return frame.with_columns(pl.col(c).str.replace(prefix, "", literal=True) for c in names)
 
         return Comparison([r.removeprefix(prefix) for r in self.runs], short(self.summary), short(self.agreement),
-                          short(self.crosstab), short(self.disagreements), short(self.decided), short(self.ranking))
+                          short(self.crosstab), short(self.disagreements), short(self.decided), short(self.ranking),
+                          None if self.depths is None else self.depths.with_columns(
+                              pl.col("run_id").str.replace(prefix, "", literal=True)))
 
     def lines(self, part: str | None, k: int, min_conf: float) -> list[str]:
         """The text `featstore compare` prints: one part (summary, agreement, crosstab, disagreements), or by
@@ -103,11 +106,36 @@ def columns(header: Sequence[str], rows: Sequence[Sequence[str | Sequence[str]]]
     return lines
 
 
+NEVER_STABLE_MARK = "*"  # after a late share that can only count never-stable images
+
+
 def summary_lines(result: Comparison) -> list[str]:
-    """Per definition: images placed, mean and median layer, the share in each band."""
+    """Per definition: images placed, mean and median layer, the share in each band; a late share marked where the
+    window leaves no stable layer in the late band, with a line saying so."""
     rows = [[str(r["n"]), _cell(r["mean"], 2), _cell(r["median"], 1), _cell(r["f_early"], 3), _cell(r["f_mid"], 3),
-             _cell(r["f_late"], 3), r["definition"]] for r in result.summary.iter_rows(named=True)]
-    return columns(["n", "mean", "median", "early", "mid", "late", "definition"], rows)
+             _cell(r["f_late"], 3) + (NEVER_STABLE_MARK if r["late_is_never_stable"] else ""),
+             _cell(r["f_unsettled"], 3), r["definition"]]
+            for r in result.summary.iter_rows(named=True)]
+    note = (wrapped(f"{NEVER_STABLE_MARK} late = never stable: at this k a stable l*(k) or joint layer is at most "
+                    "T - k, below the late band (l >= 0.7T), so the late share counts only images that never "
+                    "stabilise (late_is_never_stable).") if result.summary["late_is_never_stable"].any() else [])
+    return columns(["n", "mean", "median", "early", "mid", "late", "unsettled", "definition"], rows) + note
+
+
+def depth_lines(result: Comparison) -> list[str]:
+    """Per run, what its prediction depth is read against: layer 0 (the input or not), the rows its probes learnt
+    from (knn: the rows that vote), and the images no anchor settles."""
+    if result.depths is None or result.depths.is_empty():
+        return []
+    lines = []
+    for r in result.depths.iter_rows(named=True):
+        zero = ("the input image (on a grid), as Baldock et al.'s" if r["input_layer0"]
+                else f"{r['layer0']}, the first stored anchor, not the input (a build with the anchors "
+                     "input,default stores it)")
+        lines += wrapped(f"depth {r['run_id']}: layer 0 = {zero}; references: {r['reference_rows']}; unsettled "
+                         f"(even anchor {r['t']} is not the model's answer; no depth, not late): {r['unsettled']} of "
+                         f"{r['n']} ({r['f_unsettled']:.1%})")
+    return lines
 
 
 def pair_lines(result: Comparison, shown: int | None = None) -> list[str]:
@@ -123,7 +151,8 @@ def pair_lines(result: Comparison, shown: int | None = None) -> list[str]:
             for r in ranking.iter_rows(named=True)]
     legend = wrapped("decided: images early by one definition and late by the other where both layers are decisions "
                      "(no fallback: a never-stable l* or joint layer at T, an unsettled depth at T + 1); "
-                     "early/late, late/early: early by a and late by b, and the reverse, fallbacks counted; "
+                     "early/late, late/early: early by a and late by b, and the reverse, l* and joint fallbacks "
+                     "counted (an unsettled depth is in no band); "
                      "same: share of the images in the same band; spearman: Spearman's ρ of the layers "
                      "(- when one is constant); n: images both place.")
     return [title, *columns(["decided", "early/late", "late/early", "same", "spearman", "n", "a  vs  b"], rows),
@@ -133,10 +162,10 @@ def pair_lines(result: Comparison, shown: int | None = None) -> list[str]:
 def overview_lines(result: Comparison, k: int, min_conf: float, shown: int = SHOWN_PAIRS) -> list[str]:
     """The default output: the definitions, then the `shown` pairs that disagree most and how to see the rest."""
     joint = f", joint(k, {min_conf:g}) = l*(k) with conf >= {min_conf:g} at l*" if min_conf > 0 else ""
-    lines = wrapped(f"decision layer per definition (k = {k}{joint}; depth = prediction depth, T + 1 when "
-                    "unsettled, its layer 0 the first stored anchor, not the input; bands: early l < 0.3T, late "
-                    f"l >= 0.7T, mid between; runs {', '.join(result.runs)}):")
-    lines += [*summary_lines(result), "", *pair_lines(result, shown)]
+    lines = wrapped(f"decision layer per definition (k = {k}{joint}; depth = prediction depth, T + 1 and in no band "
+                    "when unsettled; bands: early l < 0.3T, late l >= 0.7T, mid between; unsettled: the share of "
+                    f"depth's images no anchor settles; runs {', '.join(result.runs)}):")
+    lines += [*summary_lines(result), *depth_lines(result), "", *pair_lines(result, shown)]
     total = len(result.ranking)
     left = total - shown
     more = f"{left} more pair{'s' * (left > 1)} not shown; --part agreement lists every pair, " if left > 0 else ""
@@ -150,12 +179,15 @@ def crosstab_lines(result: Comparison) -> list[str]:
     """Per pair of definitions, in the ranking's order: the images in each band by a (rows) and by b (columns)."""
     cells = {(r["a"], r["b"], r["band_a"], r["band_b"]): r["n"] for r in result.crosstab.iter_rows(named=True)}
     lines = wrapped("images per band of a (rows) and of b (columns), per pair of definitions (early l < 0.3T, late "
-                    "l >= 0.7T, mid between), the pairs that disagree most first:")
+                    "l >= 0.7T, mid between; unsettled: a prediction depth no anchor settles), the pairs that "
+                    "disagree most first:")
     for pair in result.ranking.iter_rows(named=True):
         a, b = pair["a"], pair["b"]
-        rows = [[x.ljust(5), *(str(cells.get((a, b, x, y), 0)) for y in BANDS), ""] for x in BANDS]
+        shown_a = [x for x in (*BANDS, "unsettled") if (a, b, x, "early") in cells]
+        shown_b = [y for y in (*BANDS, "unsettled") if (a, b, "early", y) in cells]
+        rows = [[x.ljust(9), *(str(cells.get((a, b, x, y), 0)) for y in shown_b), ""] for x in shown_a]
         lines += ["", *_fit((f"a = {a}  vs", f"b = {b}", f"({pair['n']} images)"), WIDTH)]
-        lines += ["  " + line.rstrip() for line in columns(["a \\ b", *BANDS, ""], rows, WIDTH - 2)]
+        lines += ["  " + line.rstrip() for line in columns(["a \\ b", *shown_b, ""], rows, WIDTH - 2)]
     return lines
 
 

@@ -268,7 +268,8 @@ def cumulative_curve(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0)
 
 
 def prediction_depth(db: Db, run_id: str, scope: str = "auto") -> pl.DataFrame:
-    """Baldock et al.'s prediction depth of every image of one run, against the model's own prediction."""
+    """Baldock et al.'s prediction depth of every image of one run, against the model's own prediction, with what it
+    reads: layer 0 (`input` where the store has the input anchor) and the rows its probes learnt from."""
     return query(db, "SELECT * FROM prediction_depth(?, scope := ?)", [run_id, check_scope(scope)])
 
 
@@ -528,7 +529,8 @@ def compare(db: Db, runs: Sequence[str] | None = None, k: int = 2, min_conf: flo
                           query(con, f"SELECT * FROM definition_disagreements{picked}", [*args[:3], per_pair, args[3]]),
                           query(con, f"SELECT * FROM definition_decided_disagreements{picked}",
                                 [*args[:3], per_pair, args[3]]),
-                          query(con, f"SELECT * FROM definition_ranking{tail}", args))
+                          query(con, f"SELECT * FROM definition_ranking{tail}", args),
+                          query(con, "SELECT * FROM prediction_depth_summary(?, scope := ?)", [runs, args[3]]))
     finally:
         if con is not db:
             con.close()

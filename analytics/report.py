@@ -598,11 +598,15 @@ def _definitions(figs: _Figures, con, model: str, runs: list[str], k: int, min_c
              "<p>l*(k): first anchor from which the probe's prediction stays the same for k more anchors (the source "
              "paper); joint: the same, confident (conf &ge; "
              f"{min_conf:g}) at l* (the paper's proposed criterion); depth: prediction depth (Baldock et al., NeurIPS "
-             "2021), the first anchor from which every later prediction is the model's own (T + 1 when even the last "
-             "disagrees; computed for every probe, Baldock's own is the knn probe's; its layer 0 is the first "
-             "stored anchor, not the input the paper counts as layer 0: the store holds no input anchor, "
-             "docs/design.md §5).</p>",
-             _table(result.summary.drop("kind", "run_id"))]
+             "2021), the first anchor from which every later prediction is the model's own; computed for every "
+             "probe, Baldock's own is the knn probe's. An image even the last anchor does not settle has no depth "
+             "(T + 1 in the layer columns) and is counted unsettled (f_unsettled), not late. Per run below: its "
+             "layer 0 (the input image where the build stored the `input` anchor, Baldock's layer 0; else the first "
+             "stored anchor, not the input: docs/design.md §5) and the rows its probes learnt from (knn: the rows "
+             "that vote).</p>",
+             _table(result.summary.drop("kind", "run_id")),
+             _table(result.depths.select("run_id", "layer0", "reference_rows", "t", "n", "unsettled",
+                                         "f_unsettled"))]
     fig, axes = figs.plt.subplots(1, 2, figsize=(4.2 + 0.75 * len(names), 1.6 + 0.35 * len(names)))
     for ax, value, title, cmap in ((axes[0], "spearman", "Spearman ρ of the layers", "RdBu_r"),
                                    (axes[1], "early_late", "images early (row) and late (column)", "Oranges")):
@@ -617,10 +621,10 @@ def _definitions(figs: _Figures, con, model: str, runs: list[str], k: int, min_c
     decided = result.decided.select("a", "b", pl.col("n").alias("early_late_decided")).unique(maintain_order=True)
     worst = decided.sort(["early_late_decided", "a", "b"], descending=[True, False, False]).head(3)
     parts.append("<h3>The pairs that disagree most: images early by one definition and late by the other, both "
-                 "layers decisions</h3><p>Counted only where both layers are decisions: an image that never settles "
-                 "(l* or joint placed at T, prediction depth T + 1 when the last anchor is not the model's answer) "
-                 "is late by construction, so the pairs it makes disagree say which definition has a fallback, not "
-                 "where the network decides (early_a_late_b and late_a_early_b count those too).</p>")
+                 "layers decisions</h3><p>Counted only where both layers are decisions: an l* or joint layer that "
+                 "never settles is placed at T, late by construction, so the pairs it makes disagree say which "
+                 "definition has a fallback, not where the network decides (early_a_late_b and late_a_early_b count "
+                 "those too); an unsettled prediction depth is in no band.</p>")
     if worst.is_empty():
         return "".join(parts) + "<p>No pair has an image early by one definition and decided late by another.</p>"
     parts.append(_table(worst.join(result.agreement, on=["a", "b"]).select(
@@ -739,7 +743,7 @@ def _probe_sensitivity(figs: _Figures, con, model: str, runs: pl.DataFrame, k: i
     parts.append(note)
     if others.is_empty():
         return "".join(parts)
-    rows, curves = [], {}
+    rows, curves, never_late = [], {}, False
     for other in others.iter_rows(named=True):
         agreement = q.run_agreement(con, reference["run_id"], other["run_id"], k, scope)
         anchors = agreement.filter(pl.col("anchor").is_not_null())
@@ -747,6 +751,7 @@ def _probe_sensitivity(figs: _Figures, con, model: str, runs: pl.DataFrame, k: i
         if not overall["n"]:
             continue
         worst = anchors.sort(["same_pred", "anchor"]).row(0, named=True)
+        never_late |= bool(overall["late_is_never_stable"])
         curves[other["run_id"]] = anchors
         rows.append({"run": other["run_id"], "differs in": _differs(reference, other), "n": overall["n"],
                      "same pred, worst anchor": f"{worst['same_pred']:.3f} (anchor {worst['anchor']})",
@@ -758,6 +763,8 @@ def _probe_sensitivity(figs: _Figures, con, model: str, runs: pl.DataFrame, k: i
         return "".join(parts) + "<p>No other run shares images with the reference in this scope.</p>"
     parts.append(_table(pl.DataFrame(rows)))
     names = q.anchor_names(con, model)
+    if never_late:  # the late columns count never-stable images only
+        parts.append(_notes([late_caveat(len(names) - 1, k)]))
     fig, ax = figs.plt.subplots(figsize=(6.5, 3.6))
     for run_id, anchors in curves.items():
         ax.plot(anchors["anchor"].to_list(), anchors["same_pred"].to_list(), marker="o", ms=3, label=run_id)

@@ -61,6 +61,9 @@ def _probe_name(key: str, run: str) -> str:
     return identity.probe_name
 
 
+LENS_ARRAYS = {"map", "map_bias", "norm_weight", "norm_bias", "head_weight", "head_bias"}  # `TunedLensFit.arrays`
+
+
 def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path | None = None, *,
                trust_pickle: bool = False) -> LoadedProbe:
     """The fitted per-anchor probes of a run, read back from the store: the version the database `db` names for
@@ -114,6 +117,12 @@ def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path |
         elif {"weight", "bias"} <= set(kept):
             fits.append([LinearFit(weight=torch.from_numpy(w), bias=torch.from_numpy(b))
                          for w, b in zip(held.arrays["weight"], held.arrays["bias"], strict=True)])
+        elif LENS_ARRAYS <= set(kept):  # a tuned lens read through the model's final norm: no linear map
+            from featstore.probing.tuned_lens import TunedLensFit
+
+            records = attrs[-1].get("folds") or []
+            fits.append([TunedLensFit.from_arrays({k: held.arrays[k][fold] for k in LENS_ARRAYS}, records[fold])
+                         for fold in range(len(held.arrays["map"]))])
         else:
             raise FeatstoreError(f"run {run!r} records variant {variant}, so load_probe reads a weight and a bias, "
                                  f"and its probes of anchor {anchor.name} keep {', '.join(kept) or 'nothing'}: "

@@ -281,10 +281,15 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                          "class and confidence at every anchor of every run (or of --run's), "
                                          "l*(k) marked (k: the one --k given, else 2)."))},
     "--spread": {"": ((), dict(is_flag=True, help="Print the sweep over a set of probes instead (--run's, else "
-                                             "every run of probe seed 0 without cross-fit): each probe's band "
+                                             "every run of probe seed 0 without cross-fit), grouped in families (a "
+                                             "probe with its neighbour-C runs and seeds votes once): each run's band "
                                              "fractions with 95% bootstrap intervals over images (seed 0, 1,000 "
-                                             "resamples), their range over the set, and the share of images whose "
-                                             "band holds under all."))},
+                                             "resamples, probes fixed), their range over the set, the share of "
+                                             "images whose band holds under every family's vote, the share chance "
+                                             "would give and Fleiss' kappa."))},
+    "--refits": {"": ((), dict(is_flag=True, help="With --spread: every probe seed of each run joins the set and "
+                                             "each resample also draws one seed per run, so the intervals cover "
+                                             "refitting the probes as well as the images."))},
     "--full": {"": ((), dict(is_flag=True, help="Show every row and whole lists (timelines) in the table format."))},
     # compare
     "--per-pair": {"": ((), dict(default=PER_PAIR, type=click.IntRange(min=0),
@@ -308,7 +313,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--views": {"": ((), declared("views",
                                   help="Comma list: clean, gaussian_noise-S, gaussian_blur-S, brightness-S."))},
     "--anchors": {"": ((), dict(help="Comma list of module names (X.mid inside ResNet blocks, X.input what enters "
-                                "X); default: the preset, else traced places ending at what the head reads."))},
+                                "X; input, first: the image on an 8x8 grid; default: the defaults, e.g. "
+                                "input,default); default: the preset, else traced places ending at what the head "
+                                "reads."))},
     "--taps": {"": ((), dict(help="Transformer module taps per block: all, or a list of ln1,attn,resid_mid,ln2,fc1,"
                              "act,fc2,resid (timm ViTs); anchors become (block, tap) pairs."))},
     "--pool": {"": ((), declared("pool", help="Token pooling for ViTs [default: cls where the model has a class "

@@ -7,7 +7,9 @@ distance (docs/design.md §5 says what can and cannot be checked).
 - References (default): the train split's rows of the training view, on the raw pooled features (no
   standardisation). "Training" is one pass that memorises them, as they come by in the trainer's mini-batches
   (float16, which is what the store holds, so the copy is exact); the store keeps which rows they were
-  (`reference`, a mask over its rows per fold), never a second copy of the features.
+  (`reference`, a mask over its rows per fold), never a second copy of the features. Prediction depth names them
+  with its result (`prediction_depths.reference_rows`). A store built with the `input` anchor (the image on an 8x8
+  grid) gives knn a probe at the input, Baldock et al.'s layer 0.
 - References from another store (`knn:refs=STORE`, Baldock et al.'s own protocol: the network's *training*
   images vote, e.g. an ImageNet-train subset built with `featstore build`): every usable row of the training
   view of the same model in STORE (a folder or object-store URL), with that store's labels. STORE must hold the

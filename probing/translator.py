@@ -83,6 +83,10 @@ def read_kept_head(store, key: str, variant: str) -> Head:
     if weight.shape[0] != classes:
         raise FeatstoreError(f"variant={variant}: the head of {key!r} kept in {store.location} has "
                              f"{weight.shape[0]} classes, its logits {classes}; rerun the same `featstore build`")
+    if classes < 2:
+        raise FeatstoreError(f"variant={variant}: the head of {key!r} has {classes} class: any readout through it "
+                             f"gives that class with probability 1, so there is nothing to learn; probe a model "
+                             f"whose head has 2 classes or more, or use variant=linear on the labels")
     return Head(torch.from_numpy(weight), torch.from_numpy(bias), module)
 
 

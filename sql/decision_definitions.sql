@@ -3,7 +3,8 @@
 -- `runs`: kind 'l*' = l*(k) (docs/design.md §7), 'depth' = prediction depth against the model's own output
 -- (prediction_depths; T + 1 when unsettled), 'joint' = l*(k) stable and confident at >= min_conf (only when
 -- min_conf > 0). definition = kind (with its parameters) and run id; band = decision_band: early (layer < 0.3T),
--- mid, late (layer >= 0.7T; an unsettled depth, T + 1, is late).
+-- mid, late (layer >= 0.7T); an unsettled depth (T + 1: even anchor T is not the model's answer) is 'unsettled', in
+-- no band of the three.
 CREATE OR REPLACE MACRO decision_definitions(runs, k := 2, min_conf := 0.5, scope := 'auto') AS TABLE
 WITH layers AS (
     SELECT 'l*' AS kind, 'l*(' || k || ')' AS name, run_id, image_id, layer, t
@@ -15,5 +16,5 @@ WITH layers AS (
     SELECT 'joint', 'joint(' || k || ', ' || min_conf || ')', run_id, image_id, layer, t
     FROM decision_layers(k, scope, min_conf := min_conf) WHERE min_conf > 0 AND list_contains(runs, run_id))
 SELECT name || ' ' || run_id AS definition, kind, run_id, image_id, layer, t,
-       decision_band(layer, t) AS band
+       CASE WHEN kind = 'depth' AND layer > t THEN 'unsettled' ELSE decision_band(layer, t) END AS band
 FROM layers;

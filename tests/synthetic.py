@@ -86,11 +86,14 @@ def pooled_activations(n_classes: int, per_class: int, dims: list[int], seed: in
 def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np.ndarray, n_classes: int,
                         model: str = "synthetic", views: dict[str, list[np.ndarray]] | None = None,
                         chunk_rows: int = 1024, weights_id: str = "synthetic",
-                        head: tuple[np.ndarray, np.ndarray] | None = None) -> Path | str:
+                        head: tuple[np.ndarray, np.ndarray] | None = None,
+                        reading: tuple[dict, dict[str, np.ndarray]] | None = None) -> Path | str:
     """A store holding the given anchor features (no network involved), for probe tests and benchmarks;
     `weights_id` is what its model config says the features were computed with. The stored logits are 1 at the
     label and 0 elsewhere, or with `head` = (weight [C, D], bias [C]) that classifier kept as the model's head and
-    its logits on the last anchor's features (each view's own), as a build keeps them."""
+    its logits on the last anchor's features (each view's own), as a build keeps them, with `reading` (the final
+    norm and the anchors' roles, `featstore.nets.head_norm`) or by default no norm, the last anchor the head's
+    input and the others translated."""
     from featstore.images.datasets import ImageSet
     from featstore.nets.anchors import Anchor
     from featstore.store.config import StoreConfig
@@ -112,7 +115,8 @@ def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np
                          precision="fp32", anchors=tuple(anchors), images_fingerprint=images.fingerprint())
     store.prepare_model(model, config, {})
     if head is not None:
-        store.write_head(model, head[0], head[1], "fc")
+        roles = {a.name: "translated" for a in anchors} | {anchors[-1].name: "head input"}
+        store.write_head(model, head[0], head[1], "fc", reading or ({"norm": None, "anchors": roles}, {}))
     for view, feats in {"clean": features, **(views or {})}.items():
         store.prepare_view(model, {"name": view}, anchors, n_classes, chunk_rows)
         logits = np.zeros((n, n_classes), dtype=np.float16)

@@ -141,7 +141,23 @@ def test_comparison_equals_scipy_and_numpy(world):
     assert sorted(result.summary["definition"].to_list()) == sorted(layers)
     assert result.summary["definition"].to_list()[:3] == [f"l*(2) {RUNS[0]}", f"joint(2, 0.5) {RUNS[0]}",
                                                           f"depth {RUNS[0]}"]
-    band = {name: np.where(v < 0.3 * T, "early", np.where(v >= 0.7 * T, "late", "mid")) for name, v in layers.items()}
+    # an unsettled depth (T + 1) is in no band of the three: 'unsettled', not late
+    band = {name: np.where(v > T, "unsettled", np.where(v < 0.3 * T, "early", np.where(v >= 0.7 * T, "late", "mid")))
+            for name, v in layers.items()}
+    for row in result.summary.iter_rows(named=True):
+        shares = {b: float(np.mean(band[row["definition"]] == b)) for b in ("early", "mid", "late", "unsettled")}
+        assert (row["f_early"], row["f_mid"], row["f_late"]) == pytest.approx(
+            (shares["early"], shares["mid"], shares["late"]))
+        if row["kind"] == "depth":  # every depth run here has unsettled images
+            assert row["f_unsettled"] == pytest.approx(shares["unsettled"]) and row["f_unsettled"] > 0
+        else:  # l* and joint have no unsettled category
+            assert row["f_unsettled"] is None and shares["unsettled"] == 0
+    for run_id in RUNS:
+        depths = result.depths.filter(pl.col("run_id") == run_id).row(0, named=True)
+        unsettled = int(np.sum(layers[f"depth {run_id}"] > T))
+        assert (depths["unsettled"], depths["n"], depths["t"]) == (unsettled, N, T)
+        assert (depths["layer0"], depths["input_layer0"]) == ("a0", False)
+        assert depths["reference_rows"] == "the train split of view clean"
     for row in result.agreement.iter_rows(named=True):
         a, b = layers[row["a"]], layers[row["b"]]
         assert row["n"] == N
@@ -150,7 +166,9 @@ def test_comparison_equals_scipy_and_numpy(world):
         assert row["early_a_late_b"] == int(np.sum((band[row["a"]] == "early") & (band[row["b"]] == "late")))
     assert len(result.agreement) == len(layers) * (len(layers) - 1) // 2
     cells = result.crosstab.filter((pl.col("a") == f"depth {RUNS[1]}") & (pl.col("b") == f"l*(2) {RUNS[0]}"))
-    assert len(cells) == 9 and cells["n"].sum() == N
+    assert len(cells) == 12 and cells["n"].sum() == N  # depth's rows: early, mid, late and unsettled
+    assert len(result.crosstab.filter((pl.col("a") == f"joint(2, 0.5) {RUNS[0]}")
+                                      & (pl.col("b") == f"l*(2) {RUNS[0]}"))) == 9
     for row in cells.iter_rows(named=True):
         expected = np.sum((band[row["a"]] == row["band_a"]) & (band[row["b"]] == row["band_b"]))
         assert row["n"] == expected
@@ -218,3 +236,29 @@ def test_average_rank_is_scipys_and_band_limits_are_the_bands_ends():
         late = [layer for layer in range(t + 1) if layer >= 0.7 * t]
         assert con.execute("SELECT * FROM band_limits(?)", [t]).fetchall() == [(max(early, default=None), min(late))]
     con.close()
+
+
+def test_every_depth_names_its_layer_0_and_the_rows_its_probes_learnt_from(tmp_path):
+    """prediction_depths names what each run read: anchor 0's name, and the rows its probes learnt from (knn: the
+    rows that vote), for a probe-train split, a train+val fit, cross-fit folds and another store's rows."""
+    db = tmp_path / "f.duckdb"
+    con = fsdb.connect(db)
+    ids = np.arange(6)
+    fsdb.register_images(con, fsdb.DatasetInfo("fp", "t", "-", 0), ids, np.array([f"{i}.png" for i in ids]),
+                         np.zeros(6, dtype=int), np.array(["test"] * 6))
+    fsdb.register_anchors(con, "m", [SimpleNamespace(index=a, name=n, module="", dim=2, depth_frac=a / 2)
+                                     for a, n in enumerate(["input", "b", "c"])])
+    fsdb.replace_model_outputs(con, "m", "clean", ids, np.zeros(6, dtype=int), np.full(6, 0.9))
+    runs = {"m/clean/knn": ({"probe": "knn", "params": {"refs": ""}}, "the train split of view clean"),
+            "m/clean/paper": ({"probe": "paper", "params": {"train_on_val": 1}},
+                              "the train and val splits of view clean"),
+            "m/clean/linear/cv5": ({"cross_fit": 5}, "the other 4 of 5 cross-fit folds of view clean, less their "
+                                                     "val rows"),
+            "m/clean/knn:refs=x": ({"probe": "knn", "params": {"refs": "/data/train.zarr"}},
+                                   "every row of view clean of store /data/train.zarr")}
+    for run_id, (fields, _) in runs.items():
+        fsdb.write_runs(con, [run_rows({"run_id": run_id, "model": "m", "view": "clean", **fields}, ids,
+                                       np.zeros((6, 3), dtype=int), np.ones((6, 3), dtype=np.float32))])
+    con.close()
+    got = q.query(db, "SELECT DISTINCT run_id, layer0, reference_rows FROM prediction_depths('all') ORDER BY run_id")
+    assert got.rows() == sorted((run_id, "input", said) for run_id, (_, said) in runs.items())

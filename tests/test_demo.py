@@ -3,6 +3,7 @@ layers recomputed by a plain loop."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
@@ -109,6 +110,9 @@ def test_the_demos_lens_knn_gate_and_comparison(demo):
     assert sim.count("\nlearned,") >= 10
 
 
+BANDS = ["early", "mid", "late"]
+
+
 def _definition_layers(db, k: int, theta: float) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
     """Every definition's layer per test image of the demo's clean runs, from the predictions and the head's
     outputs in numpy (first l with predictions l..l+k equal, and conf >= θ at l for the joint; else T; depth: first
@@ -149,16 +153,22 @@ def test_compare_fits_120_columns_and_prints_the_predictions_numbers(demo):
     out, _ = demo
     db = out / "layouts" / "featstore.duckdb"
     layers, decided, t = _definition_layers(db, 2, 0.5)
-    band = {d: np.where(v < 0.3 * t, "early", np.where(v >= 0.7 * t, "late", "mid")) for d, v in layers.items()}
+    # an unsettled depth (T + 1) is in no band of the three
+    band = {d: np.where(v > t, "unsettled", np.where(v < 0.3 * t, "early", np.where(v >= 0.7 * t, "late", "mid")))
+            for d, v in layers.items()}
     text = run_cli("compare", "--db", db).output
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 120 and "#1" not in text
     for name, v in layers.items():  # the summary's rows start at column 0, the pairs' are indented
         row = next(line for line in lines if line[:1].isdigit() and line.endswith(f"  {name}")).split()
-        shares = [np.mean(band[name] == b) for b in ("early", "mid", "late")]
+        shares = [np.mean(band[name] == b) for b in ("early", "mid", "late", "unsettled")]
         assert int(row[0]) == len(v) and float(row[1]) == pytest.approx(v.mean(), abs=0.005)
         assert float(row[2]) == pytest.approx(np.median(v), abs=0.05)
-        assert [float(x) for x in row[3:6]] == pytest.approx(shares, abs=0.0005), name
+        assert [float(x) for x in row[3:6]] == pytest.approx(shares[:3], abs=0.0005), name
+        if name.startswith("depth"):  # unsettled images: a share of their own, not in late
+            assert float(row[6]) == pytest.approx(shares[3], abs=0.0005), name
+        else:
+            assert row[6] == "-", name
     pairs = []
     for a, b in ((a, b) for a in layers for b in layers if a < b):
         early_late = int(np.sum((band[a] == "early") & (band[b] == "late")))
@@ -187,12 +197,14 @@ def test_compare_fits_120_columns_and_prints_the_predictions_numbers(demo):
     assert max(len(line) for line in crosstab.splitlines()) <= 120
     blocks = crosstab.split("\n\n")[1:]
     assert len(blocks) == 153
+    assert any((band[d] == "unsettled").any() for d in layers)  # the demo has unsettled images (knn's, linear's)
     for block in blocks:
-        title, grid = block.split("\n  a \\ b")
+        title, grid = re.split(r"\n +a \\ b", block)  # the header's indent: the widest band's name
         a, b = title.replace("\n", "  ").removeprefix("a = ").split("  (")[0].split("  vs  b = ")
-        for line, x in zip(grid.splitlines()[1:], ("early", "mid", "late"), strict=True):
-            assert line.split() == [x, *(str(int(np.sum((band[a] == x) & (band[b] == y))))
-                                         for y in ("early", "mid", "late"))], (a, b)
+        rows, columns = ([*BANDS, "unsettled"] if name.startswith("depth") else BANDS for name in (a, b))
+        assert grid.splitlines()[0].split() == columns
+        for line, x in zip(grid.splitlines()[1:], rows, strict=True):
+            assert line.split() == [x, *(str(int(np.sum((band[a] == x) & (band[b] == y)))) for y in columns)], (a, b)
 
 
 def test_demo_refuses_an_unknown_dataset_before_writing(tmp_path):

@@ -1,4 +1,4 @@
-"""Overthinking (Kaya et al.) and its chance baseline, first correct anchor and calibration (Guo et al.) of a hand-made
+"""Overthinking (Kaya et al.), first correct anchor and calibration (Guo et al.) of a hand-made
 run, each against a plain numpy loop over the same images, predictions and confidences; a knn run's calibration
 against exact fractions of its vote counts."""
 
@@ -15,6 +15,7 @@ from featstore.analytics import db as fsdb
 from featstore.analytics import readouts as r
 from featstore.analytics.report_readouts import readout_sections
 from featstore.errors import FeatstoreError
+from featstore.schema import CALIBRATION_MIN_N
 
 N, T, RUN = 300, 6, "m/clean/linear"
 KNN_RUN, K = "m/clean/knn:metric=euclidean,ties=lowest", 30
@@ -97,35 +98,11 @@ def test_overthinking_shares_match_a_loop(world):
     assert 0 < got["destructive"][0] < got["wasteful"][0]
 
 
-def test_overthinking_chance_is_each_anchor_right_independently_at_its_own_accuracy(world):
-    """The baseline by hand: within the images the head gets right (and those it gets wrong), anchor j is right with
-    its own accuracy there, independently of the other anchors: right by l with 1 - Π_{j<=l} (1 - acc_j)."""
-    got = r.overthinking(world.db, RUN)
-    rows = np.array([i for i in np.flatnonzero(world.split == "test") if world.has_head[i]])
-    hits = world.preds[rows] == world.labels[rows][:, None]
-    head_right = world.head[rows] == world.labels[rows]
-    by_group = {}
-    for group in (True, False):
-        members = hits[head_right == group]
-        none, chance = 1.0, []
-        for layer in range(T + 1):
-            none *= 1.0 - members[:, layer].mean()
-            chance.append(len(members) / len(rows) * (1.0 - none))
-        by_group[group] = chance
-    for layer in range(T + 1):
-        row = got.row(layer, named=True)
-        assert row["wasteful_by_chance"] == pytest.approx(by_group[True][layer], abs=1e-12)
-        assert row["destructive_by_chance"] == pytest.approx(by_group[False][layer], abs=1e-12)
-        assert row["correct_by_chance"] == pytest.approx(by_group[True][layer] + by_group[False][layer], abs=1e-12)
-    assert got["wasteful_chance"][0] == pytest.approx(by_group[True][T - 1], abs=1e-12)
-    assert got["destructive_chance"][0] == pytest.approx(by_group[False][T - 1], abs=1e-12)
-    # the anchors of this run are right together (an image turns right and stays so): fewer than chance would give
-    assert got["destructive"][0] < got["destructive_chance"][0]
-
-
-def ece_loop(conf: np.ndarray, hit: np.ndarray, bins: int) -> tuple[float, float, dict[int, tuple]]:
-    """Guo et al.'s ECE literally: bin m holds conf in ((m-1)/M, m/M] (conf 0 in bin 1)."""
-    ece, mce, table = 0.0, 0.0, {}
+def ece_loop(conf: np.ndarray, hit: np.ndarray, bins: int,
+             min_n: int = CALIBRATION_MIN_N) -> tuple[float, float, dict[int, tuple]]:
+    """Guo et al.'s ECE literally: bin m holds conf in ((m-1)/M, m/M] (conf 0 in bin 1); MCE over the bins of at
+    least min_n images."""
+    ece, mce, table = 0.0, None, {}
     for m in range(1, bins + 1):
         lo, hi = (m - 1) / bins, m / bins
         inside = [(c > lo or (m == 1 and c == 0)) and c <= hi for c in conf.astype(np.float64)]
@@ -134,7 +111,8 @@ def ece_loop(conf: np.ndarray, hit: np.ndarray, bins: int) -> tuple[float, float
             continue
         acc, mean_conf = hit[inside].mean(), conf[inside].astype(np.float64).mean()
         ece += inside.mean() * abs(acc - mean_conf)
-        mce = max(mce, abs(acc - mean_conf))
+        if inside.sum() >= min_n:
+            mce = max(mce or 0.0, abs(acc - mean_conf))
         table[m] = (int(inside.sum()), acc, mean_conf)
     return ece, mce, table
 
@@ -149,7 +127,7 @@ def test_calibration_error_and_bins_match_a_loop(world, bins):
         ece, mce, table = ece_loop(conf, hit, bins)
         row = got.row(layer, named=True)
         assert row["ece"] == pytest.approx(ece, abs=1e-9)
-        assert row["mce"] == pytest.approx(mce, abs=1e-9)
+        assert row["mce"] == (None if mce is None else pytest.approx(mce, abs=1e-9))
         assert row["accuracy"] == pytest.approx(hit.mean())
         assert row["n"] == test.sum()
         mine = got_bins.filter(got_bins["anchor"] == layer)
@@ -160,8 +138,10 @@ def test_calibration_error_and_bins_match_a_loop(world, bins):
     assert got["ece"][T] == pytest.approx(got["accuracy"][T])  # all confidences 0 there: ECE = accuracy
 
 
-def exact_calibration(votes: np.ndarray, hit: np.ndarray, k: int, bins: int) -> tuple[float, float, dict[int, int]]:
-    """ECE and MCE of vote shares v/k in exact fractions: bin m holds v/k in ((m-1)/M, m/M] (0 in bin 1)."""
+def exact_calibration(votes: np.ndarray, hit: np.ndarray, k: int, bins: int,
+                      min_n: int) -> tuple[float, float, dict[int, int]]:
+    """ECE and MCE of vote shares v/k in exact fractions: bin m holds v/k in ((m-1)/M, m/M] (0 in bin 1); MCE over
+    the bins of at least min_n images."""
     shares = [Fraction(int(v), k) for v in votes]
     ece = mce = Fraction(0)
     table = {}
@@ -173,20 +153,21 @@ def exact_calibration(votes: np.ndarray, hit: np.ndarray, k: int, bins: int) -> 
         n = int(inside.sum())
         gap = abs(Fraction(int(hit[inside].sum()), n) - sum(s for s, i in zip(shares, inside, strict=True) if i) / n)
         ece += Fraction(n, len(shares)) * gap
-        mce = max(mce, gap)
+        if n >= min_n:
+            mce = max(mce, gap)
         table[m] = n
     return float(ece), float(mce), table
 
 
-@pytest.mark.parametrize("bins", [15, 10])
-def test_knn_calibration_bins_exact_vote_counts(world, bins):
-    got = r.calibration(world.db, KNN_RUN, bins=bins)
+@pytest.mark.parametrize("bins, min_n", [(15, 1), (10, 1), (10, CALIBRATION_MIN_N)])
+def test_knn_calibration_bins_exact_vote_counts(world, bins, min_n):
+    got = r.calibration(world.db, KNN_RUN, bins=bins, min_n=min_n)
     got_bins = r.calibration_bins(world.db, KNN_RUN, bins=bins)
     test = world.split == "test"
     moved = 0
     for layer in range(T + 1):
         votes, hit = world.votes[test, layer], world.preds[test, layer] == world.labels[test]
-        ece, mce, table = exact_calibration(votes, hit, K, bins)
+        ece, mce, table = exact_calibration(votes, hit, K, bins, min_n)
         row = got.row(layer, named=True)
         assert row["ece"] == pytest.approx(ece, abs=1e-12)
         assert row["mce"] == pytest.approx(mce, abs=1e-12)
@@ -220,4 +201,8 @@ def test_readout_sections_draw_every_part_and_name_the_run(world, tmp_path):
     first = np.array([T + 1 if (f := first_right(world.preds[i], world.labels[i])) is None else f for i in rows])
     wasteful = ((first < T) & (world.head[rows] == world.labels[rows])).mean()
     assert f"<td>{wasteful:.3f}</td>" in page
+    wrong = [i for i in rows if world.head[i] != world.labels[i]]  # the null's mean: every label of the head's
+    null = sum(world.labels[j] in world.preds[i, :T] for i in wrong for j in wrong) / len(wrong) / len(rows)
+    assert f"<td>{null:.3f}</td>" in page  # mistakes over every timeline of them, each pair once
+    assert "<th>null 95%</th>" in page and "mce_hi" in page and "hollow: a bin of fewer than 10 images" in page
     assert len(list(tmp_path.glob("*.png"))) == 3

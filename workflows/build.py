@@ -33,6 +33,7 @@ from featstore.images.views import View, parse_views, with_generator
 from featstore.nets.anchors import tap_anchor_names
 from featstore.nets.depth import anchor_names_for
 from featstore.nets.extraction import Tapper, default_token_pool, describe_anchors, head_arrays
+from featstore.nets.head_norm import head_reading
 from featstore.nets.models import LoadedModel, load_model
 from featstore.runtime import (
     Ranks,
@@ -250,7 +251,7 @@ def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[StoreWriter, Repairs
             else:  # the files' stats with the table, before the attrs that finish it
                 store.write_images(images, image_stats(images.root, images.paths, content=False))
             store.prepare_model(key, config, _versions(config.library))
-            _keep_head(store, key, job.loaded.module, config.num_classes)
+            _keep_head(store, key, job)
             lock = held.enter_context(location.writer_lock(key, wait=False, what=f"model {key!r} of store {location}"))
             store.guard = lock.check
             for v in job.views:
@@ -272,17 +273,23 @@ def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[StoreWriter, Repairs
     return store, found
 
 
-def _keep_head(store: StoreWriter, key: str, model: torch.nn.Module, num_classes: int) -> None:
-    """Write the classifier's weights beside the model's metadata unless a sound copy is there (a store built
-    before heads were kept gains it on its next build), so a readout through the head never reruns the network."""
+def _keep_head(store: StoreWriter, key: str, job: BuildJob) -> None:
+    """Write the classifier's weights, its final norm and each anchor's role to it beside the model's metadata
+    unless a sound copy of all of them is there (a store built before they were kept gains them on its next
+    build), so a readout through the head never reruns the network."""
     try:
-        if store.read_head(key) is not None:
+        if store.read_head_reading(key) is not None:
             return
     except FeatstoreError:  # damaged: written again
         pass
-    head = head_arrays(model, num_classes)
+    model = job.tapper.model
+    head = head_arrays(model, job.config.num_classes)
     if head is not None:
-        store.write_head(key, *head)
+        crop = job.loaded.preprocessing.crop
+        sample = job.loaded.preprocessing.normalize(torch.zeros(1, 3, crop, crop, device=job.device))
+        store.write_head(key, *head, head_reading(model, job.tapper.anchors,
+                                                  sample.contiguous(memory_format=job.memory_format),
+                                                  job.config.token_pool))
 
 
 def _versions(library: str) -> dict:

@@ -135,9 +135,15 @@ def pinned_strength(params: dict) -> float | None:
 
 
 def check_val_rows(data: ProbeData, cfg: ProbeConfig) -> None:
-    """Every fit needs val rows (early stopping, model selection and the recorded val accuracy read them): a val
-    fraction that leaves a fit none is refused before training, not learnt as untrained weights marked converged."""
+    """Every fit needs train rows, and val rows (early stopping, model selection and the recorded val accuracy read
+    them): a val fraction that leaves a fit none of either is refused before training, not learnt as untrained
+    weights marked converged."""
     for k, (rows, _) in enumerate(fit_plans(data)):
+        if not len(rows.train):
+            where = f"fold {k} of cross_fit={cfg.cross_fit}" if cfg.cross_fit else "the split"
+            raise FeatstoreError(f"val_frac={cfg.val_frac}: {where} holds no train rows ({len(rows.val)} val "
+                                 f"rows of {len(data.valid)} usable images); a probe learns from some: pass a "
+                                 f"smaller `val_frac`, or more images")
         if not len(rows.val):
             where = f"fold {k} of cross_fit={cfg.cross_fit}" if cfg.cross_fit else "the split"
             raise FeatstoreError(f"val_frac={cfg.val_frac}: {where} holds no val rows ({len(rows.train)} train "

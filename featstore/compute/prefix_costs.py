@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from featstore.nets.anchors import Anchor
-from featstore.nets.extraction import hook_anchor, output_shapes, pool
+from featstore.nets.extraction import hook_anchor, output_shapes, readout
 from featstore.records import AnchorCost, ModelCost
 from featstore.schema import REPEATS
 
@@ -85,13 +85,13 @@ def measure_costs(model: nn.Module, anchors: Sequence[Anchor], crop: int, num_cl
     for index, anchor in enumerate(anchors):
         run = prefix(anchor)
         feature_map = torch.randn(shapes[anchor.name], device=device)
-        dim = pool(feature_map, token_pool, anchor.channels_last).shape[1]
+        dim = readout(feature_map, anchor, token_pool).shape[1]
         weight = torch.randn(num_classes, dim, device=device)
         bias = torch.randn(num_classes, device=device)
 
-        def probe(feature_map=feature_map, weight=weight, bias=bias, channels_last=anchor.channels_last):
+        def probe(feature_map=feature_map, weight=weight, bias=bias, anchor=anchor):
             with torch.inference_mode():
-                pooled = pool(feature_map, token_pool, channels_last)
+                pooled = readout(feature_map, anchor, token_pool)
                 return torch.softmax(pooled @ weight.T + bias, dim=-1).max(dim=-1)
 
         costs.append(AnchorCost(index, median_ms(run, device, repeats, warmup), _flops(run),

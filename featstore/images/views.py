@@ -176,9 +176,9 @@ def with_generator(view: View, recorded: dict) -> View:
     """`view` as a store recorded it: a view made before generator 2 (its attrs name none) keeps generator 1 (for
     noise views, generator 1's draws); one made by a newer featstore's generator is refused, never mixed with this
     one's."""
-    generator = int(recorded.get("view_generator", 1))
-    if generator not in VIEW_GENERATORS:
-        raise FeatstoreError(f"view {view.name!r} was made with view generator {generator}, which this featstore "
+    generator = recorded.get("view_generator", 1)
+    if isinstance(generator, bool) or not isinstance(generator, int) or generator not in VIEW_GENERATORS:
+        raise FeatstoreError(f"view {view.name!r} was made with view generator {generator!r}, which this featstore "
                              f"does not have; build it with that featstore's version, or under another `name`")
     return View(view.name, view.corruption, view.severity, generator)
 

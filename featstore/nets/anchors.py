@@ -59,8 +59,15 @@ TAPS: dict[str, tuple[str, str]] = {
 
 
 HOOK_SIDES = ("output", "input")
-POST_OPS = ("relu",)
+POST_OPS = ("relu", "grid")
 INPUT_SUFFIX = ".input"  # `X.input`: what enters module X (`<head>.input` is what the classifier reads)
+# The anchor `input`: the preprocessed image the model receives (a forward pre-hook on the model itself), averaged
+# over an INPUT_GRID x INPUT_GRID grid of cells (adaptive average pooling, post-op `grid`) and flattened channel by
+# channel: 3 x 8 x 8 = 192 values, where a global average would keep 3 (each channel's mean). Baldock et al.'s layer
+# 0, at a width a store of many images can hold (the full pixels are 150,528 values at 224 x 224). Opt-in, first in
+# `anchors`; a model module named `input` is read as this anchor, not as the module.
+INPUT_ANCHOR = "input"
+INPUT_GRID = 8
 
 
 @dataclass(frozen=True)
@@ -110,11 +117,12 @@ def _has_mid(module: nn.Module) -> bool:
 
 def valid_anchor_names(model: nn.Module) -> list[str]:
     """Every name `--anchors` accepts, in model order (the idea of torchvision's `get_graph_node_names`):
-    each module, `X.mid` inside blocks with a bn1, `X.<tap>` for timm ViT-style blocks, and `<head>.input`, what
-    the classifier reads (`X.input` is accepted for any module X)."""
+    `input` (the model's input on a grid, `INPUT_ANCHOR`), each module, `X.mid` inside blocks with a bn1, `X.<tap>`
+    for timm ViT-style blocks, and `<head>.input`, what the classifier reads (`X.input` is accepted for any module
+    X)."""
     modules = dict(model.named_modules())
     head = head_name(model)
-    names: list[str] = []
+    names: list[str] = [INPUT_ANCHOR]
     for name, module in modules.items():
         if not name:
             continue
@@ -128,7 +136,10 @@ def valid_anchor_names(model: nn.Module) -> list[str]:
 
 
 def resolve_anchor(model: nn.Module, name: str) -> tuple[str, str, str | None]:
-    """Anchor name -> (module path to hook, hook side, post-op). Unknown names fail with the closest valid ones."""
+    """Anchor name -> (module path to hook, hook side, post-op). Unknown names fail with the closest valid ones.
+    `input` is what enters the model itself (module path ''), on a grid."""
+    if name == INPUT_ANCHOR:
+        return "", "input", "grid"
     modules = dict(model.named_modules())
     block_name, _, tap = name.rpartition(".")
     if tap in TAPS and block_name in modules and hasattr(modules[block_name], "norm2"):
@@ -163,9 +174,13 @@ def head_name(model: nn.Module) -> str | None:
 
 
 def check_anchor_names(names: list[str]) -> list[str]:
-    """A usable anchor list: no name twice, and a start and an end."""
+    """A usable anchor list: no name twice, a start and an end, and the input (if listed) first: it comes before
+    every module, and a timeline is in depth order."""
     if len(set(names)) != len(names):
         raise FeatstoreError(f"`anchors` lists a name twice: {','.join(names)}")
+    if INPUT_ANCHOR in names[1:]:
+        raise FeatstoreError(f"`anchors` lists {INPUT_ANCHOR} at place {names.index(INPUT_ANCHOR) + 1}: the model's "
+                             f"input comes before every module, so it goes first ({INPUT_ANCHOR},{names[0]},...)")
     if len(names) < 2:
         raise FeatstoreError("need at least 2 anchors: a decision timeline has a start and an end")
     return names

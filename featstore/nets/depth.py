@@ -25,6 +25,7 @@ from featstore.nets.extraction import is_channels_last, noisy_pair
 from featstore.schema import comma_list
 
 DEFAULT_COUNT = 12
+DEFAULT_ANCHORS = "default"  # in `anchors`: the model's default anchors at that place (`input,default`)
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,16 @@ class Place:
 
 def anchor_names_for(arch: str, library: str, model: nn.Module, anchors: str | None, sample: torch.Tensor,
                      token_pool: str = "cls") -> list[str]:
-    """The user's --anchors, else the preset for this model, else the traced defaults (one forward on `sample`)."""
-    if anchors:
-        names = comma_list(anchors)
-    else:
-        names = preset_for(library, arch) or default_anchor_names(model, sample, token_pool)
+    """The user's --anchors, else the preset for this model, else the traced defaults (one forward on `sample`).
+    `default` in the user's list stands for those defaults (`input,default`: the input image, then the defaults)."""
+    def defaults() -> list[str]:
+        return preset_for(library, arch) or default_anchor_names(model, sample, token_pool)
+
+    if not anchors:
+        return check_anchor_names(defaults())
+    names: list[str] = []
+    for name in comma_list(anchors):
+        names += defaults() if name == DEFAULT_ANCHORS else [name]
     return check_anchor_names(names)
 
 

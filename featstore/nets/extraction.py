@@ -12,11 +12,12 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from featstore.errors import FeatstoreError
-from featstore.nets.anchors import Anchor, head_name, resolve_anchor, resolve_anchors, valid_anchor_names
+from featstore.nets.anchors import INPUT_GRID, Anchor, head_name, resolve_anchor, resolve_anchors, valid_anchor_names
 from featstore.nets.stored_types import choose_dtype
 from featstore.schema import FIELDS
 
@@ -34,6 +35,21 @@ def pool(x: torch.Tensor, token_pool: str = "cls", channels_last: bool = False) 
     if x.ndim == 2:
         return x
     raise FeatstoreError(f"cannot pool a tap output of shape {tuple(x.shape)}; pick another anchor")
+
+
+def readout(x: torch.Tensor, anchor: Anchor, token_pool: str = "cls") -> torch.Tensor:
+    """What an anchor stores of the tensor its hook sees, [B, dim]: its post-op (`relu` for `.mid`; `grid` for the
+    input: the mean of each cell of an INPUT_GRID x INPUT_GRID grid per channel, flattened channel-major), then
+    `pool`."""
+    if anchor.post == "relu":
+        x = torch.relu(x)
+    elif anchor.post == "grid":
+        x = _first(x)
+        if x.ndim != 4:
+            raise FeatstoreError(f"anchor {anchor.name!r}: the model's input has shape {tuple(x.shape)}, not an image "
+                                 f"batch [B, C, H, W]; leave {anchor.name} out of `anchors`")
+        x = F.adaptive_avg_pool2d(x.float(), INPUT_GRID).flatten(1)
+    return pool(x, token_pool, anchor.channels_last)
 
 
 def hook_anchor(model: nn.Module, anchor: Anchor, fn: Callable[[torch.Tensor], None]) -> RemovableHandle:
@@ -63,9 +79,7 @@ class Tapper:
 
     def _recorder(self, anchor: Anchor) -> Callable[[torch.Tensor], None]:
         def record(x: torch.Tensor) -> None:
-            if anchor.post == "relu":
-                x = torch.relu(x)
-            self._pooled[anchor.name] = pool(x, self.token_pool, anchor.channels_last).float()
+            self._pooled[anchor.name] = readout(x, anchor, self.token_pool).float()
 
         return record
 
@@ -198,7 +212,7 @@ def head_arrays(model: nn.Module, num_classes: int) -> tuple[np.ndarray, np.ndar
 def runnable_anchor_names(model: nn.Module, sample: torch.Tensor) -> list[str]:
     """`valid_anchor_names` less the modules that one forward on `sample` never calls (e.g. an attention
     dropout skipped by fused attention): exactly the names a build can extract."""
-    ran: set[str] = set()
+    ran: set[str] = {""}  # the model itself (the input anchor)
     _run_hooked(model, sample, [m.register_forward_hook(lambda *_, name=name: ran.add(name))
                                 for name, m in model.named_modules() if name])
     return [n for n in valid_anchor_names(model) if resolve_anchor(model, n)[0] in ran]

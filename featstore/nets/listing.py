@@ -48,6 +48,7 @@ def _built_listing(model_name: str, every: bool) -> list[str]:
     lines = []
     names = anchor_names_for(loaded.arch, loaded.library, model, None, sample, default_token_pool(model, sample))
     for a in resolve_anchors(model, names):
-        how = "" if a.module == a.name else f"  (hooks {a.module} {a.side}{' + ' + a.post if a.post else ''})"
+        how = "" if a.module == a.name else f"  (hooks {a.module or 'the model'} {a.side}" \
+            f"{' + ' + a.post if a.post else ''})"
         lines.append(f"{a.index:3d}  {a.name}{how}")
     return lines

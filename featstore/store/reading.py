@@ -18,7 +18,7 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, FeatstoreTypeError
 from featstore.records import ModelSource
 from featstore.store.config import StoreConfig
 from featstore.store.image_table import ImageTable
@@ -34,6 +34,12 @@ FORMAT = 1
 HEAD = "head"  # <model>/head: the classifier's weight [C, D] and bias [C], float32 (`write_head`)
 PROBES = "probes"  # <model>/probes: the probes kept (`featstore.store.probes`)
 MODEL_PARTS = (PROBES, HEAD)  # groups of a model that are no view
+
+def one_name(name: str) -> bool:
+    """Whether `name` can be a group directly under another (a view, a kept probe): no '/', no '.' or '..', which
+    Zarr refuses as a path and a reader must not take for damage."""
+    return bool(name) and "/" not in name and name not in (".", "..")
+
 
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -206,9 +212,12 @@ class StoreReading:
 
     def _open_view(self, key: str, view: str) -> zarr.Group:
         self.model_attrs(key)
+        if not isinstance(view, str):
+            raise FeatstoreTypeError(f"view={view!r}: give a view's name (the views of {key!r}: "
+                                     f"{', '.join(self.views(key)) or 'none'})")
         with self.damage_is_one_line(f"view {view!r} of {key!r}"):
             try:  # the view's own metadata, not each group's on the way (on object storage each is a request)
-                g = self.root[f"{key}/{view}"]
+                g = self.root[f"{key}/{view}"] if one_name(view) else None
             except KeyError:
                 g = None
             if not isinstance(g, zarr.Group) or "done" not in g:
@@ -284,6 +293,24 @@ class StoreReading:
                 raise FeatstoreError(f"store {self.location} is damaged: {key}/{HEAD}/{name} {CHANGED}; rerun the "
                                      f"same `featstore build` to write the head again")
         return weight, bias, str(attrs.get("module", ""))
+
+    def read_head_reading(self, key: str) -> tuple[dict, dict[str, np.ndarray]] | None:
+        """The model's final norm and each anchor's role to the head (`featstore.nets.head_norm`), with the norm's
+        arrays, as `write_head` kept them; None where the head was kept without them (or not at all)."""
+        if self.read_head(key) is None:
+            return None
+        with self.damage_is_one_line(f"{key}/{HEAD}"):
+            g = self.root[key][HEAD]
+            attrs = dict(g.attrs)
+            if "reading" not in attrs:
+                return None
+            names = [n for n in attrs["checksums"] if n not in ("weight", "bias")]
+            arrays = {n: np.asarray(g[n][:]) for n in names}
+        for name, values in arrays.items():
+            if int(attrs["checksums"][name], 16) != checksum(values):
+                raise FeatstoreError(f"store {self.location} is damaged: {key}/{HEAD}/{name} {CHANGED}; rerun the "
+                                     f"same `featstore build` to write the head again")
+        return dict(attrs["reading"]), arrays
 
     def has_head(self, key: str) -> bool:
         """True when the model's classifier is kept (complete), whatever its values (`read_head` checks them)."""

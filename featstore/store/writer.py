@@ -224,17 +224,20 @@ class StoreWriter(FeatureStore):
         guard()
         targets.done[data.chunk] = True
 
-    def write_head(self, key: str, weight: np.ndarray, bias: np.ndarray, module: str) -> None:
+    def write_head(self, key: str, weight: np.ndarray, bias: np.ndarray, module: str,
+                   reading: tuple[dict, dict[str, np.ndarray]] | None = None) -> None:
         """Keep the classifier (the model's last Linear, `module`) beside the model's metadata: weight [C, D] and
         bias [C] float32, with their checksums in the group's attrs (written last: they mark it complete), so a
-        readout through the head (`head-probe`, `tuned-lens`) never runs the network again."""
+        readout through the head (`head-probe`, `tuned-lens`) never runs the network again. `reading`: the final
+        norm and each anchor's role (`featstore.nets.head_norm.head_reading`), its arrays kept and checksummed
+        beside the head's."""
         g = self.root[key].require_group(HEAD)
-        for name, values in (("weight", weight), ("bias", bias)):
+        arrays = {"weight": weight, "bias": bias, **(reading[1] if reading is not None else {})}
+        for name, values in arrays.items():
             g.create_array(name, shape=values.shape, chunks=values.shape, dtype="float32",
                            overwrite=True)[:] = np.asarray(values, dtype=np.float32)
-        g.attrs.put({"module": module, "checksums": {
-            name: f"{checksum(np.asarray(v, dtype=np.float32)):016x}" for name, v in (("weight", weight),
-                                                                                     ("bias", bias))}})
+        g.attrs.put({"module": module, **({"reading": reading[0]} if reading is not None else {}), "checksums": {
+            name: f"{checksum(np.asarray(v, dtype=np.float32)):016x}" for name, v in arrays.items()}})
 
     def write_probe(self, key: str, name: str, anchor: str, arrays: dict[str, np.ndarray], attrs: dict,
                     version: str, owner: dict | None = None) -> None:
