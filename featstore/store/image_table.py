@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # reading a store's metadata (`featstore info`) loads no torc
 
 IMAGE_ARRAYS = ("image_id", "label", "path")
 REWRITE_IMAGES = "featstore build rewrites it from --data"
-UNFINISHED = "not finished: the build that wrote it stopped before its attrs (the last write)"
+UNFINISHED = "not finished (a build stopped while writing it)"
 
 
 class _Store(Protocol):
