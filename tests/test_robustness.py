@@ -369,6 +369,6 @@ def test_a_late_share_that_can_only_be_never_stable_is_flagged_everywhere_it_pri
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["n", "mean"])
     rows = [line.split() for line in lines[header + 1: lines.index("", header)] if line.split()[0].isdigit()]
-    assert len(rows) == summary.height and all(row[6].startswith(("l*", "joint")) for row in rows), text
+    assert len(rows) == summary.height and all(row[7].startswith(("l*", "joint")) for row in rows), text
     assert all(row[5].endswith("*") == flagged for row in rows), text
     assert ("late = never stable" in text) == flagged
