@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # reading a store's metadata (`featstore info`) loads no torc
 
 IMAGE_ARRAYS = ("image_id", "label", "path")
 REWRITE_IMAGES = "featstore build rewrites it from --data"
+UNFINISHED = "not finished (a build stopped while writing it)"
 
 
 class _Store(Protocol):
@@ -81,6 +82,11 @@ class ImageTable:
         """Every array that can be read, and the damage found reading them."""
         try:
             g, attrs = self.store.root["images"], self.attrs()
+        except Exception as e:
+            return {}, [Damage("images", f"metadata cannot be read ({brief(e)})", REWRITE_IMAGES)]
+        if "fingerprint" not in attrs:  # written last, with the rest of the attrs: the build stopped before
+            return {}, [Damage("images", UNFINISHED, REWRITE_IMAGES)]
+        try:
             n, sums = int(attrs["count"]), attrs.get("checksums", {})
         except Exception as e:
             return {}, [Damage("images", f"metadata cannot be read ({brief(e)})", REWRITE_IMAGES)]
@@ -140,7 +146,10 @@ class ImageTable:
         recorded it."""
         store = self.store
         try:
-            stats = np.asarray(store.root["images"]["stat"][:], dtype=np.int64)
+            stat = store.root["images"]["stat"]
+            if "columns" not in stat.attrs:  # written after the values: their record was interrupted
+                return None
+            stats = np.asarray(stat[:], dtype=np.int64)
         except Exception:
             return None
         for key in store.models() if contents else []:
