@@ -21,6 +21,10 @@ LogisticRegressionCV, DINOv2/VISSL) chooses C on held-out rows and solves to the
    then float64 to `gtol` or 0.01 x the penalty strength if smaller (the error of the weights is at most the
    gradient over the strength), where the predictions no longer move (docs/probes.md, measured against
    scikit-learn at tol 1e-8). The val loss and accuracy recorded are the path's, on rows it did not learn from.
+4. A neighbour run (`StrengthGrid.step`, `linear:C_step`) refits at the grid value `step` places from the chosen
+   C, from the same start. Steps 1 and 2 are kept in this process's memory (`_SEARCHES`, keyed by a digest of the
+   fit rows, labels, split, family, grid and path tolerances), so a neighbour run of rows the chosen run already
+   searched skips straight to its refit: the same probe, bit for bit, as one that searches for itself.
 """
 
 from __future__ import annotations
