@@ -24,7 +24,8 @@ LogisticRegressionCV, DINOv2/VISSL) chooses C on held-out rows and solves to the
 4. A neighbour run (`StrengthGrid.step`, `linear:C_step`) refits at the grid value `step` places from the chosen
    C, from the same start. Steps 1 and 2 are kept in this process's memory (`_SEARCHES`, keyed by a digest of the
    fit rows, labels, split, family, grid and path tolerances), so a neighbour run of rows the chosen run already
-   searched skips straight to its refit: the same probe, bit for bit, as one that searches for itself.
+   searched skips straight to its refit: the same probe, bit for bit, as one that searches for itself. A chosen
+   run always searches.
 """
 
 from __future__ import annotations
@@ -177,7 +178,9 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, fam
         raise FeatstoreError(f"no val rows to choose the probe's L2 strength on ({n} fit rows); raise `val_frac`, "
                              f"or pin it with C=1 (e.g. variant=linear:C=1)")
     key = _search_key(x, y, n_train, family, grid, tol)
-    search = _SEARCHES.get(key) if key is not None else None
+    # only a neighbour run reads the memory: a chosen run always searches (a second one in this process, e.g. at
+    # another thread count, is a check of the search, not a copy of it)
+    search = _SEARCHES.get(key) if key is not None and grid.step else None
     if search is None:
         search = _search(x, y, n_train, family, cs, tol, on_pass)
         if key is not None:

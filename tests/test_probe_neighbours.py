@@ -75,10 +75,15 @@ def test_a_neighbour_after_the_chosen_run_reuses_its_search_and_equals_one_searc
     assert any(c != chosen for c, chosen in zip(warm.c, warm.chosen, strict=True))  # the step moved C
 
 
-def test_other_rows_are_searched_afresh(rows, solver_calls):
-    """The memory is keyed by the rows and labels: a neighbour run on other labels (here shuffled) searches."""
+def test_other_rows_and_chosen_runs_are_searched_afresh(rows, solver_calls):
+    """The memory is keyed by the rows and labels: a neighbour run on other labels (here shuffled) searches; and
+    only neighbour runs read it: a chosen run of the same rows searches again (a check, e.g. at another thread
+    count, is no copy)."""
     *_, x, y, is_val = rows
-    _solve(rows, 0)
+    first = _solve(rows, 0)
+    solver_calls.clear()
+    again = _solve(rows, 0)
+    assert len(solver_calls) >= 1 + max(len(p) for p in again.path) and torch.equal(first.w, again.w)
     solver_calls.clear()
     shuffled = y[torch.from_numpy(np.random.default_rng(0).permutation(len(y)))]
     alone = choose_and_solve(x, shuffled, is_val, Softmax(CLASSES), StrengthGrid(step=1), Tolerances())
