@@ -106,12 +106,20 @@ def columns(header: Sequence[str], rows: Sequence[Sequence[str | Sequence[str]]]
     return lines
 
 
+NEVER_STABLE_MARK = "*"  # after a late share that can only count never-stable images
+
+
 def summary_lines(result: Comparison) -> list[str]:
-    """Per definition: images placed, mean and median layer, the share in each band."""
+    """Per definition: images placed, mean and median layer, the share in each band; a late share marked where the
+    window leaves no stable layer in the late band, with a line saying so."""
     rows = [[str(r["n"]), _cell(r["mean"], 2), _cell(r["median"], 1), _cell(r["f_early"], 3), _cell(r["f_mid"], 3),
-             _cell(r["f_late"], 3), _cell(r["f_unsettled"], 3), r["definition"]]
+             _cell(r["f_late"], 3) + (NEVER_STABLE_MARK if r["late_is_never_stable"] else ""),
+             _cell(r["f_unsettled"], 3), r["definition"]]
             for r in result.summary.iter_rows(named=True)]
-    return columns(["n", "mean", "median", "early", "mid", "late", "unsettled", "definition"], rows)
+    note = (wrapped(f"{NEVER_STABLE_MARK} late = never stable: at this k a stable l*(k) or joint layer is at most "
+                    "T - k, below the late band (l >= 0.7T), so the late share counts only images that never "
+                    "stabilise (late_is_never_stable).") if result.summary["late_is_never_stable"].any() else [])
+    return columns(["n", "mean", "median", "early", "mid", "late", "unsettled", "definition"], rows) + note
 
 
 def depth_lines(result: Comparison) -> list[str]:

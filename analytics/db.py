@@ -13,6 +13,7 @@ import importlib.resources
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from featstore.analytics.interrupts import interruptible
 from featstore.errors import FeatstoreError
 from featstore.records import CircuitRun, DatasetInfo, GateScores, ModelCost, ModelSource, RunRows, ZooRow
 
@@ -97,7 +99,7 @@ def _recorded_macro_set(con: duckdb.DuckDBPyConnection) -> tuple[str, str] | Non
 def in_memory(*names: str) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB holding the named views and macros of sql/ (in the order given): for a figure that reads
     a definition without any database."""
-    con = duckdb.connect(":memory:")
+    con = interruptible(duckdb.connect(":memory:"))
     for name in names:
         con.execute(sql_text(name))
     return con
@@ -204,6 +206,28 @@ def database_files(paths: Sequence[Path]) -> list[Path]:
     return [f for r in resolved for f in (r, r.with_name(r.name + ".wal"))]
 
 
+NOT_FILES = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def not_a_file(path: Path) -> str | None:
+    """What `path` is when it is there and no regular file (after its links): a folder, a FIFO (opening one waits
+    for a writer forever), a socket or a device (/dev/null keeps nothing); None for a file or nothing there."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return next((what for test, what in NOT_FILES if test(mode)), None)
+
+
+def check_database_path(path: Path) -> None:
+    """A database is a regular file (or nothing yet, for a write): anything else is refused in one line before
+    DuckDB opens it (it would wait forever on a FIFO)."""
+    what = not_a_file(path)
+    if what is not None:
+        raise FeatstoreError(f"{path} is {what}, not a database file; pass the DuckDB file itself as `db`")
+
+
 def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
             reach: Sequence[Path] = ()) -> duckdb.DuckDBPyConnection:
     """Open a featstore database; a lock held by another process becomes a one-line error, after retrying for
@@ -214,6 +238,7 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
     the only files and folders it may touch beside its own (`seal`). A file whose views or macros would run in place
     of featstore's tables or DuckDB's functions is refused (`_check_shadowing`)."""
     path = Path(path)
+    check_database_path(path)
     if read_only and not path.exists():
         raise FeatstoreError(f"no database at {path}; fill one with `featstore probe --db {path}`")
     creating = not read_only and not path.exists()
@@ -221,7 +246,8 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
     try:
         while True:
             try:
-                con = duckdb.connect(str(path), read_only=read_only, config=NO_EXTENSIONS if reach else SEALED)
+                con = interruptible(duckdb.connect(str(path), read_only=read_only,
+                                                   config=NO_EXTENSIONS if reach else SEALED))
                 break
             except duckdb.IOException as e:
                 if "lock" not in str(e).lower() or time.monotonic() >= deadline:
@@ -424,7 +450,7 @@ def connect_several(paths: Sequence[str | Path], runs: Sequence[str] | None = No
     paths = _distinct_files([Path(p) for p in paths])
     for p in paths:
         connect(p, read_only=True).close()  # each one exists and is a featstore database
-    con = duckdb.connect(":memory:", config=NO_EXTENSIONS)
+    con = interruptible(duckdb.connect(":memory:", config=NO_EXTENSIONS))
     try:
         seal(con, database_files(paths))  # before anything is attached: they, and nothing else, can be read
         aliases = attach_names(con, paths)

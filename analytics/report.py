@@ -743,7 +743,7 @@ def _probe_sensitivity(figs: _Figures, con, model: str, runs: pl.DataFrame, k: i
     parts.append(note)
     if others.is_empty():
         return "".join(parts)
-    rows, curves = [], {}
+    rows, curves, never_late = [], {}, False
     for other in others.iter_rows(named=True):
         agreement = q.run_agreement(con, reference["run_id"], other["run_id"], k, scope)
         anchors = agreement.filter(pl.col("anchor").is_not_null())
@@ -751,6 +751,7 @@ def _probe_sensitivity(figs: _Figures, con, model: str, runs: pl.DataFrame, k: i
         if not overall["n"]:
             continue
         worst = anchors.sort(["same_pred", "anchor"]).row(0, named=True)
+        never_late |= bool(overall["late_is_never_stable"])
         curves[other["run_id"]] = anchors
         rows.append({"run": other["run_id"], "differs in": _differs(reference, other), "n": overall["n"],
                      "same pred, worst anchor": f"{worst['same_pred']:.3f} (anchor {worst['anchor']})",
@@ -762,6 +763,8 @@ def _probe_sensitivity(figs: _Figures, con, model: str, runs: pl.DataFrame, k: i
         return "".join(parts) + "<p>No other run shares images with the reference in this scope.</p>"
     parts.append(_table(pl.DataFrame(rows)))
     names = q.anchor_names(con, model)
+    if never_late:  # the late columns count never-stable images only
+        parts.append(_notes([late_caveat(len(names) - 1, k)]))
     fig, ax = figs.plt.subplots(figsize=(6.5, 3.6))
     for run_id, anchors in curves.items():
         ax.plot(anchors["anchor"].to_list(), anchors["same_pred"].to_list(), marker="o", ms=3, label=run_id)

@@ -1,15 +1,113 @@
-"""Which runs and which stability window a command reads: the rules every one-run or one-window command shares,
-so that the CLI and the Python API choose alike."""
+"""Which databases, runs, images and stability windows a command reads, and the rules every one-run or
+one-window command shares, so that the CLI and the Python API choose alike. A Python caller's arguments are read
+here too, each in one way wherever it is taken: numpy's integers and a single k are windows, one path is one
+database, and anything else is one line naming the field."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from featstore.analytics.queries import Db, query, runs, stability_windows
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, FeatstoreTypeError
+from featstore.schema import shown
 
 ONE_WINDOW = 2  # the window a one-window part shows when several are asked for (the default list among them)
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def plain(value: object) -> object:
+    """A numpy scalar as the Python number it holds (DuckDB binds no numpy scalar); anything else as it is."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _items(given: object) -> list | None:
+    """The items of a list, tuple, set or array a caller gave (an array's as Python's numbers); None for a
+    single value, a string among them (a string is a value, never its letters)."""
+    given = given.tolist() if isinstance(given, np.ndarray) else given
+    if isinstance(given, str | bytes | os.PathLike) or not isinstance(given, Iterable):
+        return None
+    return list(given)
+
+
+def integers(given: object, field: str, what: str) -> list[int] | None:
+    """Whole numbers as a caller gives them -> Python ints (None: the default): one integer, or a list, tuple or
+    array of them, numpy's included (DuckDB binds no numpy scalar); anything else is one line naming `field`. Their
+    range is the caller's to check."""
+    if given is None:
+        return None
+    if _integer(given) or (isinstance(given, np.ndarray) and given.ndim == 0 and _integer(given.tolist())):
+        return [int(given)]
+    items = _items(given)
+    if items == []:
+        raise FeatstoreError(f"{field}=[]: give at least one of the {what} (or leave `{field}` out for the "
+                             f"default)")
+    if items is None or not all(_integer(k) for k in items):
+        raise FeatstoreTypeError(f"{field}={shown(given)}: give {what} as integers (one, or a list)")
+    return [int(k) for k in items]
+
+
+def windows(ks: object, field: str = "k") -> list[int] | None:
+    """Stability windows as a caller gives them (`integers`): one k or a list; their range is the anchors'
+    (`stability_windows`). A string ('3,4') is the CLI's spelling, refused here."""
+    return integers(ks, field, "stability windows")
+
+
+def fraction(value: object, field: str) -> float:
+    """A confidence or share as a caller gives it (numpy's floats too) -> a float; a string or anything but a
+    real number is one line naming `field` (the range is the caller's to check)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise FeatstoreTypeError(f"{field}={shown(value)}: give a number from 0 to 1")
+    return float(value)
+
+
+def fractions(given: object, field: str) -> list[float] | None:
+    """Confidence thresholds as a caller gives them: one number, or a list, tuple or array of them -> floats
+    (None: the default)."""
+    if given is None:
+        return None
+    items = _items(given)
+    return [fraction(v, field) for v in ([given] if items is None else items)]
+
+
+def image_id(value: object) -> int:
+    """An image id as a caller gives it (numpy's integers too, as `model.image_ids` holds them) -> an int."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.tolist()
+    if not _integer(value):
+        raise FeatstoreTypeError(f"image_id={shown(value)}: give an image id, an integer (the `images` table "
+                                 f"lists them)")
+    return int(value)
+
+
+def databases(given: object, field: str = "db", empty: bool = False) -> list[Path]:
+    """Database paths as a caller gives them -> absolute paths (where they are now, whatever the working folder
+    later): one path (a string or a Path, never read letter by letter) or a list of them; `empty`: no database
+    at all is a choice."""
+    items = _items(given)
+    paths = [given] if items is None else items
+    if not all(isinstance(p, str | os.PathLike) for p in paths):
+        raise FeatstoreTypeError(f"{field}={shown(given)}: give a database's path, or a list of them")
+    if not paths and not empty:
+        raise FeatstoreError(f"{field}=[]: give a database's path, or a list of them")
+    if any(not str(p) for p in paths):
+        raise FeatstoreError(f"{field}={shown(given)}: an empty path names no database")
+    return [Path(p).absolute() for p in paths]
+
+
+def database(given: object, field: str = "db") -> Path:
+    """One database's path as a caller gives it -> an absolute path; anything but a path is one line naming
+    `field`."""
+    if not isinstance(given, str | os.PathLike):
+        raise FeatstoreTypeError(f"{field}={shown(given)}: give a database's path")
+    return databases(given, field)[0]
 
 
 def run_ids(given: str | Sequence[str] | None) -> list[str] | None:
@@ -19,7 +117,10 @@ def run_ids(given: str | Sequence[str] | None) -> list[str] | None:
     if given is None:
         return None
     if not isinstance(given, str):
-        return list(given) or None
+        items = _items(given)
+        if items is None or not all(isinstance(r, str) for r in items):
+            raise FeatstoreTypeError(f"runs={shown(given)}: give run ids, a list of them or a comma list")
+        return items or None
     chosen: list[str] = []
     for piece in (r.strip() for r in given.split(",")):
         if chosen and piece and ("/" not in piece or "=" in piece.partition("/")[0]):
@@ -33,6 +134,8 @@ def only_run(db: Db, given: str | None) -> str:
     """The run a one-run command works on: the one given, else the database's only run; several is one line
     naming them."""
     if given is not None:
+        if not isinstance(given, str):
+            raise FeatstoreTypeError(f"run={shown(given)}: give a run id (.runs lists them)")
         return given
     have = runs(db)["run_id"].to_list()
     if not have:
@@ -74,5 +177,11 @@ def runs_written(db: str | Path) -> dict[str, str]:
 
 
 def probe_summary(db: Db, run_id: str):
-    """Per anchor of a run: accuracy on its scored images (the test split) and whether the fit converged."""
-    return query(db, "SELECT * FROM probe_summary(?)", [run_id])
+    """Per anchor of a run: accuracy on its scored images (the test split) and whether the fit converged; a run
+    the database does not hold is one line naming it, not an empty table."""
+    if not isinstance(run_id, str):
+        raise FeatstoreTypeError(f"run={shown(run_id)}: give a run id (.runs lists them)")
+    summary = query(db, "SELECT * FROM probe_summary(?)", [run_id])
+    if summary.is_empty() and run_id not in runs(db)["run_id"].to_list():
+        raise FeatstoreError(f"run {run_id!r}: no such run in the database (.runs lists them)")
+    return summary

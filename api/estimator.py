@@ -239,7 +239,8 @@ class Probe:
 
         try:  # what __init__ and set_params stored, checked here (scikit-learn's rule)
             variant = self._variant()
-            checked(split_seed=self.split_seed, val_frac=self.val_frac)
+            checked(split_seed=self.split_seed, val_frac=self.val_frac,
+                    **({} if self.threads is None else {"threads": self.threads}))  # None: as many as are idle
         except FeatstoreError as e:
             raise ProbeInputError(str(e)) from None
         X = _finite_rows(X)

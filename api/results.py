@@ -4,13 +4,12 @@ DDB and CSS, the report), each a thin call of the analytics function that comput
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, FeatstoreTypeError
 from featstore.schema import CSS_DISTANCES, JOINT_MIN_CONF, PER_PAIR, TOP_N
 
 if TYPE_CHECKING:
@@ -19,6 +18,7 @@ if TYPE_CHECKING:
     from featstore.analytics.queries import Comparison
 
 Runs = str | Sequence[str] | None  # run ids: a list, or a comma list as `--run` takes it (an id's own commas kept)
+Ks = int | Sequence[int] | None  # stability windows: one, or a list (numpy's integers and arrays too)
 
 
 @dataclass(frozen=True)
@@ -74,23 +74,24 @@ class Results:
 
     def __init__(self, db: str | Path | Sequence[str | Path]):
         from featstore.analytics.queries import open_read_only
+        from featstore.analytics.selection import databases
 
-        self.db = [Path(d).absolute() for d in db] if isinstance(db, list | tuple) else Path(db).absolute()
-        self._named = db  # as given: where the report goes by default, said as the caller said it
+        paths = databases(db)  # absolute: the handle reads (and reports beside) the same files whatever cwd later
+        self.db = paths[0] if isinstance(db, str | Path) else paths
         open_read_only(self.db).close()  # a missing or foreign file is an error now
 
     def sql(self, query: str, params: Sequence | dict | None = None) -> pl.DataFrame:
         """One statement -> a Polars DataFrame (the macros of `sql/` are there: decision_layers(2), ...)."""
         from featstore.analytics.queries import query as run_query
 
-        return run_query(self.db, query, params)
+        return run_query(self.db, _statement(query), params)
 
     def stream(self, query: str, params: Sequence | dict | None = None) -> Iterator[pl.DataFrame]:
         """One statement's result as frames of bounded size, in order (`featstore sql`): memory stays bounded at
         any row count; closing the iterator early (or Ctrl-C) cancels the query."""
         from featstore.analytics.queries import stream
 
-        return stream(self.db, query, params)
+        return stream(self.db, _statement(query), params)
 
     @property
     def runs(self) -> pl.DataFrame:
@@ -100,18 +101,22 @@ class Results:
 
     def timeline(self, run: str, image_id: int) -> pl.DataFrame:
         """One image's predictions and confidences under one run, one row per anchor."""
+        from featstore.analytics.selection import image_id as checked_id
+
+        if not isinstance(run, str):
+            raise FeatstoreTypeError(f"run={run!r}: give a run id (.runs lists them)")
         frame = self.sql("SELECT anchor, pred, conf FROM predictions WHERE run_id = ? AND image_id = ? "
-                         "ORDER BY anchor", [run, int(image_id)])
+                         "ORDER BY anchor", [run, checked_id(image_id)])
         if not len(frame):
             raise FeatstoreError(f"no predictions of image {image_id} under run {run!r} (see .runs)")
         return frame
 
-    def window(self, ks: int | Sequence[int] | None = None, runs: Runs = None) -> int:
+    def window(self, ks: Ks = None, runs: Runs = None) -> int:
         """The one stability window a one-window result shows: the one k given; of several (the default 1..4
         among them), 2; a list without 2 is refused (analytics/selection.py `one_window`)."""
-        from featstore.analytics.selection import one_window, run_ids
+        from featstore.analytics.selection import one_window, run_ids, windows
 
-        return one_window(self.db, [ks] if isinstance(ks, numbers.Number) else ks, run_ids(runs))
+        return one_window(self.db, windows(ks), run_ids(runs))
 
     def only_run(self, run: str | None = None) -> str:
         """The run a one-run result is of: `run`, else the database's only run (several: an error naming them)."""
@@ -119,72 +124,79 @@ class Results:
 
         return only_run(self.db, run)
 
-    def notes(self, ks: Sequence[int], runs: Runs = None) -> list[str]:
+    def notes(self, ks: Ks, runs: Runs = None) -> list[str]:
         """The caveats of windows `ks` at which no stable l* can be late, for the anchor counts of these runs."""
         from featstore.analytics.report import late_notes
-        from featstore.analytics.selection import run_ids
+        from featstore.analytics.selection import run_ids, windows
 
         chosen, shown = run_ids(runs), self.runs
         if chosen is not None:
             shown = shown.filter(shown["run_id"].is_in(chosen))
-        return late_notes(sorted({n - 1 for n in shown["n_anchors"]}), ks)
+        return late_notes(sorted({n - 1 for n in shown["n_anchors"]}), windows(ks) or [])
 
     def decision_layers(self, k: int, scope: str = "auto", min_conf: float = 0.0, band: str = "paper") -> pl.DataFrame:
         """l*(k) of every image under every run, with its early/mid/late `band` (the macro decision_layers, its band
         named by decision_band: 'paper' = thirds of T, 'window' = thirds of T - k), as `featstore sql` gives it."""
         from featstore.analytics.queries import decision_layers
+        from featstore.analytics.selection import fraction
 
-        return decision_layers(self.db, k, scope, min_conf, band)
+        return decision_layers(self.db, self.window(k), scope, fraction(min_conf, "min_conf"), band)
 
-    def k_sweep(self, ks: Sequence[int] | None = None, scope: str = "auto", min_conf: float = 0.0, runs: Runs = None,
+    def k_sweep(self, ks: Ks = None, scope: str = "auto", min_conf: float = 0.0, runs: Runs = None,
                 band: str = "paper") -> Sweep:
         """The decision layers' statistics per run and window k (`featstore timeline`); `band`: 'paper' (thirds
         of T) or 'window' (thirds of T - k)."""
         from featstore.analytics.queries import k_sweep
-        from featstore.analytics.selection import run_ids
+        from featstore.analytics.selection import fraction, run_ids, windows
 
-        frame = k_sweep(self.db, ks, scope, min_conf, run_ids(runs), band)
+        ks = windows(ks)
+        frame = k_sweep(self.db, ks, scope, fraction(min_conf, "min_conf"), run_ids(runs), band)
         notes = self.notes(ks or sorted(set(frame["k"])), frame["run_id"].to_list()) if band == "paper" else []
         return Sweep(frame, frame.drop("model", "view", "probe"), notes)
 
-    def spread(self, ks: Sequence[int] | None = None, scope: str = "auto", runs: Runs = None,
-               min_conf: float = 0.0) -> Sweep:
+    def spread(self, ks: Ks = None, scope: str = "auto", runs: Runs = None, min_conf: float = 0.0,
+               refits: bool = False) -> Sweep:
         """The k-sweep over a set of probes (`timeline --spread`): each fraction with a 95% bootstrap interval over
-        the images, whether each image's band holds under every probe, and each fraction's range over the set."""
+        the images (`refits`: over the images and the probe seeds, every seed of each run in the set), the share
+        whose band holds under every family's vote and Fleiss' kappa of those votes, and each fraction's range."""
         from featstore.analytics.report_robustness import spread_table
         from featstore.analytics.robustness import robust_sweep
-        from featstore.analytics.selection import run_ids
+        from featstore.analytics.selection import fraction, run_ids, windows
 
-        frame = robust_sweep(self.db, ks, scope, run_ids(runs), min_conf)
+        frame = robust_sweep(self.db, windows(ks), scope, run_ids(runs), fraction(min_conf, "min_conf"),
+                             refits=refits)
         if frame.is_empty():
             raise FeatstoreError("no images that every probe of the set counts in this scope; pass `runs` or `scope`")
         return Sweep(frame, spread_table(frame), self.notes(sorted(set(frame["k"])), frame["run_id"].to_list()))
 
-    def image_timeline(self, image_id: int, k: int | Sequence[int] | None = None, runs: Runs = None) -> ImageTimeline:
+    def image_timeline(self, image_id: int, k: Ks = None, runs: Runs = None) -> ImageTimeline:
         """One image's class and confidence at every anchor of every run (or of the runs named), its l*(k) marked
         (`featstore timeline --image`); k: the one window (`window`)."""
         from featstore.analytics.report import image_timeline, image_timeline_table
+        from featstore.analytics.selection import image_id as checked_id
         from featstore.analytics.selection import run_ids
 
-        chosen = run_ids(runs)
+        image_id, chosen = checked_id(image_id), run_ids(runs)
         k = self.window(k, chosen)
         frame = image_timeline(self.db, image_id, k, chosen)
         first = frame.row(0, named=True)
         return ImageTimeline(int(image_id), str(first["label_name"] or first["label"]), first["path"],
                              first["split"], k, frame, image_timeline_table(frame))
 
-    def compare(self, runs: Runs = None, k: int | Sequence[int] | None = None, min_conf: float = JOINT_MIN_CONF,
-                scope: str = "auto", per_pair: int = PER_PAIR) -> Comparison:
+    def compare(self, runs: Runs = None, k: Ks = None, min_conf: float = JOINT_MIN_CONF, scope: str = "auto",
+                per_pair: int = PER_PAIR) -> Comparison:
         """l*(k), prediction depth and the joint criterion of each run (default: the clean runs), compared image by
         image (`featstore compare`); k: the one window (`window`)."""
         from featstore.analytics.queries import compare
-        from featstore.analytics.selection import run_ids
+        from featstore.analytics.selection import fraction, plain, run_ids
 
         chosen = run_ids(runs)
-        return compare(self.db, chosen, self.window(k, chosen), min_conf, scope, per_pair)
+        return compare(self.db, chosen, self.window(k, chosen), fraction(min_conf, "min_conf"), scope,
+                       plain(per_pair))
 
-    def early_exit(self, run: str | None = None, ks: Sequence[int] | None = None,
-                   thresholds: Sequence[float] | None = None, combined_thresholds: Sequence[float] | None = None,
+    def early_exit(self, run: str | None = None, ks: Ks = None,
+                   thresholds: float | Sequence[float] | None = None,
+                   combined_thresholds: float | Sequence[float] | None = None,
                    device: str | None = None, batch_size: int = 1, scope: str = "auto",
                    gate: bool = True) -> ExitSimulation:
         """Early exit simulated from a run's stored predictions (`featstore exit-sim`): stability, confidence,
@@ -195,12 +207,14 @@ class Results:
         from featstore.analytics.exit_policies import DEFAULT_POLICIES
         from featstore.analytics.queries import describe_population, early_exit
         from featstore.analytics.report import pareto_rows
+        from featstore.analytics.selection import fractions, plain, windows
 
         run_id = self.only_run(run)
-        given = {"ks": ks, "thresholds": thresholds, "combined": combined_thresholds}
+        given = {"ks": windows(ks, "ks"), "thresholds": fractions(thresholds, "thresholds"),
+                 "combined": fractions(combined_thresholds, "combined_thresholds")}
         policies = replace(DEFAULT_POLICIES, **{k: tuple(v) for k, v in given.items() if v is not None},
                            learned=None if gate else ())
-        result = early_exit(self.db, run_id, device, batch_size, policies, scope)
+        result = early_exit(self.db, run_id, device, plain(batch_size), policies, scope)
         return ExitSimulation(run_id, result.device, describe_population(result.population.row(0, named=True)),
                               result.simulation, pareto_rows(result.pareto))
 
@@ -236,20 +250,32 @@ class Results:
 
         return probe_summary(self.db, run)
 
-    def report(self, out: str | Path | None = None, ks: Sequence[int] | None = None, scope: str = "auto",
+    def report(self, out: str | Path | None = None, ks: Ks = None, scope: str = "auto",
                min_conf: float = JOINT_MIN_CONF, progress: Callable[[str], None] | None = None) -> Path:
         """One self-contained HTML page of every run (`featstore report`), under `out` (default: report/ beside
-        the database); its one-window sections at `window(ks)`. Returns the page's path."""
+        the database, wherever the working folder is now); its one-window sections at `window(ks)`. Returns the
+        page's path, absolute."""
         from featstore.analytics.report import write_report
+        from featstore.analytics.selection import fraction, windows
 
         db = self._one_db("report")
-        out = Path(self._named).parent / "report" if out is None else out
-        return write_report(db, out, ks, scope, k=self.window(ks), min_conf=min_conf, progress=progress)
+        if not isinstance(out, str | Path | None):
+            raise FeatstoreTypeError(f"out={out!r}: give the report's folder, a path")
+        out = db.parent / "report" if out is None else Path(out).absolute()
+        ks = windows(ks)
+        return write_report(db, out, ks, scope, k=self.window(ks), min_conf=fraction(min_conf, "min_conf"),
+                            progress=progress)
 
     def _one_db(self, what: str) -> Path:
         if isinstance(self.db, list):
             raise FeatstoreError(f"{what} reads one database; connect to one")
         return self.db
+
+
+def _statement(query: object) -> str:
+    if not isinstance(query, str):
+        raise FeatstoreTypeError(f"query={query!r}: give one SQL statement, a string")
+    return query
 
 
 def connect(db: str | Path | Sequence[str | Path]) -> Results:

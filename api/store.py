@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, FeatstoreTypeError
 from featstore.schema import VAL_FRAC, VIEW
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ class Store:
         from featstore.store.location import StoreLocation
         from featstore.store.reader import FeatureStore
 
+        if not isinstance(location, str | os.PathLike):
+            raise FeatstoreTypeError(f"location={location!r}: give a store's folder or its URL (s3://...)")
         self._named = str(location)  # as given: what info() says the store is
         where = StoreLocation.parse(location)  # a scheme featstore cannot reach is refused, never read as a folder
         if where.is_local:  # a folder: where it is now, whatever cwd later
@@ -67,14 +70,16 @@ class Store:
         path as it was given to `open_store`; `.to_dict()` is `featstore info --format json`."""
         return replace(self._fs.info(), path=self._named)
 
-    def verify(self, model: str | None = None, deep: bool = True, dbs: Sequence[str | Path] = ()) -> Verification:
+    def verify(self, model: str | None = None, deep: bool = True,
+               dbs: str | Path | Sequence[str | Path] = ()) -> Verification:
         """Check everything the store holds (`featstore verify`): the image table, each model's and array's
-        metadata, and (`deep`) every chunk marked done; with `dbs`, that every probe run of those databases finds
-        its weights here. Also lists the saved probe versions no run names."""
+        metadata, and (`deep`) every chunk marked done; with `dbs` (one path or a list), that every probe run of
+        those databases finds its weights here. Also lists the saved probe versions no run names."""
+        from featstore.analytics.selection import databases
         from featstore.workflows.gc import unreferenced
         from featstore.workflows.probe import missing_weights
 
-        dbs = [Path(d) for d in dbs]
+        dbs = databases(dbs, "dbs", empty=True)
         problems = [str(p) for p in self._fs.verify(model, deep=deep)]
         if dbs:
             problems += missing_weights(self.location, dbs)

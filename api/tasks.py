@@ -29,15 +29,25 @@ def anchors(model: str, every: bool = False) -> list[str]:
     every name `anchors=` accepts, one per line; a preset's defaults are read without loading the model."""
     from featstore.nets.listing import anchor_listing
 
-    return anchor_listing(model, every)
+    return anchor_listing(_model_name(model), every)
 
 
-def merge(db: str | Path, sources: Sequence[str | Path], replace: bool = False) -> MergeResult:
-    """Fold `sources` (databases of jobs that ran at the same time) into `db`, all or nothing (`featstore merge`);
-    merging a source twice changes nothing."""
+def _model_name(model: object) -> str:
+    from featstore.errors import FeatstoreTypeError
+
+    if not isinstance(model, str):
+        raise FeatstoreTypeError(f"model={model!r}: give a model's name ('resnet18', 'timm/vit_small_patch16_224', "
+                                 f"...)")
+    return model
+
+
+def merge(db: str | Path, sources: str | Path | Sequence[str | Path], replace: bool = False) -> MergeResult:
+    """Fold `sources` (databases of jobs that ran at the same time: one path or a list) into `db`, all or nothing
+    (`featstore merge`); merging a source twice changes nothing."""
+    from featstore.analytics.selection import database, databases
     from featstore.workflows.merge import merge as run_merge
 
-    return run_merge(db, list(sources), replace)
+    return run_merge(database(db), databases(sources, "sources", empty=True), replace)
 
 
 def export(db: str | Path, out: str | Path) -> list[Path]:
@@ -47,25 +57,32 @@ def export(db: str | Path, out: str | Path) -> list[Path]:
     return run_export(db, out)
 
 
-def gc(store: str | Path, dbs: Sequence[str | Path] = (), model: str | None = None, min_age: float = MIN_AGE_S,
-       dry_run: bool = False) -> list[Unreferenced]:
-    """Remove the saved probe versions no run names, where every database in reach says so and nothing of them was
-    written for `min_age` seconds (`featstore gc`); returns every unreferenced version, removable or kept."""
+def gc(store: str | Path, dbs: str | Path | Sequence[str | Path] = (), model: str | None = None,
+       min_age: float = MIN_AGE_S, dry_run: bool = False) -> list[Unreferenced]:
+    """Remove the saved probe versions no run names, where every database in reach says so (`dbs`: one path or a
+    list) and nothing of them was written for `min_age` seconds (`featstore gc`); returns every unreferenced
+    version, removable or kept."""
+    from featstore.analytics.selection import databases
     from featstore.workflows.gc import collect
 
-    return collect(store, [Path(d) for d in dbs], model, min_age, dry_run)
+    return collect(store, databases(dbs, "dbs", empty=True), model, min_age, dry_run)
 
 
 def cost(model: str, db: str | Path, store: str | Path | None = None, *, device: str | None = None,
-         batch_sizes: Sequence[int] | None = None, repeats: int | None = None, image_size: int | None = None,
-         threads: int | None = None) -> list[ModelCost]:
+         batch_sizes: int | Sequence[int] | None = None, repeats: int | None = None, image_size: int | None = None,
+         threads: int | None = None, on_start: Callable[[], None] | None = None) -> list[ModelCost]:
     """Time every prefix of the network and every probe at each anchor, into the database (`featstore cost`);
-    None: the job's own default."""
+    `batch_sizes` one or a list; None: the job's own default. `on_start()` is called once the input is checked,
+    before the timing."""
+    from featstore.analytics.selection import database, integers, plain
+    from featstore.schema import check_field
     from featstore.workflows.cost import measure_model
 
-    given = {"device": device, "batch_sizes": batch_sizes, "repeats": repeats, "image_size": image_size,
-             "threads": threads}
-    return measure_model(model, db, store, **{k: v for k, v in given.items() if v is not None})
+    sizes = integers(batch_sizes, "batch_sizes", "batch sizes")
+    counts = {"repeats": repeats, "image_size": image_size, "threads": threads}
+    given = {"device": device, "batch_sizes": sizes and [check_field("batch_size", b) for b in sizes],
+             **{k: check_field(k, plain(v)) for k, v in counts.items() if v is not None}, "on_start": on_start}
+    return measure_model(_model_name(model), database(db), store, **{k: v for k, v in given.items() if v is not None})
 
 
 def circuits(config: CircuitConfig | None = None, /, *, db: str | Path, **fields: Any) -> CircuitResult:
@@ -82,18 +99,20 @@ def cka(store: str | Path, model: str, db: str | Path, view: str = VIEW, unbiase
         threads: int | None = None, progress: bool = False) -> CkaResult:
     """Linear CKA between every pair of a model's anchors from the stored features, into the database
     (`featstore cka`)."""
+    from featstore.analytics.selection import database
     from featstore.workflows.cka import compute_cka
 
-    return compute_cka(store, model, db, view, unbiased, threads, progress)
+    return compute_cka(store, _model_name(model), database(db), view, unbiased, threads, progress)
 
 
 def gate(db: str | Path, run: str | None = None, split: str = "train",
          on_start: Callable[[str], None] | None = None) -> GateResult:
     """Fit the learned early-exit gate of a run (default: the database's only run) on its `split` images
     (`featstore gate`); `on_start(run_id)` is called once the input is checked, before the work."""
-    from featstore.analytics.selection import only_run
+    from featstore.analytics.selection import database, only_run
     from featstore.workflows.gate import train_gate
 
+    db = database(db)
     run_id = only_run(db, run)
     return train_gate(db, run_id, split, on_start=None if on_start is None else lambda: on_start(run_id))
 

@@ -395,17 +395,20 @@ def export(db: Path, out: Path) -> None:
 @cli.command()
 @option("--db", "read")
 @options(option("--run", "any"), option("--k"), option("--min-conf"), option("--scope"), option("--band"),
-         option("--format"), option("--image"), option("--spread"))
+         option("--format"), option("--image"), option("--spread"), option("--refits"))
 @user_errors
 def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope: str, band: str, fmt: str,
-             image_id: int | None, spread: bool) -> None:
+             image_id: int | None, spread: bool, refits: bool) -> None:
     """The k-sweep of decision layers per run: mean, median, std, early/mid/late, never-stable, stable-but-wrong
     (--image ID: that image's class and confidence at every anchor of every run instead; --run: only those runs;
-    --spread: the sweep over a set of probes, with intervals and the range over the set)."""
+    --spread: the sweep over a set of probes, with intervals, the range over the set, the agreement of its probe
+    families and Fleiss' kappa)."""
     from featstore.api import connect
 
     if spread and image_id is not None:
         raise FeatstoreError("--spread and --image exclude each other: the sweep's spread, or one image's timeline")
+    if refits and not spread:
+        raise FeatstoreError("--refits needs --spread: it widens the spread's intervals to the probe seeds")
     results = connect(db)
     if image_id is not None:
         shown = results.image_timeline(image_id, ks, run_id)
@@ -417,12 +420,15 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
             print_frame(shown.table, fmt)
         return
     if spread:
-        sweep = results.spread(ks, scope, run_id, min_conf)
+        sweep = results.spread(ks, scope, run_id, min_conf, refits)
         if fmt != "table":
             print_frame(sweep.table, fmt)
             return
-        click.echo("band fractions per probe, [95% bootstrap interval over images]; holds = share whose band is the "
-                   "same under every probe of the set; range = min..max over the set")
+        click.echo(f"band fractions per run, [95% bootstrap interval over {sweep.table['interval_over'][0]}]; family "
+                   "= share whose band is the same under every run of its family (C neighbours, seeds); set rows: "
+                   "range = min..max over the runs, holds = share whose band is the same under every family's vote, "
+                   "kappa = Fleiss' kappa of those votes (0 = chance), chance = the share independent votes would "
+                   "agree on; - = one family, nothing to agree")
         print_frame(sweep.shown, full=True)
     else:
         sweep = results.k_sweep(ks, scope, min_conf, run_id, band)
@@ -487,10 +493,10 @@ def cost(model: str, db: Path, store: str | None, device: str, threads: int | No
     """Measure the cost of exiting at each anchor: network prefix + probes, ms and FLOPs, into DuckDB."""
     from featstore.api import cost as measure
 
-    click.echo(f"cost: timing every prefix and probe of {model} on {device}, batch size(s) "
-               f"{', '.join(map(str, batch_sizes))}, {repeats} repeats each …", err=True)
     for c in measure(model, db, store, device=device, batch_sizes=batch_sizes, repeats=repeats,
-                     image_size=image_size, threads=threads):
+                     image_size=image_size, threads=threads, on_start=lambda: click.echo(
+                         f"cost: timing every prefix and probe of {model} on {device}, batch size(s) "
+                         f"{', '.join(map(str, batch_sizes))}, {repeats} repeats each …", err=True)):
         click.echo(f"{model} on {c.device}, batch {c.batch_size}: full model {c.ms:.2f} ms, {c.flops / 1e9:.3f} GFLOP")
         for a in c.anchors:
             click.echo(f"  anchor {a.anchor:2d}: prefix {a.ms:8.3f} ms {a.flops / 1e9:8.3f} GFLOP  "

@@ -54,8 +54,9 @@ PATH = click.Path(path_type=Path)
 class LocalPath(click.Path):
     """A database file (`folder=False`) or an output folder (`folder=True`) on local disk, refused in one line
     before anything opens or writes it when no command could use it: a symlink loop (DuckDB and mkdir fail deep
-    inside, and a failed first write removed the link), a path under a file, a folder given as a database, a
-    file given as an output folder."""
+    inside, and a failed first write removed the link), a path under a file, a folder, a FIFO, a socket or a
+    device given as a database (DuckDB would wait forever on a FIFO; /dev/null keeps nothing), a file given as an
+    output folder."""
 
     def __init__(self, folder: bool):
         super().__init__(path_type=Path)
@@ -77,9 +78,15 @@ class LocalPath(click.Path):
             self.fail(f"{value}: a file, not {what}; give a new folder (or an existing folder)", param, ctx)
         if not self.folder and path.is_dir():
             self.fail(f"{value}: a folder, not {what}; {fix}", param, ctx)
+        if not self.folder and not path.is_file():  # a FIFO would make DuckDB wait for a writer forever
+            kind = next((k for k in ("fifo", "socket", "char_device", "block_device") if getattr(path, f"is_{k}")()),
+                        "no regular file")
+            self.fail(f"{value}: {_KINDS.get(kind, kind)}, not {what}; {fix}", param, ctx)
         return path
 
 
+_KINDS = {"fifo": "a FIFO (named pipe)", "socket": "a socket", "char_device": "a character device",
+          "block_device": "a block device"}
 DB_PATH, OUT_FOLDER = LocalPath(folder=False), LocalPath(folder=True)
 
 
@@ -142,6 +149,10 @@ def _threshold_parser(_ctx, param, text: str) -> list[float]:
         if ":" in text:
             start, stop, step = (float(v) for v in text.split(":"))
             count = int(round((stop - start) / step)) + 1
+            if count < 1:
+                raise click.BadParameter(f"{text!r}: an empty range (a step of {step:g} never goes from {start:g} "
+                                         f"to {stop:g}); give start <= stop for a positive step, e.g. "
+                                         f"{min(start, stop):g}:{max(start, stop):g}:{abs(step):g}", param=param)
             if count > MAX_THRESHOLDS:
                 many = f"{count:,}" if count < 10**9 else f"{count:.1e}"
                 raise click.BadParameter(f"{text!r}: {many} thresholds, at most {MAX_THRESHOLDS:,}: give a larger "
@@ -289,10 +300,15 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                          "class and confidence at every anchor of every run (or of --run's), "
                                          "l*(k) marked (k: the one --k given, else 2)."))},
     "--spread": {"": ((), dict(is_flag=True, help="Print the sweep over a set of probes instead (--run's, else "
-                                             "every run of probe seed 0 without cross-fit): each probe's band "
+                                             "every run of probe seed 0 without cross-fit), grouped in families (a "
+                                             "probe with its neighbour-C runs and seeds votes once): each run's band "
                                              "fractions with 95% bootstrap intervals over images (seed 0, 1,000 "
-                                             "resamples), their range over the set, and the share of images whose "
-                                             "band holds under all."))},
+                                             "resamples, probes fixed), their range over the set, the share of "
+                                             "images whose band holds under every family's vote, the share chance "
+                                             "would give and Fleiss' kappa."))},
+    "--refits": {"": ((), dict(is_flag=True, help="With --spread: every probe seed of each run joins the set and "
+                                             "each resample also draws one seed per run, so the intervals cover "
+                                             "refitting the probes as well as the images."))},
     "--full": {"": ((), dict(is_flag=True, help="Show every row and whole lists (timelines) in the table format."))},
     # compare
     "--per-pair": {"": ((), dict(default=PER_PAIR, type=click.IntRange(min=0),
@@ -483,14 +499,20 @@ def _given_texts(given: Mapping[str, object]) -> list[str]:
     return texts
 
 
+def _whole_path(path: str) -> re.Pattern:
+    """`path` where it stands as a whole path or a folder of one in a message: not inside a longer name
+    (`/x/val` is no part of `/x/val.zarr` or `/y/x/val`); a full stop that ends the sentence may follow it."""
+    return re.compile(rf"(?<![\w./~-]){re.escape(path)}(?![\w~-]|\.[^\s])")
+
+
 def as_said(message: str, given: Mapping[str, object]) -> str:
     """A library message as the CLI says it: its fields as the flags that set them (`as_flags`), and what the user
     gave as they gave it: a relative path the API made absolute said relative again, and a value of theirs that
     reads like a field (a folder `seed=1.zarr`, a run id with ` image=3` in it) left as it is."""
     texts = _given_texts(given)
-    for text in texts:
-        if "://" not in text and not Path(text).is_absolute():
-            message = message.replace(str(Path(text).absolute()), text)
+    relative = {str(Path(t).absolute()): t for t in texts if "://" not in t and not Path(t).is_absolute()}
+    for absolute in sorted(relative, key=len, reverse=True):  # a path inside another given one: the longer first
+        message = _whole_path(absolute).sub(lambda _, text=relative[absolute]: text, message)
     protected = sorted({t for t in texts if "=" in t or "`" in t}, key=len, reverse=True)
     for i, text in enumerate(protected):
         message = message.replace(text, f"\0{i}\0")

@@ -8,6 +8,11 @@ class FeatstoreError(ValueError):
     ValueError, as scikit-learn's and numpy's refusals of bad input are, so code that catches those catches it."""
 
 
+class FeatstoreTypeError(FeatstoreError, TypeError):
+    """An argument of the wrong kind (`runs=123`, `db=None`, `min_conf='0.5'`): one line naming the field, and the
+    TypeError Python's own functions raise for it, so code that catches either catches it."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C that featstore caught mid-write and rolled back: a KeyboardInterrupt (code that stops on Ctrl-C still
     stops; no `except ValueError` swallows it) whose message says what was rolled back (the CLI says it in one

@@ -108,7 +108,23 @@ class Number(Value):
             number = float(text.strip())
         except ValueError:
             raise self.refuse(text) from None
+        lost = _lost_in_float(text.strip(), number)
+        if lost:
+            raise ValueError(f"{lost}: give {self.describe()}")
         return self.check(int(number) if number.is_integer() and self.whole else number)
+
+
+def _lost_in_float(text: str, number: float) -> str:
+    """Why a number literal is no value though Python reads it: one beyond a float's range reads as inf, one below
+    it as 0 (1e-400 as C would mean "search C"); '' where it reads as itself (the words inf and nan included: the
+    bounds refuse them)."""
+    if not re.search(r"[0-9]", text):
+        return ""
+    if math.isinf(number):
+        return "is beyond a float's range (it reads as infinity)"
+    if number == 0 and re.search(r"[1-9]", re.split(r"[eE]", text)[0]):
+        return "is below a float's range (it reads as 0)"
+    return ""
 
 
 @dataclass(frozen=True)

@@ -319,11 +319,13 @@ def _no_parameter(cls: type[ProbeVariant], key: str) -> ValueError:
 
 
 def _number(value: float | str) -> str:
-    """12 and 12.0 -> '12'; 0.1 -> '0.1'; 1e-4 -> '0.0001'; a word stays itself."""
+    """12 and 12.0 -> '12'; 0.1 -> '0.1'; 1e-4 -> '0.0001'; a word stays itself. The shortest spelling that reads
+    back as the same float (Python's repr), so two different values never share a run id (0.10000000001 is not
+    0.1)."""
     if isinstance(value, str):
         return value
     value = float(value)
-    return str(int(value)) if value.is_integer() else format(value, ".10g")
+    return str(int(value)) if value.is_integer() else repr(value)
 
 
 VARIANTS: dict[str, type[ProbeVariant]] = {}

@@ -14,6 +14,7 @@ import hashlib
 import json
 import pickle
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,15 +91,29 @@ def default_name(estimator: Any) -> str:
     return name
 
 
-def _fitted_clone(estimator: Any, x: np.ndarray, y: np.ndarray) -> Any:
-    """A fresh copy of the user's estimator (scikit-learn's `clone` when it is installed), fitted on x, y."""
+CONVERGENCE_WARNINGS = ("ConvergenceWarning",)  # scikit-learn's category (and any subclass), known by its name
+
+
+def _fitted_clone(estimator: Any, x: np.ndarray, y: np.ndarray) -> tuple[Any, str | None]:
+    """A fresh copy of the user's estimator (scikit-learn's `clone` when it is installed), fitted on x, y, and the
+    first line of the convergence warning its fit gave (None: it gave none), so the run records it unconverged.
+    Its other warnings are said as they were."""
     try:
         from sklearn.base import clone
     except ImportError:  # pragma: no cover - scikit-learn is a dev dependency
         fresh = copy.deepcopy(estimator)
     else:
         fresh = clone(estimator)
-    return fresh.fit(x, y)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fitted = fresh.fit(x, y)
+    unconverged = None
+    for w in caught:
+        if any(c.__name__ in CONVERGENCE_WARNINGS for c in w.category.__mro__):
+            unconverged = unconverged or f"{w.category.__name__}: {str(w.message).splitlines()[0]}"
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return fitted, unconverged
 
 
 def _checked_fit(est: Any, x: np.ndarray, num_classes: int, anchor: int) -> bytes:
@@ -176,9 +191,10 @@ class EstimatorGroup(ProbeGroup):
         self.num_classes = ctxs[0].num_classes
         self.seen: dict[int, list] = {a: [] for a in self.anchors}
         self.pickles: dict[int, bytes] = {}
+        self.unconverged: dict[int, str | None] = {}  # the convergence warning each anchor's fit gave
 
     def _fit(self, a: int, x: np.ndarray, y: np.ndarray) -> None:
-        self.fits[a] = _fitted_clone(self.estimator, x, y)
+        self.fits[a], self.unconverged[a] = _fitted_clone(self.estimator, x, y)
         self.pickles[a] = _checked_fit(self.fits[a], x, self.num_classes, a)
 
     def ready_to_finish(self) -> bool:
@@ -204,8 +220,10 @@ class EstimatorGroup(ProbeGroup):
         out = {}
         for a, est in self.fits.items():
             blob = self.pickles[a]
-            fit = EstimatorFit(estimator=est, pickled=blob, epochs=1,
-                               info={"estimator": repr(est), "pickle_sha256": hashlib.sha256(blob).hexdigest()})
+            unconverged = self.unconverged.get(a)
+            fit = EstimatorFit(estimator=est, pickled=blob, epochs=1, converged=unconverged is None,
+                               info={"estimator": repr(est), "pickle_sha256": hashlib.sha256(blob).hexdigest(),
+                                     **({"unconverged": unconverged} if unconverged else {})})
             proba = np.asarray(est.predict_proba(val_x[a].cpu().numpy()))
             truth = val_y.cpu().numpy()
             classes = list(getattr(est, "classes_", range(proba.shape[1])))

@@ -9,10 +9,12 @@ The objective is scikit-learn's LogisticRegression(C) on standardised features: 
   the train rows (warm-started, float32 L-BFGS to `search_gtol`), chooses each anchor's C by its val loss, refits
   on train + val at that C and solves to `gtol` (float64 at the end), where the predictions no longer move: they
   equal scikit-learn's at tol 1e-8 and do not depend on the thread count (docs/probes.md). `linear:C=1` pins the
-  strength and skips the search. `probe_fits.info` records the chosen "C", the val loss of every C tried, and the
-  solver's end; `val_accuracy` is the path's at the chosen C, on val rows it did not learn from. A class with no
-  fit row (ten ImageNet classes under a 1,000-way head) is left out of the solve, its bias -inf: the limit the
-  full objective only tends to (`classes_with_rows`); the info counts them as "classes_without_rows".
+  strength and skips the search; `linear:C_step=±1` (a neighbour run) refits at the grid value next to the chosen
+  C, from the search of the same rows kept in this process when one ran (the same probe either way).
+  `probe_fits.info` records the chosen "C", the val loss of every C tried, and the solver's end; `val_accuracy`
+  is the path's at the chosen C, on val rows it did not learn from. A class with no fit row (ten ImageNet
+  classes under a 1,000-way head) is left out of the solve, its bias -inf: the limit the full objective only
+  tends to (`classes_with_rows`); the info counts them as "classes_without_rows".
 - Rows streamed from the store (more than `--memory-budget`), or `full_batch=0`: mini-batch SGD with momentum at
   the pinned C (C = 1 when none is pinned: there is no search). Pooled activations are often strongly correlated
   (top eigenvalue of the standardised covariance tens of times the mean), and SGD then crawls along all other

@@ -21,11 +21,18 @@ LogisticRegressionCV, DINOv2/VISSL) chooses C on held-out rows and solves to the
    then float64 to `gtol` or 0.01 x the penalty strength if smaller (the error of the weights is at most the
    gradient over the strength), where the predictions no longer move (docs/probes.md, measured against
    scikit-learn at tol 1e-8). The val loss and accuracy recorded are the path's, on rows it did not learn from.
+4. A neighbour run (`StrengthGrid.step`, `linear:C_step`) refits at the grid value `step` places from the chosen
+   C, from the same start. Steps 1 and 2 are kept in this process's memory (`_SEARCHES`, keyed by a digest of the
+   fit rows, labels, split, family, grid and path tolerances), so a neighbour run of rows the chosen run already
+   searched skips straight to its refit: the same probe, bit for bit, as one that searches for itself. A chosen
+   run always searches.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -170,6 +177,110 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, fam
     if n_val == 0 and len(cs) > 1:
         raise FeatstoreError(f"no val rows to choose the probe's L2 strength on ({n} fit rows); raise `val_frac`, "
                              f"or pin it with C=1 (e.g. variant=linear:C=1)")
+    key = _search_key(x, y, n_train, family, grid, tol)
+    # only a neighbour run reads the memory: a chosen run always searches (a second one in this process, e.g. at
+    # another thread count, is a check of the search, not a copy of it)
+    search = _SEARCHES.get(key) if key is not None and grid.step else None
+    if search is None:
+        search = _search(x, y, n_train, family, cs, tol, on_pass)
+        if key is not None:
+            _SEARCHES.keep(key, search)
+    chosen, path = list(search.chosen), [dict(p) for p in search.path]
+    val_loss, val_acc, passes = list(search.val_loss), list(search.val_accuracy), list(search.passes)
+    solved_at = [_stepped(cs, c, grid.step) for c in chosen]
+    if grid.step:  # a neighbour of the choice: its held-out figures are those of no chosen probe
+        val_loss = [path[a].get(format(solved_at[a], "g"), math.nan) for a in range(g)]
+        val_acc = [math.nan] * g
+    l2 = torch.tensor([1.0 / (c * n) for c in solved_at], dtype=torch.float64, device=x.device)
+    # one gradient test for the group: the tightest anchor's (the others only get closer to their optimum)
+    gtol = min(tol.gtol, REFIT_RELATIVE * float(l2.min()))
+    start = search.w.to(x.device, copy=True)
+    w32, states = minimise(family.objective(x, y, l2), start, gtol, tol.max_iterations, tol.memory,
+                           on_evaluation=on_pass)
+    precision = ["float32"] * g
+    rest = [a for a in range(g) if states[a].stop != "gradient"]
+    if rest:  # float32's floor: finish in float64
+        idx = torch.tensor(rest, device=x.device)
+        objective = family.objective(x, y, l2, dtype=torch.float64)
+        w64, finals = _minimise_subset(objective, w32.double(), idx, gtol, tol, on_pass)
+        w32[idx] = w64.float()
+        for j, a in enumerate(rest):
+            finals[j].evaluations += states[a].evaluations
+            states[a], precision[a] = finals[j], "float64"
+    for a in range(g):
+        passes[a] += states[a].evaluations
+    return Solved(w32, solved_at, val_loss, val_acc, path, states, passes, precision, gtol, chosen)
+
+
+@dataclass(frozen=True)
+class _Search:
+    """What the path and the choice found for one set of fit rows (steps 1 and 2): per anchor the chosen C, the
+    path's solution there on the train rows ([G, D+1, K] on the CPU, where every refit starts), the held-out
+    figures there, the val loss of every C solved, and the passes over the rows the path made."""
+
+    chosen: list[float]
+    w: torch.Tensor
+    val_loss: list[float]
+    val_accuracy: list[float]
+    path: list[dict[str, float]]
+    passes: list[int]
+
+
+SEARCH_MEMORY_BYTES = 512 * 2**20  # solutions kept for later runs in this process at most (oldest dropped first)
+
+
+class _SearchMemory:
+    """The searches of this process, keyed by a digest of everything a search reads (`_search_key`): a neighbour
+    run (`C_step`) of rows the chosen run searched refits from that search instead of solving the path again. A
+    search is a function of its key (every figure it keeps is computed from the keyed inputs alone), so a run's
+    results are the same whether or not another run searched first; only its time differs."""
+
+    def __init__(self, limit: int = SEARCH_MEMORY_BYTES) -> None:
+        self.limit, self.kept = limit, OrderedDict[bytes, _Search]()
+
+    def get(self, key: bytes) -> _Search | None:
+        found = self.kept.get(key)
+        if found is not None:
+            self.kept.move_to_end(key)
+        return found
+
+    def keep(self, key: bytes, search: _Search) -> None:
+        self.kept[key] = search
+        while self.kept and sum(_bytes(s.w) for s in self.kept.values()) > self.limit:
+            self.kept.popitem(last=False)
+
+    def clear(self) -> None:
+        self.kept.clear()
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+_SEARCHES = _SearchMemory()
+
+
+def _search_key(x: torch.Tensor, y: torch.Tensor, n_train: int, family: Family, grid: StrengthGrid,
+                tol: Tolerances) -> bytes | None:
+    """A digest of the fit rows, their labels and split, the family, the grid (not its step) and the path's
+    tolerances: the inputs of a search. None for families other than `Softmax`, the only one with neighbour
+    runs (another's parameters may be tensors, which a digest of their repr would not tell apart)."""
+    if type(family) is not Softmax:
+        return None
+    digest = hashlib.blake2b(digest_size=32)
+    search_grid = StrengthGrid(grid.low, grid.high, grid.per_decade, grid.pinned)
+    digest.update(repr((family, search_grid, tol.search_gtol, tol.max_iterations, tol.memory, n_train,
+                        tuple(x.shape), str(x.dtype), tuple(y.shape), str(y.dtype), str(x.device))).encode())
+    for t in (x, y):
+        digest.update(t.detach().contiguous().cpu().numpy().view(np.uint8).reshape(-1).data)
+    return digest.digest()
+
+
+def _search(x: torch.Tensor, y: torch.Tensor, n_train: int, family: Family, cs: tuple[float, ...],
+            tol: Tolerances, on_pass: Callable[[], None] | None) -> _Search:
+    """Steps 1 and 2 on rows ordered train first: the path over the grid `cs` and each anchor's choice."""
+    g, n, _ = x.shape
+    n_val = n - n_train
     w = family.start(x)
     best_w = w.clone()
     best_loss = [math.inf] * g
@@ -202,28 +313,7 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, fam
         active = [a for a in active if worse[a] < PATH_PATIENCE]
         if not active:
             break
-    solved_at = [_stepped(cs, c, grid.step) for c in chosen]
-    if grid.step:  # a neighbour of the choice: its held-out figures are those of no chosen probe
-        val_loss = [path[a].get(format(solved_at[a], "g"), math.nan) for a in range(g)]
-        val_acc = [math.nan] * g
-    l2 = torch.tensor([1.0 / (c * n) for c in solved_at], dtype=torch.float64, device=x.device)
-    # one gradient test for the group: the tightest anchor's (the others only get closer to their optimum)
-    gtol = min(tol.gtol, REFIT_RELATIVE * float(l2.min()))
-    w32, states = minimise(family.objective(x, y, l2), best_w, gtol, tol.max_iterations, tol.memory,
-                           on_evaluation=on_pass)
-    precision = ["float32"] * g
-    rest = [a for a in range(g) if states[a].stop != "gradient"]
-    if rest:  # float32's floor: finish in float64
-        idx = torch.tensor(rest, device=x.device)
-        objective = family.objective(x, y, l2, dtype=torch.float64)
-        w64, finals = _minimise_subset(objective, w32.double(), idx, gtol, tol, on_pass)
-        w32[idx] = w64.float()
-        for j, a in enumerate(rest):
-            finals[j].evaluations += states[a].evaluations
-            states[a], precision[a] = finals[j], "float64"
-    for a in range(g):
-        passes[a] += states[a].evaluations
-    return Solved(w32, solved_at, val_loss, val_acc, path, states, passes, precision, gtol, chosen)
+    return _Search(chosen, best_w.cpu(), val_loss, val_acc, path, passes)  # kept in host memory
 
 
 def _stepped(grid: tuple[float, ...], chosen: float, step: int) -> float:

@@ -108,7 +108,12 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
         fitted.update(g.fitted(val_x, val_y))
     probes = [fitted[a] for a in range(len(source.dims))]
     unconverged = [a for a, p in enumerate(probes) if not p.converged]
-    if unconverged:
+    said = probes[unconverged[0]].info.get("unconverged") if unconverged else None
+    if said:  # the fit said why (an estimator's ConvergenceWarning): no epoch cap of featstore's to raise
+        warnings.warn(f"{label}: the probes of anchor(s) {', '.join(map(str, unconverged))} did not converge "
+                      f"({said}); give the estimator more iterations or scaled features", UnconvergedProbe,
+                      stacklevel=2)
+    elif unconverged:
         cap = probes[unconverged[0]].info.get("cap", variant.cap_param)  # the parameter that capped it
         warnings.warn(f"{label}: the probes of anchor(s) {', '.join(map(str, unconverged))} stopped at their cap "
                       f"({variant.name}:{cap}={variant.params.get(cap, plan.max_epochs)}) before converging; raise it "

@@ -28,8 +28,9 @@ from featstore.cli.main import cli
 # before the rest, so that no long file starts last while the other worker has nothing left (pytest-xdist hands
 # out whole files in collection order: `--dist loadfile --no-loadscope-reorder` in pyproject.toml; by default it
 # orders them by how many tests they hold). Only the order changes; a file missing here runs after these.
-LONGEST_FIRST = ("test_object_store.py", "test_cli_output.py", "test_probe_convergence.py", "test_resume_ranks.py",
-                 "test_study.py", "test_probe.py", "test_python_api.py", "test_probe_optimum.py",
+LONGEST_FIRST = ("test_object_store.py", "test_resume_first_writes.py", "test_cli_output.py",
+                 "test_probe_convergence.py", "test_resume_ranks.py", "test_study.py", "test_probe.py",
+                 "test_python_api.py", "test_probe_optimum.py",
                  "test_default_anchors.py", "test_cli_store.py", "test_weights.py", "test_one_experiment.py",
                  "test_translator_lens.py", "test_anchors_reference.py", "test_merge.py", "test_probe_checks.py",
                  "test_device_check.py", "test_leases.py", "test_demo.py", "test_taps.py")

@@ -93,13 +93,13 @@ def test_noise_is_standard_normal():
 
 def test_a_store_made_before_generator_two_keeps_its_noise_and_an_unknown_one_is_refused():
     old = with_generator(parse_view("gaussian_noise-1"), {"name": "gaussian_noise-1"})
-    assert old.generator == 1 and parse_view("gaussian_noise-1").generator == 2
+    assert old.generator == 1 and parse_view("gaussian_noise-1").generator == 3
     crops = torch.full((2, 3, 8, 8), 128, dtype=torch.uint8)
     draws = torch.stack([torch.randn((3, 8, 8), generator=torch.Generator().manual_seed(
         zlib.crc32(f"gaussian_noise-1:{i}".encode()))) for i in (3, 4)])
     assert torch.equal(old.apply_batch(crops, [3, 4]), (128 / 255 + 0.08 * draws).clamp(0, 1))
-    with pytest.raises(FeatstoreError, match="view generator 3"):
-        with_generator(parse_view("gaussian_noise-1"), {"view_generator": 3})
+    with pytest.raises(FeatstoreError, match="view generator 4"):
+        with_generator(parse_view("gaussian_noise-1"), {"view_generator": 4})
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +155,7 @@ def test_a_resumed_generator_one_view_is_made_with_generator_one(jpegs, tmp_path
     args = ["--data", jpegs, "--store", store, "--views", "clean,gaussian_noise-1", "--workers", "0", *SMALL]
     run_cli("build", *args)
     group = zarr.open_group(str(store), mode="a")["resnet18"]["gaussian_noise-1"]
-    assert group.attrs["view_generator"] == 2
+    assert group.attrs["view_generator"] == 3
     made_by_two = FeatureStore(store).read_logits("resnet18", "gaussian_noise-1")[4:8]
     attrs = dict(group.attrs)
     del attrs["view_generator"]

@@ -167,7 +167,13 @@ def test_the_page_opens_with_what_of_the_timeline_is_the_networks(page):
                                   " s.flatMap(e => [...e.querySelectorAll('img')]).map(i => i.naturalWidth)]")
     sid, title, top, text, widths = first
     assert sid == "robustness" and title == "What of this timeline is the network's" and top < HEIGHT
-    assert f"holds under all {len(members)} probes" in text, text[:400]
+    families = {probe_id.split(":")[0] + "".join(  # a probe and its C neighbours are one family: one vote
+        f":{','.join(kept)}" for kept in [[p for p in probe_id.partition(":")[2].split(",")
+                                           if p and not p.startswith(("C=", "C_step="))]] if kept)
+        for probe_id in (r.split("/")[2] for r in members)}
+    assert len(families) < len(members)
+    assert f"band under all {len(families)} probe families" in text and "Fleiss' kappa = " in text, text[:600]
+    assert f"{len(members)} runs in all" in text and "1.0 [1.0, 1.0]" not in text
     for run_id in members:
         assert run_id in text, run_id
     assert widths and all(w > 0 for w in widths)

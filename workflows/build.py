@@ -46,6 +46,7 @@ from featstore.runtime import (
 )
 from featstore.schema import CHUNK_ROWS, VIEW, check_fields, default
 from featstore.store.config import StoreConfig
+from featstore.store.integrity import image_stats
 from featstore.store.location import StoreLocation
 from featstore.store.reader import model_key
 from featstore.store.repair import check_image_files, repair_images, repair_view
@@ -246,9 +247,9 @@ def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[StoreWriter, Repairs
             found.parts += repair_images(store, images)
             if store.has_images():
                 store.check_images(images)
-            else:
-                store.write_images(images)
-            found.images += check_image_files(store, images, cfg.rebuild_changed)
+                found.images += check_image_files(store, images, cfg.rebuild_changed)
+            else:  # the files' stats with the table, before the attrs that finish it
+                store.write_images(images, image_stats(images.root, images.paths, content=False))
             store.prepare_model(key, config, _versions(config.library))
             _keep_head(store, key, job)
             lock = held.enter_context(location.writer_lock(key, wait=False, what=f"model {key!r} of store {location}"))
@@ -258,7 +259,8 @@ def _prepare_store(job: BuildJob, held: ExitStack) -> tuple[StoreWriter, Repairs
                 store.prepare_view(key, v.to_dict(), config.anchors, config.num_classes, cfg.chunk_rows,
                                    config.logits_dtype)
                 store.upgrade_view(key, v.name)
-                problems = store.check_view(key, v.name)
+                with store.one_reading():  # nothing else writes this view meanwhile: read its metadata once
+                    problems = store.check_view(key, v.name)
                 store.undo_chunks(key, v.name, sorted({p.chunk for p in problems}))
                 found.chunks += [str(p) for p in problems]
     barrier(ranks)

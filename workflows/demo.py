@@ -127,7 +127,9 @@ def fit_resnet18(x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, num_clas
     from tqdm import tqdm
 
     model = torchvision.models.resnet18(weights=None, num_classes=num_classes)
-    optimiser = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
+    # foreach: the same bits as the per-tensor loop (checked), in a few passes over the 11 M weights instead of ten
+    # small ops per tensor (the per-tensor loop took about a tenth of the training's time)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4, foreach=True)
     per_epoch = -(-len(train) // 64)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=2e-3, total_steps=epochs * per_epoch)
     gen = torch.Generator().manual_seed(seed)
@@ -175,8 +177,9 @@ def fit_resnet18(x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, num_clas
 
 
 def _in_order(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The sum of tensors added first to last (a fixed order: the same bits however they were computed)."""
-    total = tensors[0].clone()
+    """The sum of tensors added first to last (a fixed order: the same bits however they were computed), into the
+    first one (fresh gradients and statistics no one else reads: no copy of the 11 M weights' worth)."""
+    total = tensors[0]
     for t in tensors[1:]:
         total += t
     return total

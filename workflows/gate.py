@@ -123,14 +123,13 @@ class GateResult:
 def train_gate(db: str | Path, run_id: str, split: str = "train", c: float = 1.0,
                on_start: Callable[[], None] | None = None) -> GateResult:
     """Fit the learned exit gate of one run on the images of `split` and store it with its scores; `on_start` is
-    called once the input is checked, before the work (the CLI says what it does then, not before a refusal)."""
+    called once the input is checked (the timelines read, a split that can teach a gate), before the fit (the CLI
+    says what it does then, not before a refusal)."""
     if split not in ("train", "val", "test"):
         raise FeatstoreError(f"split={split!r}: the gate learns from one split: train, val or test")
     if not run_ids_among(db, [run_id]):
         raise FeatstoreError(f"no run {run_id!r} in {db}; list them with featstore sql --db {db} "
                              f"\"SELECT run_id FROM runs\"")
-    if on_start is not None:
-        on_start()
     frame = query(db, "SELECT * FROM head_timelines(?)", [run_id])
     if frame["head_pred"].null_count() == len(frame):
         raise FeatstoreError(f"run {run_id!r} in {db} has no stored model outputs (the head's predictions the gate "
@@ -147,6 +146,8 @@ def train_gate(db: str | Path, run_id: str, split: str = "train", c: float = 1.0
         raise FeatstoreError(f"run {run_id!r}: the {split} split has {int(learnt.sum())} images and their anchors "
                              f"are {'all' if len(train_y) and train_y.max() else 'never'} right and final; a gate "
                              f"needs both kinds (pass another `split`)")
+    if on_start is not None:
+        on_start()
     fit = fit_logistic(train_x, train_y, c)
     score = fit.score(x.reshape(-1, x.shape[-1])).reshape(y.shape).astype(np.float32)
     weights = dict(zip(names, map(float, fit.weight), strict=True))

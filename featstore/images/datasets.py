@@ -26,10 +26,13 @@ import torch
 from PIL import Image
 
 from featstore.errors import FeatstoreError, FeatstoreWarning
+from featstore.images.files import IMAGE_EXTENSIONS
 from featstore.images.imagenet_val import (
     DEVKIT_FILE,
     KAGGLE_FILE,
     devkit_labels,
+    foreign_wnid,
+    imagenet_wnids,
     kaggle_labels,
     labels_format,
     match_files,
@@ -37,7 +40,6 @@ from featstore.images.imagenet_val import (
 from featstore.images.preprocessing import Preprocessing
 from featstore.images.views import View
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 IMAGENET_CLASSES = 1000
 _WNID = re.compile(r"n\d{8}")
 
@@ -78,9 +80,7 @@ def imagenet_indices(class_names: Sequence[str]) -> list[int] | None:
     """Each name's ImageNet-1k index when every name is an ImageNet-1k WNID (timm ships the list), else None."""
     if not class_names or not all(_WNID.fullmatch(c) for c in class_names):
         return None
-    from timm.data import ImageNetInfo
-
-    index = {wnid: i for i, wnid in enumerate(ImageNetInfo().label_names())}
+    index = {wnid: i for i, wnid in enumerate(imagenet_wnids())}
     if not all(c in index for c in class_names):
         return None
     return [index[c] for c in class_names]
@@ -91,10 +91,8 @@ def _to_imagenet(images: ImageSet) -> ImageSet:
     indices = imagenet_indices(images.class_names)
     if indices is None:
         return images
-    from timm.data import ImageNetInfo
-
     labels = np.asarray(indices, dtype=np.int64)[images.labels]
-    return ImageSet(images.root, images.image_ids, images.paths, labels, list(ImageNetInfo().label_names()),
+    return ImageSet(images.root, images.image_ids, images.paths, labels, list(imagenet_wnids()),
                     images.source, "imagenet-1k", images.class_names)
 
 
@@ -273,9 +271,17 @@ def _from_csv(root: Path, labels: Path, text: str) -> tuple[list[str], list[int]
 def labels_for_head(images: ImageSet, num_classes: int) -> ImageSet:
     """The one label rule of every command that scores images against a model's head (build, and through its
     store probe, cost and study; circuits; zoo): WNID classes keep their ImageNet-1k indices for a 1000-wide head
-    and become the folder ranks 0..n-1 for any other head; then every label must index the head, or the command
-    refuses in one line (`check_labels`). The same images so always carry the same labels for the same head."""
+    and become the folder ranks 0..n-1 for any other head; WNID classes of which one is no ImageNet-1k class (a
+    typo) are refused for a 1000-wide head, whose ranks would be read as ImageNet-1k indices; then every label must
+    index the head, or the command refuses in one line (`check_labels`). The same images so always carry the same
+    labels for the same head."""
     labelled = images if num_classes == IMAGENET_CLASSES else images.with_folder_ranks()
+    foreign = foreign_wnid(labelled.class_names) if num_classes == IMAGENET_CLASSES else None
+    if foreign is not None and labelled.label_space != "imagenet-1k":
+        first = images.paths[int(np.argmax(np.asarray(images.class_names)[images.labels] == foreign))]
+        raise FeatstoreError(f"class {foreign} (of {first}, {images.source}) is no ImageNet-1k class while the others "
+                             f"are, so no label would be the ImageNet-1k index a 1000-way head predicts; fix its "
+                             f"name (a typo?) or leave its images out")
     check_labels(labelled, num_classes)
     return labelled
 

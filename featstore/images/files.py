@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import os
 
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # the files read
+
 
 def read_file(path: str) -> bytes:
     """A file's bytes with a few system calls and no Python file object (the workers read thousands a second)."""

@@ -15,15 +15,19 @@ and anything that could mean two labels, is refused in one line before anything 
 from __future__ import annotations
 
 import csv
+import functools
+import importlib.util
 import io
 import posixpath
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from featstore.errors import FeatstoreError
+from featstore.images.files import IMAGE_EXTENSIONS
 
 DEVKIT_FILE = "ILSVRC2012_validation_ground_truth.txt"
 KAGGLE_FILE = "LOC_val_solution.csv"
@@ -33,6 +37,45 @@ FORMATS = {"csv": "a filename,label CSV", "devkit": f"the devkit's {DEVKIT_FILE}
 _ID = re.compile(r"[0-9]+", re.ASCII)
 _WNID = re.compile(r"n\d{8}", re.ASCII)
 _NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
+
+
+@functools.cache
+def imagenet_wnids() -> tuple[str, ...]:
+    """The 1,000 WNIDs of ImageNet-1k in the order of torchvision's and timm's heads (sorted), from the list timm
+    ships, read as a file so that `featstore info` (which checks a store's labels against it) loads no torch."""
+    spec = importlib.util.find_spec("timm")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        listed = Path(folder) / "data" / "_info" / "imagenet_synsets.txt"
+        if listed.is_file():
+            return tuple(listed.read_text().split())
+    from timm.data import ImageNetInfo  # a timm that keeps the list elsewhere
+
+    return tuple(ImageNetInfo().label_names())
+
+
+@functools.cache
+def _imagenet_classes() -> frozenset[str]:
+    return frozenset(imagenet_wnids())
+
+
+def check_imagenet_wnid(labels: Path, line: int, wnid: str, where: str = "") -> None:
+    """A label file ImageNet ships names ImageNet-1k classes only: any other WNID (a typo) is refused with its line,
+    or every label would become a rank among the WNIDs present, which a 1000-way head does not predict."""
+    if wnid not in _imagenet_classes():
+        raise FeatstoreError(f"labels file {labels} line {line}: WNID {wnid}{where} is no ImageNet-1k class (none of "
+                             f"the 1,000 a 1000-way head predicts); fix the line")
+
+
+def foreign_wnid(class_names: Sequence[str]) -> str | None:
+    """The first class name that is no ImageNet-1k WNID, where every name is a WNID and some are ImageNet-1k's: a
+    set of ImageNet classes with a typo among them (`n00000001`), whose labels, as ranks among the names present,
+    would be scored against a 1000-way head that predicts ImageNet-1k indices; None otherwise."""
+    names = list(class_names)
+    if not names or not all(_WNID.fullmatch(c) for c in names):
+        return None
+    foreign = [c for c in names if c not in _imagenet_classes()]
+    return foreign[0] if foreign and len(foreign) < len(names) else None
 
 
 @dataclass(frozen=True)
@@ -77,6 +120,7 @@ def devkit_labels(labels: Path, text: str) -> dict[str, ListedLabel]:
             raise FeatstoreError(f"labels file {labels} line {number}: ILSVRC2012_ID {ident} is no class of "
                                  f"{labels.parent / META_FILE} (its classes: ids {min(wnid_of)}..{max(wnid_of)}); "
                                  f"use the meta.mat of the same devkit")
+        check_imagenet_wnid(labels, number, wnid_of[ident], f" (ILSVRC2012_ID {ident} in {labels.parent / META_FILE})")
         listed[f"ILSVRC2012_val_{number:08d}"] = ListedLabel(wnid_of[ident], number)
     return listed
 
@@ -124,7 +168,7 @@ def kaggle_labels(labels: Path, text: str) -> dict[str, ListedLabel]:
     for line, row in enumerate(rows[1:], start=2):
         if not row:
             continue
-        image, objects = row[0].strip(), (row[1].split() if len(row) == 2 else [])
+        image, objects = _image_name(row[0].strip()), (row[1].split() if len(row) == 2 else [])
         if not image or not _boxes(objects):
             raise FeatstoreError(f"labels file {labels} line {line}: write ImageId,PredictionString with a WNID and "
                                  f"four box coordinates per object ('n01751748 12 30 200 180'), not {','.join(row)!r}")
@@ -132,6 +176,7 @@ def kaggle_labels(labels: Path, text: str) -> dict[str, ListedLabel]:
         if len(wnids) > 1:
             raise FeatstoreError(f"labels file {labels} line {line}: image {image} has boxes of {len(wnids)} classes "
                                  f"({', '.join(wnids)}), so its label is ambiguous; keep one class per image")
+        check_imagenet_wnid(labels, line, wnids[0])
         if image in listed:
             raise FeatstoreError(f"labels file {labels} line {line} lists {image} a second time (first on line "
                                  f"{listed[image].line}); keep one line")
@@ -139,6 +184,13 @@ def kaggle_labels(labels: Path, text: str) -> dict[str, ListedLabel]:
     if not listed:
         raise FeatstoreError(f"labels file {labels} lists no images; add lines ImageId,PredictionString")
     return listed
+
+
+def _image_name(image_id: str) -> str:
+    """An ImageId as Kaggle ships it (`ILSVRC2012_val_00000001`), or with its file's extension
+    (`ILSVRC2012_val_00000001.JPEG`): the image's name without the extension, as files are matched by."""
+    stem, extension = posixpath.splitext(image_id)
+    return stem if stem and extension.lower() in IMAGE_EXTENSIONS else image_id
 
 
 def _boxes(objects: list[str]) -> bool:

@@ -5,6 +5,7 @@ delegates its image methods here; it writes nothing (`StoreWriter.write_images` 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
@@ -12,6 +13,7 @@ import numpy as np
 import zarr
 
 from featstore.errors import FeatstoreError
+from featstore.images.imagenet_val import foreign_wnid
 from featstore.store.integrity import Damage, brief, checksum, text_checksum
 
 if TYPE_CHECKING:  # reading a store's metadata (`featstore info`) loads no torch
@@ -20,6 +22,7 @@ if TYPE_CHECKING:  # reading a store's metadata (`featstore info`) loads no torc
 
 IMAGE_ARRAYS = ("image_id", "label", "path")
 REWRITE_IMAGES = "featstore build rewrites it from --data"
+UNFINISHED = "not finished (a build stopped while writing it)"
 
 
 class _Store(Protocol):
@@ -79,6 +82,11 @@ class ImageTable:
         """Every array that can be read, and the damage found reading them."""
         try:
             g, attrs = self.store.root["images"], self.attrs()
+        except Exception as e:
+            return {}, [Damage("images", f"metadata cannot be read ({brief(e)})", REWRITE_IMAGES)]
+        if "fingerprint" not in attrs:  # written last, with the rest of the attrs: the build stopped before
+            return {}, [Damage("images", UNFINISHED, REWRITE_IMAGES)]
+        try:
             n, sums = int(attrs["count"]), attrs.get("checksums", {})
         except Exception as e:
             return {}, [Damage("images", f"metadata cannot be read ({brief(e)})", REWRITE_IMAGES)]
@@ -97,6 +105,27 @@ class ImageTable:
                 damage.append(Damage(where, "values differ from those written (checksum)", REWRITE_IMAGES))
             table[name] = values
         return table, damage
+
+    def rank_labels(self, head_classes: Sequence[int]) -> Damage | None:
+        """Labels that are ranks among the WNIDs the images carry where a 1000-way head (one of `head_classes`)
+        predicts ImageNet-1k indices: a build before labels were checked read a labels file with a WNID outside
+        ImageNet-1k (`n00000001`, a typo) that way, and every accuracy of the store is then scored wrongly. Told
+        from what the images attrs record: folder-rank labels, class names all WNIDs, one (not all) outside
+        ImageNet-1k. None for any other store, and where the attrs cannot be read (`damage` says that)."""
+        try:
+            attrs = self.attrs()
+        except FeatstoreError:
+            return None
+        names = attrs.get("class_names") or []
+        if attrs.get("label_space", "folder-rank") != "folder-rank" or 1000 not in head_classes:
+            return None
+        foreign = foreign_wnid(names) if isinstance(names, list) and all(isinstance(c, str) for c in names) else None
+        if foreign is None:
+            return None
+        return Damage("images/label", f"the labels are ranks among the {len(names)} WNIDs the images carry (one of "
+                      f"them, {foreign}, no ImageNet-1k class), not the ImageNet-1k indices the store's 1000-way "
+                      f"head predicts, so every accuracy scored against them is wrong",
+                      f"fix the rows or the folder of {foreign}, then build into a new `store`")
 
     def attrs(self) -> dict:
         with self.store.damage_is_one_line("images"):
@@ -117,7 +146,10 @@ class ImageTable:
         recorded it."""
         store = self.store
         try:
-            stats = np.asarray(store.root["images"]["stat"][:], dtype=np.int64)
+            stat = store.root["images"]["stat"]
+            if "columns" not in stat.attrs:  # written after the values: their record was interrupted
+                return None
+            stats = np.asarray(stat[:], dtype=np.int64)
         except Exception:
             return None
         for key in store.models() if contents else []:

@@ -38,6 +38,14 @@ OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "adl", "htt
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
 _S3_ENDPOINTS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
 LEASES = ".featstore"  # leases live under this prefix of the store; Zarr lists it as a foreign object
+# zarr's LocalStore writes each file as <name>.<32 hex>.partial and renames it into place: one a kill left behind
+# is no part of the store
+_ZARR_TEMPORARY = re.compile(r"\.[0-9a-f]{32}\.partial$")
+
+
+def zarr_temporary(name: str) -> bool:
+    """True for a file zarr was still writing when its process died (local stores only)."""
+    return _ZARR_TEMPORARY.search(name) is not None
 
 warnings.filterwarnings("ignore", message=rf"Object at {re.escape(LEASES)} is not recognized")
 
@@ -122,7 +130,8 @@ class StoreLocation:
         if self.has_store():
             return
         if self.path is not None:
-            if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            if self.path.exists() and (not self.path.is_dir()
+                                       or any(not zarr_temporary(p.name) for p in self.path.iterdir())):
                 kind = "a folder with other files" if self.path.is_dir() else "a file"
                 raise FeatstoreError(f"{self.path} is {kind}, not a featstore store (no zarr.json); point `store` "
                                      f"at a new path or an existing store")

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from featstore.errors import FeatstoreError
-from featstore.store.reading import PROBES, StoreReading
+from featstore.errors import FeatstoreError, FeatstoreTypeError
+from featstore.store.reading import PROBES, StoreReading, one_name
 
 VERSION = re.compile(r"v\d{8}T\d{6}-[0-9a-f]{8}")  # a saved probe version's name (`new_probe_version`)
 GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")  # what a version read from elsewhere may be called
@@ -106,9 +106,12 @@ def read_probe(store: StoreReading, key: str, name: str, version: str | None = N
     one the probe's `current` names (a store before versions: its one unversioned set). What is missing is one
     FeatstoreError naming it."""
     store.model_attrs(key)  # an unknown model is a one-line error
+    if not isinstance(name, str):
+        raise FeatstoreTypeError(f"name={name!r}: give the kept probes' name ('linear@clean'; `featstore info` "
+                                 f"lists them)")
     root = store.root[key]
     with store.damage_is_one_line(f"{key}/{PROBES}/{name}"):
-        if PROBES not in root or name not in root[PROBES]:
+        if PROBES not in root or not one_name(name) or name not in root[PROBES]:
             raise FeatstoreError(f"store {store.location} holds no probes {name!r} of {key!r}; `featstore probe` "
                                  f"saves them")
         group = root[PROBES][name]

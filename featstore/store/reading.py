@@ -18,12 +18,12 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, FeatstoreTypeError
 from featstore.records import ModelSource
 from featstore.store.config import StoreConfig
 from featstore.store.image_table import ImageTable
 from featstore.store.integrity import CHANGED, Damage, brief, checksum
-from featstore.store.location import StoreLocation
+from featstore.store.location import StoreLocation, zarr_temporary
 from featstore.store.rows import decodes
 
 if TYPE_CHECKING:  # reading a store's metadata (`featstore info`) loads no torch
@@ -34,6 +34,12 @@ FORMAT = 1
 HEAD = "head"  # <model>/head: the classifier's weight [C, D] and bias [C], float32 (`write_head`)
 PROBES = "probes"  # <model>/probes: the probes kept (`featstore.store.probes`)
 MODEL_PARTS = (PROBES, HEAD)  # groups of a model that are no view
+
+def one_name(name: str) -> bool:
+    """Whether `name` can be a group directly under another (a view, a kept probe): no '/', no '.' or '..', which
+    Zarr refuses as a path and a reader must not take for damage."""
+    return bool(name) and "/" not in name and name not in (".", "..")
+
 
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -206,12 +212,19 @@ class StoreReading:
 
     def _open_view(self, key: str, view: str) -> zarr.Group:
         self.model_attrs(key)
+        if not isinstance(view, str):
+            raise FeatstoreTypeError(f"view={view!r}: give a view's name (the views of {key!r}: "
+                                     f"{', '.join(self.views(key)) or 'none'})")
         with self.damage_is_one_line(f"view {view!r} of {key!r}"):
-            if view not in self.root[key] or "done" not in self.root[key][view]:
+            try:  # the view's own metadata, not each group's on the way (on object storage each is a request)
+                g = self.root[f"{key}/{view}"] if one_name(view) else None
+            except KeyError:
+                g = None
+            if not isinstance(g, zarr.Group) or "done" not in g:
                 have = ", ".join(self.views(key)) or "none"
                 raise FeatstoreError(f"store {self.location} has no view {view!r} of {key!r} (it has: {have}); "
                                      f"build it with `featstore build --views {view}`")
-            return self.root[key][view]
+            return g
 
 
     def view_array(self, key: str, view: str, g: zarr.Group, name: str) -> zarr.Array:
@@ -233,11 +246,12 @@ class StoreReading:
             return np.array([decodes(bitmap, c) for c in range(bitmap.shape[0])], dtype=bool)
 
     def listed(self, prefix: str) -> list[str]:
-        """The names directly under `prefix`, as the storage lists them (no metadata is parsed)."""
+        """The names directly under `prefix`, as the storage lists them (no metadata is parsed), but for the files
+        a killed writer left half-written."""
         async def names() -> list[str]:
             return [k async for k in self.root.store.list_dir(prefix)]
 
-        return sorted(n for n in sync(names()) if n != "zarr.json" and not n.startswith("."))
+        return sorted(n for n in sync(names()) if n != "zarr.json" and not n.startswith(".") and not zarr_temporary(n))
 
     def threads_used(self, key: str, view: str) -> list[int]:
         """The CPU thread counts the done chunks of a view were computed with ([] for a GPU build, or a view made

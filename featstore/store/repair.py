@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from featstore.errors import FeatstoreError
 from featstore.images.datasets import ImageSet
+from featstore.store.image_table import UNFINISHED
 from featstore.store.integrity import changed_images, image_stats
 from featstore.store.writer import StoreWriter
 
 
 def repair_images(store: StoreWriter, images: ImageSet) -> list[str]:
-    """Rewrite a damaged image table from `images` when they are the images the store was built from (its
-    fingerprint, or a model's config, says so); refuse otherwise, naming what is damaged."""
+    """Rewrite a damaged or unfinished image table from `images` when they are the images the store was built from
+    (its fingerprint, or a model's config, says so), or when nothing in the store names any image list (a build
+    stopped while writing the table, before any model was made: nothing was built from it); refuse otherwise,
+    naming what is damaged. An unfinished table of such a store is written again without a word, as an unfinished
+    view is: it was never a table (a damaged one is named)."""
     if "images" not in store.listed(""):
         return []
     damage = store.check_images_table()
@@ -26,21 +30,26 @@ def repair_images(store: StoreWriter, images: ImageSet) -> list[str]:
         known.add(store.image_attrs().get("fingerprint"))
     except FeatstoreError:
         pass
-    for key in store.models():
+    models = store.models()
+    for key in models:
         try:
             known.add(store.config(key).images_fingerprint)
         except FeatstoreError:
             continue
-    if images.fingerprint() not in known:
+    known.discard(None)
+    nothing_built = not known and not models
+    if images.fingerprint() not in known and not nothing_built:
         raise FeatstoreError(f"store {store.location} is damaged: {damage[0]}; these images are not those the store "
                              f"was built from, so their table cannot be rewritten: pass the `data`, `labels` and "
                              f"`limit` it was built with, or use a new `store`")
+    repaired = [str(d) for d in damage if d.what != UNFINISHED]
+    if nothing_built:
+        store.delete("images")
+        return repaired  # the build writes the table as into a new store
     stats = store.image_stats(contents=False)  # as recorded: the views keep their own contents
     store.delete("images")
-    store.write_images(images)
-    if stats is not None:
-        store.record_image_stats(stats)
-    return [str(d) for d in damage]
+    store.write_images(images, stats)
+    return repaired
 
 
 def check_image_files(store: StoreWriter, images: ImageSet, rebuild: bool) -> list[str]:

@@ -154,6 +154,9 @@ def summarize(store: StoreReading) -> StoreInfo:
                 models[key] = _model_info(store, checks, key)
             except FeatstoreError as e:
                 models[key] = Damaged(str(e))
+        ranks = store.image_rows.rank_labels([m.num_classes for m in models.values() if isinstance(m, ModelInfo)])
+        if ranks is not None:  # a store whose every accuracy is wrong is refused, not summarised as sound
+            raise FeatstoreError(f"store {store.location}: {ranks.what}; {ranks.repair}")
         return StoreInfo(str(store.location), images, models)
 
 

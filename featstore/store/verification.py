@@ -135,9 +135,10 @@ class StoreCheck:
         problems: list[ChunkProblem | Damage] = list(store.image_rows.damage())
         if key is not None and key not in store.listed(""):
             store.model_attrs(key)  # an unknown model is a one-line error
+        heads = []
         for k in [key] if key is not None else [k for k in store.listed("") if k != "images"]:
             try:
-                store.config(k)
+                heads.append(store.config(k).num_classes)
             except FeatstoreError as e:
                 problems.append(Damage(k, f"its metadata cannot be read ({str(e.__cause__ or e)[:160]})",
                                        ""))
@@ -145,7 +146,8 @@ class StoreCheck:
             for v in [v for v in store.views(k) if "done" in store.listed(f"{k}/{v}")]:
                 damage = self.view_arrays(k, v)
                 problems += damage if damage else self.view_chunks(k, v, deep)
-        return problems
+        ranks = store.image_rows.rank_labels(heads)
+        return problems + ([ranks] if ranks is not None else [])
 
     def view_arrays(self, key: str, view: str) -> list[Damage]:
         """The arrays a view must hold, each readable and of the shape and chunks its model's config gives (a

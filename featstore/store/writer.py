@@ -24,7 +24,7 @@ from featstore.images.datasets import ImageSet
 from featstore.nets.anchors import Anchor
 from featstore.store import probes
 from featstore.store.config import StoreConfig
-from featstore.store.integrity import NO_CHECKSUM, brief, checksum, text_checksum
+from featstore.store.integrity import NO_CHECKSUM, STAT_COLUMNS, brief, checksum, text_checksum
 from featstore.store.location import StoreLocation
 from featstore.store.reader import HEAD, FeatureStore
 
@@ -44,8 +44,10 @@ class ChunkData:
 @dataclass(frozen=True)
 class _CommitTargets:
     """The arrays a view's commits write, opened once per build (each open reads metadata from the storage):
-    the anchors, logits and skipped flags (checksummed, in that order), then the bookkeeping arrays."""
+    the anchors, logits and skipped flags (checksummed, in that order), then the bookkeeping arrays, and the rows
+    of a chunk."""
 
+    rows: int
     values: list[zarr.Array]
     threads: zarr.Array | None
     checksums: zarr.Array | None
@@ -64,19 +66,22 @@ class StoreWriter(FeatureStore):
         self._targets: dict[tuple[str, str], _CommitTargets] = {}
         self._targets_lock = threading.Lock()  # commits run on several writer threads at once
 
-    def write_images(self, images: ImageSet) -> None:
+    def write_images(self, images: ImageSet, stats: np.ndarray | None = None) -> None:
+        """Write the image table (and, given, the files' `stats`: `record_image_stats`). Its attrs go last, in one
+        write: until their fingerprint is there the table is unfinished, and a build makes it again."""
         n = len(images)
         g = self.root.require_group("images")
         chunk = (max(1, min(n, 1 << 16)),)
         g.create_array("image_id", shape=(n,), chunks=chunk, dtype="int64", overwrite=True)[:] = images.image_ids
         g.create_array("label", shape=(n,), chunks=chunk, dtype="int64", overwrite=True)[:] = images.labels
         g.create_array("path", shape=(n,), chunks=chunk, dtype=str, overwrite=True)[:] = np.asarray(images.paths)
+        if stats is not None:
+            self.record_image_stats(stats)
         sums = {"image_id": checksum(np.asarray(images.image_ids, dtype=np.int64)),
                 "label": checksum(np.asarray(images.labels, dtype=np.int64)), "path": text_checksum(images.paths)}
-        # attrs last: their fingerprint is what marks the image list as written
-        g.attrs.update({"source": images.source, "root": str(images.root.resolve()),
-                        "class_names": images.class_names, "label_space": images.label_space, "count": n,
-                        "fingerprint": images.fingerprint(), "checksums": {k: f"{v:016x}" for k, v in sums.items()}})
+        g.attrs.put({"source": images.source, "root": str(images.root.resolve()),
+                     "class_names": images.class_names, "label_space": images.label_space, "count": n,
+                     "fingerprint": images.fingerprint(), "checksums": {k: f"{v:016x}" for k, v in sums.items()}})
 
     def prepare_model(self, key: str, config: StoreConfig, versions: dict) -> None:
         """Create the model group, or check that an existing one was built with the same config."""
@@ -96,19 +101,20 @@ class StoreWriter(FeatureStore):
                     f"rebuild with the same settings, pass `name` to store this config beside it, or use a "
                     f"new `store`")
             return
-        g = self.root.create_group(key)
-        g.attrs.update({"config": config.to_dict(), "versions": versions})
+        # its attrs in the group's one metadata write: a model group is never there without its config
+        self.root.create_group(key, attributes={"config": config.to_dict(), "versions": versions})
 
     def prepare_view(self, key: str, view: dict, anchors: Sequence[Anchor], num_classes: int,
                      chunk_rows: int, logits_dtype: str = "float16") -> None:
-        """Create a view's arrays (NaN-filled) and its all-False done bitmap, unless they exist."""
+        """Create a view's arrays (NaN-filled) and its all-False done bitmap, unless they exist. The group carries
+        the view's attrs from its first write; the bitmap is written last: a view without it is made again."""
         g = self.root[key]
         if view["name"] in g and "done" in g[view["name"]]:
             return
         if view["name"] in g:
             del g[view["name"]]  # interrupted while its arrays were being created: make it again
         n = self.num_images
-        vg = g.create_group(view["name"])
+        vg = g.create_group(view["name"], attributes=view)
         ag = vg.create_group("anchors")
 
         async def arrays() -> None:  # every array's metadata at once (each a write; on object storage a PUT)
@@ -125,7 +131,6 @@ class StoreWriter(FeatureStore):
         _create_image_content(vg, n, chunk_rows)
         # the bitmap last: a view without it was interrupted while being created and is made again
         vg.create_array("done", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="bool", fill_value=False)
-        vg.attrs.update(view)
 
     def upgrade_view(self, key: str, view: str) -> None:
         """Give a view of a store written before checksums (or before image contents were recorded) its empty
@@ -145,10 +150,13 @@ class StoreWriter(FeatureStore):
         sync(self.root.store.delete_dir(path))
 
     def record_image_stats(self, stats: np.ndarray) -> None:
+        """Record the image files' stats (`images/stat`). Its `columns` attr is written after its values: a record
+        without it was interrupted and counts as none (`ImageTable.stats`), never as files of size 0."""
         g = self.root["images"]
-        g.create_array("stat", shape=stats.shape, chunks=(max(1, min(len(stats), 1 << 16)), 3), dtype="int64",
-                       overwrite=True)[:] = stats
-        g["stat"].attrs["columns"] = ["size", "mtime_ns", "content"]
+        stat = g.create_array("stat", shape=stats.shape, chunks=(max(1, min(len(stats), 1 << 16)), 3), dtype="int64",
+                              overwrite=True)
+        stat[:] = stats
+        stat.attrs.put({"columns": list(STAT_COLUMNS)})
 
     def undo_rows(self, rows: np.ndarray) -> None:
         """Mark every chunk holding one of `rows` not done, in every model and view of the store."""
@@ -173,7 +181,8 @@ class StoreWriter(FeatureStore):
                 values = [g["anchors"][a.name].with_config(eager) for a in self.anchors(key)]
                 values += [g["logits"].with_config(eager), g["skipped"]]
                 self._targets[(key, view)] = _CommitTargets(
-                    values, g["threads"] if "threads" in g else None,  # views made before thread counts: none
+                    self.chunk_rows(key), values,
+                    g["threads"] if "threads" in g else None,  # views made before thread counts: none
                     g["checksums"] if "checksums" in g else None,
                     g["image_content"].with_config(eager) if "image_content" in g else None, g["done"])
             return self._targets[(key, view)]
@@ -182,8 +191,7 @@ class StoreWriter(FeatureStore):
         """Write one chunk of every array of a view, then mark it done: the store's only commit point. Safe to call
         for different chunks from several threads at once."""
         targets = self._commit_targets(key, view)
-        rows = self.chunk_rows(key)
-        start = data.chunk * rows
+        start = data.chunk * targets.rows
         stop = start + len(data.skipped)
         if len(targets.values) - 2 != len(data.features):
             raise ValueError(f"chunk {data.chunk} holds {len(data.features)} anchors, the store "
@@ -258,6 +266,5 @@ def _create_image_content(g: zarr.Group, n: int, chunk_rows: int) -> None:
 
 def _create_checksums(g: zarr.Group, n_chunks: int, anchors: Sequence[Anchor]) -> None:
     names = [f"anchors/{a.name}" for a in anchors] + ["logits", "skipped"]
-    arr = g.create_array("checksums", shape=(n_chunks, len(names)), chunks=(1, len(names)), dtype="uint64",
-                         fill_value=NO_CHECKSUM, overwrite=True)
-    arr.attrs["arrays"] = names
+    g.create_array("checksums", shape=(n_chunks, len(names)), chunks=(1, len(names)), dtype="uint64",
+                   fill_value=NO_CHECKSUM, overwrite=True, attributes={"arrays": names})

@@ -1,0 +1,352 @@
+"""A build SIGKILLed at any moment of its first seconds resumes: killed right after each of 20 of its first object
+writes, from the first to its first chunk's commit, and run again, each store ends bit-identical to an
+uninterrupted build (every array, every node's attributes), on the S3 test server and on a local folder.
+
+The moments are counted exactly. On S3 a proxy between the build and the server (moto) counts the build's writes
+(PUT, POST, DELETE) on the wire and, once the server has applied the Nth, SIGKILLs the build before it hears the
+answer. On a local folder the build process counts zarr's file writes and SIGKILLs itself after the Nth (that
+hook is this file's, in the forked child, never in featstore). Each build is a real process: forked from one that
+has imported featstore and torch once (a fresh interpreter spends ~5 s importing them), so that 40 killed builds
+and their 40 resumes fit in CI."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import numpy as np
+import obstore
+import pytest
+import zarr
+from obstore.store import S3Store
+from synthetic import make_image_folder
+
+from conftest import run_cli
+
+MOMENTS = 20
+# a noise view (its attrs decide its draws) and two anchors: few arrays, so that a build makes few requests
+BUILD = ["build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--chunk-rows", "8",
+         "--batch-size", "8", "--workers", "0", "--device", "cpu", "--no-progress", "--views", "gaussian_noise-1",
+         "--anchors", "layer1.0,layer4.1",
+         "--threads", "1"]  # other thread counts differ in the last bits (docs/build.md#reliability)
+
+# One process that imports what a build needs, then forks a build per line of JSON it reads ({"argv", "env",
+# "log", "kill_after", "trace"}), answering the child's pid, then its wait status. The child counts its file writes
+# through zarr's local store (every file zarr writes goes through _put), appends each one's path to "trace" (a
+# file, if given) and with "kill_after" N SIGKILLs itself right after the Nth.
+ZYGOTE = r"""
+import json, os, signal, sys, threading
+import torch, torchvision.models, zarr.storage._local as local
+import featstore.cli.main, featstore.workflows.build
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.environ.update(job["env"])
+        sys.argv = job["argv"]
+        out = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        put, lock, count = local._put, threading.Lock(), [0]
+        def counted(path, *args, **kwargs):
+            written = put(path, *args, **kwargs)
+            with lock:
+                count[0] += 1
+                if job["trace"]:
+                    with open(job["trace"], "a") as trace:
+                        print(path, file=trace)
+                if count[0] == job["kill_after"]:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return written
+        local._put = counted
+        code = 0
+        try:
+            featstore.cli.main.main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            import traceback; traceback.print_exc(); code = 1
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(code)
+    print(pid, flush=True)
+    print(os.waitpid(pid, 0)[1], flush=True)
+"""
+
+
+class Builds:
+    """Build processes forked from the zygote, one at a time."""
+
+    def __init__(self, tmp: Path):
+        self.tmp, self.n = tmp, 0
+        self.zygote = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def run(self, args: list[str], env: dict[str, str] | None = None, kill_after: int = 0, trace: Path | None = None,
+            started: Callable[[int], None] | None = None) -> tuple[int, str]:
+        """Run `featstore ARGS` to its end (or its kill): (wait status, what it printed)."""
+        self.n += 1
+        log = self.tmp / f"build{self.n}.log"
+        job = {"argv": ["featstore", *map(str, args)], "env": env or {}, "log": str(log), "kill_after": kill_after,
+               "trace": str(trace or "")}
+        self.zygote.stdin.write(json.dumps(job) + "\n")
+        self.zygote.stdin.flush()
+        pid = int(self.zygote.stdout.readline())
+        if started is not None:
+            started(pid)
+        status = int(self.zygote.stdout.readline())
+        return status, log.read_text()
+
+    def close(self) -> None:
+        self.zygote.stdin.close()
+        self.zygote.wait(timeout=60)
+
+
+def killed(status: int) -> bool:
+    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def exited_ok(status: int) -> bool:
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        pass  # a killed build's connections reset: expected
+
+
+class KillingProxy:
+    """An HTTP proxy in front of the S3 server that counts the writes it forwards (PUT, POST, DELETE) and SIGKILLs
+    the build `pid` once the server has applied its `kill_after`-th write, before the build hears the answer;
+    nothing that build sends after that reaches the server. `writes` lists what the server applied, in order."""
+
+    def __init__(self, upstream: str):
+        self.upstream = urlsplit(upstream)
+        self.writes: list[str] = []
+        self.kill_after, self.pid, self.dead = 0, 0, False
+        self.pid_known = threading.Event()
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.server = _QuietServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def arm(self, kill_after: int) -> None:
+        with self.lock:
+            self.writes, self.kill_after, self.pid, self.dead = [], kill_after, 0, False
+            self.pid_known.clear()
+
+    def started(self, pid: int) -> None:
+        self.pid = pid
+        self.pid_known.set()
+
+    def settle(self) -> None:
+        """Wait until no request of the killed build is still being forwarded."""
+        while True:
+            with self.lock:
+                if self.in_flight == 0:
+                    return
+            time.sleep(0.01)
+
+    def _forward(self, method: str, path: str, headers: dict, body: bytes | None) -> tuple | None:
+        self.pid_known.wait()
+        with self.lock:
+            if self.dead:
+                return None
+            self.in_flight += 1
+        try:
+            conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=60)
+            conn.request(method, path, body=body, headers=headers)
+            answer = conn.getresponse()
+            reply = (answer.status, answer.reason, answer.getheaders(), answer.read())
+            conn.close()
+            if method in ("PUT", "POST", "DELETE") and answer.status < 300:
+                with self.lock:
+                    self.writes.append(f"{method} {path}")
+                    if len(self.writes) == self.kill_after and not self.dead:
+                        self.dead = True
+                        os.kill(self.pid, signal.SIGKILL)
+                    if self.dead:
+                        return None
+            return reply
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _handler(self) -> type:
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def handle_one(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                reply = proxy._forward(self.command, self.path, headers, body)
+                if reply is None:  # the build is dead: no answer
+                    self.close_connection = True
+                    return
+                status, reason, answer_headers, data = reply
+                head = [f"HTTP/1.1 {status} {reason}"]
+                head += [f"{k}: {v}" for k, v in answer_headers
+                         if k.lower() not in ("transfer-encoding", "connection", "content-length")]
+                head.append(f"Content-Length: {len(data)}")
+                payload = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
+                self.wfile.write(payload + (b"" if self.command == "HEAD" else data))  # one write: no Nagle wait
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_one
+
+        return Handler
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def s3_objects(url: str) -> S3Store:
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    return S3Store(bucket, prefix=prefix, endpoint=os.environ["AWS_ENDPOINT_URL"], client_options={"allow_http": True})
+
+
+def contents(store: str | Path) -> dict[str, tuple]:
+    """Every node of a store, read with plain zarr: each group's attributes, each array's attributes, dtype and
+    values (as bytes)."""
+    where = store if isinstance(store, Path) else zarr.storage.ObjectStore(s3_objects(store), read_only=True)
+    root = zarr.open_group(where, mode="r")
+    out: dict[str, tuple] = {"": ("group", json.dumps(dict(root.attrs), sort_keys=True))}
+    for name, node in root.members(max_depth=None):
+        attrs = json.dumps(dict(node.attrs), sort_keys=True)
+        if isinstance(node, zarr.Array):
+            values = np.asarray(node[:])
+            out[name] = ("array", attrs, str(values.dtype), values.shape, values.tobytes())
+        else:
+            out[name] = ("group", attrs)
+    return out
+
+
+def differences(got: dict[str, tuple], want: dict[str, tuple]) -> list[str]:
+    out = [f"{name}: missing" for name in sorted(set(want) - set(got))]
+    out += [f"{name}: not in the uninterrupted build" for name in sorted(set(got) - set(want))]
+    out += [f"{name}: differs" for name in sorted(set(want) & set(got)) if got[name] != want[name]]
+    return out
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    """16 images: two chunks of 8."""
+    return make_image_folder(tmp_path_factory.mktemp("first-writes"), n_classes=2, per_class=8, size=(40, 32), seed=4)
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    forked = Builds(tmp_path_factory.mktemp("builds"))
+    yield forked
+    forked.close()
+
+
+@pytest.fixture(scope="module")
+def reference(images, builds, tmp_path_factory) -> dict[str, tuple]:
+    """An uninterrupted build on local disk: what every store here must equal."""
+    store = tmp_path_factory.mktemp("reference") / "s.zarr"
+    status, out = builds.run([*BUILD, "--data", images, "--store", store])
+    assert exited_ok(status), out
+    return contents(store)
+
+
+def unfinished_image_table(store: Path) -> bool:
+    """Whether a local store's image table is there without the attrs a build writes last (read as plain JSON)."""
+    meta = store / "images" / "zarr.json"
+    return meta.is_file() and "fingerprint" not in json.loads(meta.read_text()).get("attributes", {})
+
+
+def spread(last: int) -> list[int]:
+    """MOMENTS write counts from the first write to `last`, evenly spaced."""
+    assert last >= MOMENTS, f"only {last} writes before the first commit"
+    return sorted({round(1 + i * (last - 1) / (MOMENTS - 1)) for i in range(MOMENTS)})
+
+
+def first_commit(writes: list[str]) -> int:
+    """How many writes a build made up to and including its first chunk's commit (a `done` chunk object)."""
+    return next(i + 1 for i, w in enumerate(writes) if "/done/c/" in w)
+
+
+def resumes(builds: Builds, images: Path, store: str | Path, reference: dict, kill: Callable[[], int],
+            moment: int) -> str | None:
+    """None when the build killed at `moment` (by `kill()`, which returns its wait status) resumes to the
+    reference; else what went wrong."""
+    status = kill()
+    if not killed(status):
+        return f"moment {moment}: the build was not killed (wait status {status})"
+    status, out = builds.run([*BUILD, "--data", images, "--store", store])
+    if not exited_ok(status):
+        return f"moment {moment}: the rerun failed: {out.strip()[-600:]}"
+    diff = differences(contents(store), reference)
+    return f"moment {moment}: {', '.join(diff[:5])}" if diff else None
+
+
+def test_a_build_killed_after_any_of_its_first_writes_on_s3_resumes_bit_identical(s3, s3_url, images, builds,
+                                                                                  reference):
+    proxy = KillingProxy(s3.endpoint)
+    try:
+        through_proxy = {"AWS_ENDPOINT_URL": proxy.endpoint}
+        proxy.arm(0)  # an uninterrupted build through the proxy: its writes, counted
+        status, out = builds.run([*BUILD, "--data", images, "--store", f"{s3_url}/whole.zarr"], env=through_proxy,
+                                 started=proxy.started)
+        assert exited_ok(status), out
+        assert not differences(contents(f"{s3_url}/whole.zarr"), reference)
+        moments = spread(first_commit(proxy.writes))
+        failures = []
+        for n in moments:
+            store = f"{s3_url}/killed-{n}.zarr"
+            proxy.arm(n)
+
+            def kill(store: str = store, n: int = n) -> int:
+                status = builds.run([*BUILD, "--data", images, "--store", store], env=through_proxy,
+                                    started=proxy.started)[0]
+                proxy.settle()
+                return status
+
+            failures.append(resumes(builds, images, store, reference, kill, n))
+            leases = [m["path"] for batch in obstore.list(s3_objects(store), ".featstore/") for m in batch]
+            if leases:
+                failures.append(f"moment {n}: leases left behind: {leases}")
+    finally:
+        proxy.close()
+    failures = [f for f in failures if f]
+    assert not failures, f"{len(failures)} of {len(moments)} moments:\n" + "\n".join(failures)
+
+
+def test_a_build_killed_after_any_of_its_first_writes_on_a_local_folder_resumes_bit_identical(images, builds,
+                                                                                              reference, tmp_path):
+    trace = tmp_path / "writes.txt"  # an uninterrupted build's file writes, in order
+    status, out = builds.run([*BUILD, "--data", images, "--store", tmp_path / "whole.zarr"], trace=trace)
+    assert exited_ok(status), out
+    moments = spread(first_commit(trace.read_text().splitlines()))
+    failures = []
+    for n in moments:
+        store = tmp_path / f"killed-{n}.zarr"
+
+        def kill(store: Path = store, n: int = n) -> int:
+            status = builds.run([*BUILD, "--data", images, "--store", store], kill_after=n)[0]
+            # before the rerun, as nothing builds it: verify names an unfinished image table, and only that
+            said = run_cli("verify", store, ok=False).output
+            if ("images: not finished" in said) != unfinished_image_table(store):
+                failures.append(f"moment {n}: verify said {said.strip()[:300]!r}")
+            return status
+
+        failures.append(resumes(builds, images, store, reference, kill, n))
+    failures = [f for f in failures if f]
+    assert not failures, f"{len(failures)} of {len(moments)} moments:\n" + "\n".join(failures)
