@@ -28,6 +28,7 @@ from featstore.api.declared import (
     DEFAULT_POLICIES,
     DEMO_DATASET,
     FIELDS,
+    FIGURE_FORMATS,
     JOINT_MIN_CONF,
     MAX_THRESHOLDS,
     PER_PAIR,
@@ -259,6 +260,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     },
     "--format": {"": (("fmt",), dict(type=click.Choice(["table", "csv", "json"]), default="table",
                                      help="Output format."))},
+    "--figures": {"": ((), dict(type=click.Choice(FIGURE_FORMATS), default=None,
+                                help="Also write every figure as a file of this format, drawn by matplotlib (for a "
+                                     "paper); the page draws its own plots either way."))},
     "--scope": {"": ((), dict(type=click.Choice(SCOPES), default=SCOPES[0],
                               help="Images counted: auto = the test split, or all images of cross-fit runs."))},
     "--k": {"": (("ks",), dict(default=",".join(map(str, DEFAULT_POLICIES.ks)),
