@@ -303,8 +303,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                   "matrix (table format only) or disagreements [default: the summary and the pairs "
                                   "that disagree most; csv/json: agreement]."))},
     "--out": {
-        "report": ((), dict(type=OUT_FOLDER, help="Folder for report.html and PNGs [default: report/ beside the "
-                            "database].")),
+        "report": ((), dict(type=OUT_FOLDER, help="Folder for report.html (and --figures' files) [default: "
+                            "report/ beside the database].")),
         "export": ((), dict(required=True, type=OUT_FOLDER, help="New folder for the Parquet files.")),
         "demo": ((), dict(type=OUT_FOLDER, default=Path("featstore-demo"), help="Folder for the images, the cached "
                           "network, the store, the database and the report (one subfolder per --dataset).")),
