@@ -516,13 +516,12 @@ class PlotlyFigures:
                 f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
-# Draws every embedded spec; a bar that carries the ids of the images it counts lists them on a click, each a link
-# to its per-image timeline where the page has one.
+# Draws every embedded spec, top first, yielding to the browser every 50 ms so that the first screen shows before
+# the rest is drawn; body[data-plots-drawn] is set once all are. A bar that carries the ids of the images it counts
+# lists them on a click, each a link to its per-image timeline where the page has one.
 PAGE_SCRIPT = """
 (function () {
-  function draw() {
-    var start = performance.now();
-    document.querySelectorAll('div.plot').forEach(function (div) {
+  function drawOne(div) {
       var spec = JSON.parse(div.nextElementSibling.textContent);
       Plotly.newPlot(div, spec.data, spec.layout, {displaylogo: false, responsive: false, displayModeBar: false,
         modeBarButtonsToRemove: ['select2d', 'lasso2d']});
@@ -543,9 +542,16 @@ PAGE_SCRIPT = """
         });
         if (more > 0) box.append('and ' + more + ' more (featstore sql: decision_layers)');
       });
-    });
-    document.body.dataset.plotsDrawn = document.querySelectorAll('div.plot').length;
-    document.body.dataset.drawMs = Math.round(performance.now() - start);
+  }
+  function draw() {
+    var start = performance.now(), divs = document.querySelectorAll('div.plot'), i = 0;
+    (function next() {
+      var until = performance.now() + 50;
+      while (i < divs.length && performance.now() < until) drawOne(divs[i++]);
+      if (i < divs.length) { setTimeout(next, 0); return; }
+      document.body.dataset.plotsDrawn = divs.length;
+      document.body.dataset.drawMs = Math.round(performance.now() - start);
+    })();
   }
   if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', draw); else draw();
 })();
