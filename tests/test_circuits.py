@@ -196,7 +196,7 @@ def test_circuits_ddb_css_commands(image_dir, tmp_path):
     assert "no common edges" in fails("css", "--db", db, "--id", "a", "--ood", "b")
     run_cli("report", "--db", db, "--out", tmp_path / "rep", "--figures", "svg")
     page = (tmp_path / "rep" / "report.html").read_text()
-    assert "Circuit shift score" in page and page.count("Inter-layer dependency matrix") == 2
+    assert "Circuit shift score" in page and page.count("<figcaption>Inter-layer dependency matrix") == 2
     assert len(list((tmp_path / "rep").glob("*_idm.svg"))) == 2
     assert "circuits need a timm VisionTransformer" in fails("circuits", *common[2:], "--model", "resnet18")
 
