@@ -1,7 +1,10 @@
-"""`featstore report`: one self-contained HTML page (PNGs embedded, and written beside it) of every run.
+"""`featstore report`: one self-contained HTML page of every run, whose plots the browser draws from the data
+embedded in it (plotly.js inlined: it works offline); publication figures (PNG, SVG or PDF by matplotlib) beside it
+on request (`figures=`).
 
-Everything drawn comes from the SQL macros through `analytics.queries`; this module only lays it out.
-matplotlib draws the figures (Agg backend, no display needed).
+Everything drawn comes from the SQL macros through `analytics.queries`, each asked once per report (`_Memo`); this
+module only lays it out. The sections draw on matplotlib-like axes (`report_plots`) that record Plotly specs; the
+same calls draw the publication figures on matplotlib's own axes.
 """
 
 from __future__ import annotations
@@ -19,20 +22,51 @@ from pathlib import Path
 
 import polars as pl
 
-from featstore.analytics import queries as q
+from featstore.analytics import queries
 from featstore.analytics.db import connect, connect_several
+from featstore.analytics.exit_policies import DEFAULT_POLICIES
 from featstore.analytics.report_figures import PAGE_PX, _Figures, _slug, _table
+from featstore.analytics.report_plots import PlotlyFigures, page_scripts
 from featstore.analytics.report_readouts import readout_sections
 from featstore.analytics.report_robustness import robustness_section
 from featstore.errors import FeatstoreError
-from featstore.schema import JOINT_MIN_CONF
+from featstore.schema import FIGURE_FORMATS, JOINT_MIN_CONF
+
+
+class _Memo:
+    """`analytics.queries` with each call answered once per argument list while a report is written: the run
+    sections ask for the all-run tables (decision mass, curves, anchor names, meta) once per run, and the
+    publication-figure pass asks for everything again. `forget` empties it when the report is done."""
+
+    def __init__(self, module):
+        self._module, self._answers = module, {}
+
+    def __getattr__(self, name: str):
+        value = getattr(self._module, name)
+        if not callable(value) or isinstance(value, type):
+            return value
+
+        def answer(*args, **kwargs):
+            plain = (str, int, float, bool, list, tuple, type(None), Path)
+            key = (name, repr([a if isinstance(a, plain) else id(a) for a in args]), repr(sorted(kwargs.items())))
+            if key not in self._answers:
+                self._answers[key] = value(*args, **kwargs)
+            return self._answers[key]
+
+        return answer
+
+    def forget(self) -> None:
+        self._answers.clear()
+
+
+q = _Memo(queries)
 
 
 @dataclass(frozen=True)
 class ReportContext:
     """What a section renderer gets: the open database, the figure saver and the report's choices."""
 
-    figs: _Figures
+    figs: _Figures | PlotlyFigures
     con: object
     runs: pl.DataFrame
     ks: Sequence[int]
@@ -69,15 +103,24 @@ def late_notes(ts: Iterable[int], ks: Iterable[int]) -> list[str]:
     return [note for note in dict.fromkeys(late_caveat(t, k) for t in ts for k in ks) if note]
 
 
+def check_figures(figures: str | None) -> str | None:
+    """The publication figures' format (png, svg or pdf), or None for none."""
+    if figures is not None and figures not in FIGURE_FORMATS:
+        raise FeatstoreError(f"figures={figures!r}: choose one of {', '.join(FIGURE_FORMATS)} (or none)")
+    return figures
+
+
 def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = None, scope: str = "auto",
                  k: int | None = None, min_conf: float = JOINT_MIN_CONF, progress: Callable[[str], None] | None = None,
-                 runs: Sequence[str] | None = None) -> Path:
-    """Write `out/report.html` (and one PNG per figure) for every run in `db`: the k-sweep over `ks`, and the
-    single-k sections (cross-model table, headline, decision mass, gallery, the comparison of definitions) at `k`
-    (default 2, or the first k); `min_conf` is the joint criterion's threshold in that comparison. `progress` is
-    told each step as it starts (the CLI prints them). `runs`: report only these probe runs (a study's declared
-    ones), though the database holds others. The page and its figures are written into a folder beside `out` and
-    moved in once the page is written, so a failure (a full disk) leaves no figures without their page."""
+                 runs: Sequence[str] | None = None, figures: str | None = None) -> Path:
+    """Write `out/report.html` for every run in `db`: the k-sweep over `ks`, and the single-k sections (cross-model
+    table, headline, decision mass, gallery, the comparison of definitions) at `k` (default 2, or the first k);
+    `min_conf` is the joint criterion's threshold in that comparison. `progress` is told each step as it starts
+    (the CLI prints them). `runs`: report only these probe runs (a study's declared ones), though the database
+    holds others. `figures` ('png', 'svg' or 'pdf'): also every figure as a file of that format drawn by
+    matplotlib, for a paper. The page and its figures are written into a folder beside `out` and moved in once the
+    page is written, so a failure (a full disk) leaves no figures without their page."""
+    check_figures(figures)
     con = connect(db, read_only=True) if runs is None else connect_several([db], runs=runs)
     try:
         q.check_scope(scope)
@@ -91,23 +134,27 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
         real.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{real.name}.partial-", dir=real.parent))
         try:
-            _write_page(con, db, staging, ks, scope, k, min_conf, progress or (lambda step: None))
+            say = progress or (lambda step: None)
+            if figures is not None:  # the same sections on matplotlib's axes: the files; their page is dropped
+                _write_page(con, db, staging, ks, scope, k, min_conf, lambda step: say(f"{figures} figures: {step}"),
+                            _Figures(staging, figures))
+            _write_page(con, db, staging, ks, scope, k, min_conf, say, PlotlyFigures())
             real.mkdir(exist_ok=True)
             for made in sorted(staging.iterdir(), key=lambda p: p.name == "report.html"):  # the page last
                 os.replace(made, real / made.name)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     finally:
+        q.forget()
         con.close()
     return Path(out) / "report.html"
 
 
 def _write_page(con, db: str | Path, out: Path, ks: Sequence[int], scope: str, k: int | None, min_conf: float,
-                say: Callable[[str], None]) -> None:
-    """The page and its figures, written into `out` (`write_report`'s staging folder)."""
+                say: Callable[[str], None], figs: _Figures | PlotlyFigures) -> None:
+    """The page, written into `out` (`write_report`'s staging folder), its figures drawn by `figs`."""
     runs = q.runs(con)
     circuit_runs = q.circuit_runs(con)
-    figs = _Figures(out)
     if runs.is_empty():
         (out / "report.html").write_text(_page(db, scope, _circuits(figs, con, circuit_runs)))
         return
@@ -122,8 +169,9 @@ def _write_page(con, db: str | Path, out: Path, ks: Sequence[int], scope: str, k
         f"<h2>Cross-model table (k = {k_mid}, shaped like the paper's Table 1)</h2>",
         _table(q.paper_table(con, k_mid, scope)), _notes(late_notes(lasts, [k_mid])),
     ] + _seeds_and_population(con, k_mid, scope)
-    sections.insert(0, robustness_section(figs, con, ks, k_mid, scope, late_caveat))  # the page opens with it
     clean = runs.filter(pl.col("view") == "clean")
+    sections.insert(0, robustness_section(figs, con, ks, k_mid, scope, late_caveat))
+    sections.insert(0, _when_it_decides(figs, con, clean, ks, k_mid, scope, sweep))  # the page opens with it
     for model in clean["model"].unique(maintain_order=True).to_list():
         sections.append(_probe_accuracy(figs, accuracy.filter(pl.col("model") == model), model,
                                         q.anchor_names(con, model)))
@@ -133,7 +181,8 @@ def _write_page(con, db: str | Path, out: Path, ks: Sequence[int], scope: str, k
         names = q.anchor_names(con, run["model"])
         run_sweep = sweep.filter(pl.col("run_id") == run["run_id"])
         parts = [f"<h2>{html.escape(run['run_id'])}</h2>", _headline(run_sweep, k_mid, len(names) - 1),
-                 _histograms(figs, con, run["run_id"], ks, scope, names, run_sweep),
+                 f"<p>Its decision-layer histograms open the page: <a href='#hist-{_slug(run['run_id'])}'>"
+                 f"{html.escape(run['run_id'])}</a>.</p>",
                  _gallery(figs, con, run, k_mid, scope, names, gallery_images),
                  _cumulative(figs, con, run["run_id"], ks, scope, names),
                  _k_sensitivity(figs, run_sweep, run["run_id"]), _early_exit(figs, con, run, scope),
@@ -235,19 +284,76 @@ def _headline(sweep: pl.DataFrame, k: int, t: int) -> str:
             f"{r['mean']:.2f}.{caveat}</p>")
 
 
-def _histograms(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str, names: Sequence[str],
+HOVER_IDS = 12  # image ids a histogram bar's hover names
+CLICK_IDS = 200  # image ids a click on a bar lists (the page carries no more per bar)
+
+
+def _when_it_decides(figs, con, clean: pl.DataFrame, ks: Sequence[int], k: int, scope: str,
+                     sweep: pl.DataFrame) -> str:
+    """The page's first section: each clean run's decision-layer histograms, one panel per k, with its headline."""
+    parts = ["<h2 id='when'>When does it decide</h2>",
+             "<p>Per clean run, the share of images whose decision layer l*(k) is each anchor, one panel per k "
+             "(orange: never stable, counted at T). Hover a bar for its images; click it to list up to "
+             f"{CLICK_IDS} of their ids, linked to their per-image timelines where this page has one.</p>"]
+    for run in clean.iter_rows(named=True):
+        names = q.anchor_names(con, run["model"])
+        run_sweep = sweep.filter(pl.col("run_id") == run["run_id"])
+        parts += [f"<h3 id='hist-{_slug(run['run_id'])}'>{html.escape(run['run_id'])}</h3>",
+                  _headline(run_sweep, k, len(names) - 1),
+                  _histograms(figs, con, run["run_id"], ks, scope, names, run_sweep)]
+    return "".join(parts)
+
+
+def _decision_mass(con, run_id: str, k: int, scope: str, t: int) -> pl.DataFrame:
+    """decision_mass's figures of one run (n and never-stable images per layer 0..T, share of the run's images),
+    derived from its per-image layers (asked once per k for every run), with the ids of the images in each bar:
+    `ids` (decided) and `never_ids` (never stable), the first CLICK_IDS of each."""
+    rows = q.decision_layers(con, k, scope).filter(pl.col("run_id") == run_id)
+    total = max(1, rows.height)
+    counts = rows.group_by("layer").agg(
+        pl.len().alias("n"), pl.col("never_stable").cast(pl.Int64).sum().alias("never_stable"),
+        pl.col("image_id").filter(~pl.col("never_stable")).sort().head(CLICK_IDS).alias("ids"),
+        pl.col("image_id").filter(pl.col("never_stable")).sort().head(CLICK_IDS).alias("never_ids"))
+    grid = pl.DataFrame({"layer": list(range(t + 1))}).cast({"layer": rows.schema["layer"]})
+    return (grid.join(counts, on="layer", how="left")
+            .with_columns(pl.col("n", "never_stable").fill_null(0),
+                          pl.col("ids", "never_ids").fill_null(pl.lit([], dtype=pl.List(rows.schema["image_id"]))))
+            .with_columns((pl.col("n") / total).alias("share"), pl.lit(total).alias("total")).sort("layer"))
+
+
+def _bar_hover(run_id: str, k: int, names: Sequence[str], what: str, layers: list[int], counts: list[int],
+               ids: list[list[int]], total: int) -> tuple[list[str], list[list]]:
+    """Each bar's hover text (run, k, anchor, images and share, the first ids) and the data a click lists."""
+    texts, data = [], []
+    for layer, n, shown in zip(layers, counts, ids, strict=True):
+        listed = ", ".join(map(str, shown[:HOVER_IDS])) + (", …" if n > HOVER_IDS else "")
+        texts.append(f"{html.escape(run_id)}, k = {k}<br>l* = {layer} {html.escape(names[layer])}: {n} {what} "
+                     f"({n / total:.1%})" + (f"<br>images {listed}<br>(click to list them)" if n else ""))
+        data.append([n, list(shown)])
+    return texts, data
+
+
+def _histograms(figs, con, run_id: str, ks: Sequence[int], scope: str, names: Sequence[str],
                 sweep: pl.DataFrame) -> str:
     fig, axes = figs.plt.subplots(1, len(ks), figsize=(3.1 * len(ks), 3.4), squeeze=False, sharey=True)
     t, top = len(names) - 1, 0.0
     for ax, k in zip(axes[0], ks, strict=True):
-        mass = q.decision_mass(con, k, scope).filter(pl.col("run_id") == run_id)
+        mass = _decision_mass(con, run_id, k, scope, t)
         layers, share = mass["layer"].to_list(), mass["share"].to_list()
-        total = max(1, int(mass["n"].sum()))
+        total = int(mass["total"][0])
         never = [n / total for n in mass["never_stable"].to_list()]
         stable = [s - v for s, v in zip(share, never, strict=True)]
         _shade_thirds(ax, t)
-        ax.bar(layers, stable, color="#3b6ea8", label="decided")
-        ax.bar(layers, never, bottom=stable, color="#d98c3a", label="never stable (at T)")
+        decided_n = [n - v for n, v in zip(mass["n"].to_list(), mass["never_stable"].to_list(), strict=True)]
+        hover: list[dict] = [{}, {}]
+        if figs.interactive:  # the images each bar counts, named on hover, listed on a click
+            for i, (what, counts, ids) in enumerate((("decided", decided_n, mass["ids"].to_list()),
+                                                     ("never stable", mass["never_stable"].to_list(),
+                                                      mass["never_ids"].to_list()))):
+                texts, data = _bar_hover(run_id, k, names, what, layers, counts, ids, total)
+                hover[i] = {"hovertext": texts, "customdata": data}
+        ax.bar(layers, stable, color="#3b6ea8", label="decided", **hover[0])
+        ax.bar(layers, never, bottom=stable, color="#d98c3a", label="never stable (at T)", **hover[1])
         top = max(top, max(share, default=0.0))
         row = sweep.filter(pl.col("k") == k)
         if not row.is_empty():
@@ -262,11 +368,12 @@ def _histograms(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str,
                                                   f"l* < 0.3T; red band: late, l* >= 0.7T){_truncated_late(sweep)}")
 
 
-def _cumulative(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str, names: Sequence[str]) -> str:
+def _cumulative(figs, con, run_id: str, ks: Sequence[int], scope: str, names: Sequence[str]) -> str:
     fig, ax = figs.plt.subplots(figsize=(6, 3.8))
     _shade_thirds(ax, len(names) - 1)
     for k in ks:
-        curve = q.cumulative_curve(con, k, scope).filter(pl.col("run_id") == run_id)
+        curve = _decision_mass(con, run_id, k, scope, len(names) - 1).select(
+            "layer", pl.col("share").cum_sum().alias("f"))  # F_k(l): the share with l* <= l (cumulative_curve)
         ax.step(curve["layer"].to_list(), curve["f"].to_list(), where="post", marker="o", ms=3, label=f"k = {k}")
     _anchor_axis(ax, names)
     ax.set_ylabel("F_k(l) = share with l* <= l")
@@ -275,7 +382,7 @@ def _cumulative(figs: _Figures, con, run_id: str, ks: Sequence[int], scope: str,
     return figs.save(fig, f"{run_id}_cumulative", f"Cumulative decision curves F_k(l) of {run_id}")
 
 
-def _probe_accuracy(figs: _Figures, accuracy: pl.DataFrame, model: str, names: Sequence[str]) -> str:
+def _probe_accuracy(figs, accuracy: pl.DataFrame, model: str, names: Sequence[str]) -> str:
     """One figure per model: α(l) of every run (probe and view in the legend), so the probes are compared on one
     set of axes rather than repeated in each run's section."""
     if accuracy.is_empty():
@@ -296,7 +403,7 @@ def _probe_accuracy(figs: _Figures, accuracy: pl.DataFrame, model: str, names: S
     return f"<h2>Probe accuracy of {html.escape(model)}</h2>" + figs.save(fig, f"{model}_accuracy", caption)
 
 
-def _k_sensitivity(figs: _Figures, sweep: pl.DataFrame, run_id: str) -> str:
+def _k_sensitivity(figs, sweep: pl.DataFrame, run_id: str) -> str:
     """How the statistics move with k; a series flat across every k is named in the caption, not drawn."""
     fig, (left, right) = figs.plt.subplots(1, 2, figsize=(9, 3.4))
     flat = []
@@ -330,7 +437,7 @@ def _truncated_late(sweep: pl.DataFrame) -> str:
             "short of 0.7T)")
 
 
-def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
+def _early_exit(figs, con, run: dict, scope: str) -> str:
     """Accuracy vs mean latency of every realisable exit policy with their Pareto front; the oracle (which
     needs the label) is drawn apart as an upper bound, if costs were measured."""
     sizes = q.cost_settings(con, run["model"])
@@ -342,8 +449,9 @@ def _early_exit(figs: _Figures, con, run: dict, scope: str) -> str:
     counted = f"<p>{html.escape(q.describe_population(population))}.</p>"
     if population["n"] == 0:
         return f"<p>Early exit for {html.escape(run['run_id'])}: no image to simulate on.</p>" + counted
-    sim = q.exit_simulation(con, run["run_id"], device, batch, scope=scope)
-    front = q.exit_pareto(con, run["run_id"], device, batch, scope=scope)
+    both = q._exit_table("exit_frontier", con, run["run_id"], device, batch, DEFAULT_POLICIES, scope)
+    sim = both.drop("on_front")  # exit_simulation's rows, and exit_pareto's among them: one simulation
+    front = both.filter(pl.col("on_front")).drop("on_front").sort("mean_ms", maintain_order=True)
     oracle = sim.filter(pl.col("policy") == "oracle")
     fig, ax = figs.plt.subplots(figsize=(6.5, 4))
     colours = {"stability": "#3b6ea8", "confidence": "#4c9a5f", "combined": "#8e5ea2", "learned": "#c9a227",
@@ -442,7 +550,7 @@ def _thumbnail(root: Path | None, path: str):
         return None
 
 
-def _gallery(figs: _Figures, con, run: dict, k: int, scope: str, names: Sequence[str], shown: list[int],
+def _gallery(figs, con, run: dict, k: int, scope: str, names: Sequence[str], shown: list[int],
              per_side: int = 4) -> str:
     """Thumbnails of correctly decided images that settle early and late, each with its prediction timeline
     (one cell per anchor: the probe's class, green where right); the image files are read from the paths
@@ -457,14 +565,17 @@ def _gallery(figs: _Figures, con, run: dict, k: int, scope: str, names: Sequence
     root = _image_root(meta)
     classes = json.loads(meta.get("class_names", "[]"))
     sides = [side for side in ("early", "late") if side in examples["side"].to_list()]
+    caption = (f"Images of {run['run_id']} that decide early (top) and late (below), with the probe's class at "
+               f"every anchor (green: right, red: wrong; box: l*({k}); a never-stable image has none)")
+    if figs.interactive:
+        return (_gallery_html(root, classes, examples, sides, names, k, caption)
+                + _timeline_links(examples["image_id"].to_list(), shown))
     rows = max(examples.filter(pl.col("side") == side).height for side in sides)
     height = 0.95 * rows + 1.6
     fig = figs.plt.figure(figsize=(6.0 * len(sides), height))
     grid = fig.add_gridspec(rows, 2 * len(sides), width_ratios=[1, 7] * len(sides), hspace=0.8, wspace=0.06,
                             left=0.02, right=0.98, top=1 - 0.3 / height, bottom=1.0 / height)
-    from matplotlib.colors import ListedColormap
-
-    cells = ListedColormap(["#f0b4a8", "#a8dca8"])
+    cells = figs.colormap(["#f0b4a8", "#a8dca8"])
     for s, side in enumerate(sides):
         part = examples.filter(pl.col("side") == side)
         for r, ex in enumerate(part.iter_rows(named=True)):
@@ -489,10 +600,37 @@ def _gallery(figs: _Figures, con, run: dict, k: int, scope: str, names: Sequence
             last = r == part.height - 1
             strip.set_xticks(range(len(names)), [f"{i} {n}" for i, n in enumerate(names)] if last else [],
                              rotation=90)
-    caption = (f"Images of {run['run_id']} that decide early (left) and late (right), with the probe's class at "
-               f"every anchor (green: right, red: wrong; box: l*({k}); a never-stable image has none)")
-    return (figs.save(fig, f"{run['run_id']}_gallery", caption, tight=False)
+    return (figs.save(fig, f"{run['run_id']}_gallery", caption.replace("(top)", "(left)").replace("(below)", "(right)"),
+                      tight=False)
             + _timeline_links(examples["image_id"].to_list(), shown))
+
+
+def _class_name(classes: Sequence[str], label: int) -> str:
+    return classes[label] if label < len(classes) else str(label)
+
+
+def _gallery_html(root: Path | None, classes: Sequence[str], examples: pl.DataFrame, sides: Sequence[str],
+                  names: Sequence[str], k: int, caption: str) -> str:
+    """The gallery as the page shows it: per image its thumbnail, a line naming it, and a strip of the probe's class
+    at every anchor (green: right, red: wrong, boxed: l*(k)), each cell's hover naming its anchor."""
+    rows = []
+    for side in sides:
+        for ex in examples.filter(pl.col("side") == side).iter_rows(named=True):
+            label = _class_name(classes, ex["label"])
+            settled = (f"never stable (no l*({k}); counted at T = {ex['layer']})" if ex["never_stable"]
+                       else f"l*({k}) = {ex['layer']}")
+            cells = "".join(
+                f"<td class='{'right' if pred == ex['label'] else 'wrong'}"
+                f"{' decided' if a == ex['layer'] and not ex['never_stable'] else ''}' "
+                f"title='anchor {a} {html.escape(names[a] if a < len(names) else '')}: "
+                f"{html.escape(_class_name(classes, pred))}'>{html.escape(_class_name(classes, pred)[:7])}</td>"
+                for a, pred in enumerate(ex["preds"]))
+            heads = "".join(f"<th>{a}</th>" for a in range(len(ex["preds"])))
+            rows.append(f"<div class='strip-row'>{_thumbnail_tag(root, ex['path'], 64)}<div><p class='strip-title'>"
+                        f"{side}: <a href='#image-{ex['image_id']}'>image {ex['image_id']}</a>, {html.escape(label)}, "
+                        f"{settled}</p><div class='scroll'><table class='strip'><tr>{heads}</tr><tr>{cells}</tr>"
+                        f"</table></div></div></div>")
+    return f"<figure class='gallery'>{''.join(rows)}<figcaption>{html.escape(caption)}</figcaption></figure>"
 
 
 def _timeline_links(ids: Sequence[int], shown: list[int]) -> str:
@@ -584,7 +722,7 @@ def _thumbnail_tag(root: Path | None, path: str, size: int = 128) -> str:
     return f"<img class='thumb' alt='{html.escape(path)}' src='data:image/png;base64,{data}'>"
 
 
-def _definitions(figs: _Figures, con, model: str, runs: list[str], k: int, min_conf: float, scope: str,
+def _definitions(figs, con, model: str, runs: list[str], k: int, min_conf: float, scope: str,
                  shown: list[int]) -> str:
     """Every definition of when the network decides (l*(k), the joint criterion, prediction depth) for the clean
     runs of one model, side by side: their band shares, Spearman correlations and early/late disagreements, and a
@@ -716,7 +854,7 @@ def _differs(reference: dict, other: dict) -> str:
     return ", ".join(p for p in parts if p) or "nothing recorded"
 
 
-def _probe_sensitivity(figs: _Figures, con, model: str, runs: pl.DataFrame, k: int, scope: str) -> str:
+def _probe_sensitivity(figs, con, model: str, runs: pl.DataFrame, k: int, scope: str) -> str:
     """The default probe's run beside every other clean run of the model (paper, other families, another seed):
     how often they predict the same class at each anchor and give the same l*(k) and band, on the images both
     count, so a reader sees how much of the timeline is the probe's rather than the network's."""
@@ -777,7 +915,7 @@ def _probe_sensitivity(figs: _Figures, con, model: str, runs: pl.DataFrame, k: i
     return "".join(parts)
 
 
-def _disagreement_gallery(figs: _Figures, con, model: str, picked: pl.DataFrame, shown: list[int]) -> str:
+def _disagreement_gallery(figs, con, model: str, picked: pl.DataFrame, shown: list[int]) -> str:
     """Thumbnails of images on which two definitions disagree most, each with its id, label and both layers, and
     links to their per-image timelines (the ids added to `shown`)."""
     if picked.is_empty():
@@ -785,6 +923,16 @@ def _disagreement_gallery(figs: _Figures, con, model: str, picked: pl.DataFrame,
     meta = q.meta(con)
     root = _image_root(meta)
     classes = json.loads(meta.get("class_names", "[]"))
+    caption = (f"Images of {model} early (l < 0.3T) by one definition and decided late (l >= 0.7T) by the other, "
+               "for the pairs above (image id and layer per definition above each image)")
+    if figs.interactive:
+        cards = "".join(
+            f"<div class='card'>{_thumbnail_tag(root, ex['path'], 96)}<p><a href='#image-{ex['image_id']}'>image "
+            f"{ex['image_id']}</a>: {html.escape(_class_name(classes, ex['label']))}<br>"
+            f"{html.escape(ex['a'][:24])}: {ex['layer_a']}<br>{html.escape(ex['b'][:24])}: {ex['layer_b']}</p></div>"
+            for ex in picked.iter_rows(named=True))
+        return (f"<figure class='cards'>{cards}<figcaption>{html.escape(caption)}</figcaption></figure>"
+                + _timeline_links(picked["image_id"].to_list(), shown))
     cols = min(6, picked.height)
     rows = -(-picked.height // cols)
     fig, axes = figs.plt.subplots(rows, cols, figsize=(2.0 * cols, 2.6 * rows), squeeze=False)
@@ -798,13 +946,11 @@ def _disagreement_gallery(figs: _Figures, con, model: str, picked: pl.DataFrame,
         label = classes[ex["label"]] if ex["label"] < len(classes) else str(ex["label"])
         ax.set_title(f"image {ex['image_id']}: {label}\n{ex['a'][:24]}: {ex['layer_a']}\n{ex['b'][:24]}: "
                      f"{ex['layer_b']}", fontsize=8.5)
-    caption = (f"Images of {model} early (l < 0.3T) by one definition and decided late (l >= 0.7T) by the other, "
-               "for the pairs above (image id and layer per definition above each image)")
     return (figs.save(fig, f"{model}_disagreements", caption, tight=False)
             + _timeline_links(picked["image_id"].to_list(), shown))
 
 
-def _tap_heatmap(figs: _Figures, con, run_id: str, scope: str) -> str:
+def _tap_heatmap(figs, con, run_id: str, scope: str) -> str:
     """Block x tap probe-accuracy heatmap and the fixed-tap strategies, for runs built with --taps."""
     grid = q.tap_grid(con, run_id, scope)
     if grid.is_empty():
@@ -824,7 +970,7 @@ def _tap_heatmap(figs: _Figures, con, run_id: str, scope: str) -> str:
             + "<h3>Fixed taps and gain recovered</h3>" + _table(q.tap_gains(con, run_id, scope)))
 
 
-def _circuits(figs: _Figures, con, circuit_runs: pl.DataFrame) -> list[str]:
+def _circuits(figs, con, circuit_runs: pl.DataFrame) -> list[str]:
     """Inter-layer dependency matrices of every circuit run, with DDB (all variants) and CSS vs clean."""
     if circuit_runs.is_empty():
         return []
@@ -851,7 +997,7 @@ def _circuits(figs: _Figures, con, circuit_runs: pl.DataFrame) -> list[str]:
     return parts
 
 
-def _shift(figs: _Figures, shift: pl.DataFrame) -> str:
+def _shift(figs, shift: pl.DataFrame) -> str:
     fig, ax = figs.plt.subplots(figsize=(7, 3.2))
     labels = [f"{m}\n{v}" for m, v in shift.filter(pl.col("k") == shift["k"].min()).select("model", "view").rows()]
     ks = shift["k"].unique().sort().to_list()
@@ -868,7 +1014,7 @@ def _shift(figs: _Figures, shift: pl.DataFrame) -> str:
     return figs.save(fig, "corruption_shift", f"Corruption shift of the mean decision layer, one bar per k of: {bars}")
 
 
-def _cross_model(figs: _Figures, sweep: pl.DataFrame) -> str:
+def _cross_model(figs, sweep: pl.DataFrame) -> str:
     fig, ax = figs.plt.subplots(figsize=(6, 3.2))
     for run_id in sweep["run_id"].unique(maintain_order=True).to_list():
         part = sweep.filter(pl.col("run_id") == run_id)
@@ -887,10 +1033,21 @@ def _page(db, scope: str, sections: list[str]) -> str:
              "figcaption{font-size:13px;color:#555}.headline{font-size:16px;background:#f6f6ee;padding:.5em}"
              ".timeline-table td{white-space:nowrap}section.run{border-top:3px solid #3b6ea8;margin-top:2em}"
              "td.wrong{color:#b5533c}"
-             ".timeline{display:flex;gap:1em;align-items:flex-start}img.thumb{width:128px;image-rendering:pixelated}")
+             ".timeline{display:flex;gap:1em;align-items:flex-start}img.thumb{width:128px;image-rendering:pixelated}"
+             "div.plot{min-height:60px}.bar-images{font-size:12px;max-height:8em;overflow-y:auto}"
+             ".bar-images a,.bar-images span{margin-right:.3em}.strip-row{display:flex;gap:.6em;margin:.4em 0;"
+             "align-items:flex-start}.strip-row img.thumb{width:64px}.strip-title{margin:0;font-size:13px}"
+             "table.strip{margin:.2em 0;font-size:11px}table.strip td{text-align:center;white-space:nowrap}"
+             "table.strip th{font-weight:normal;color:#666}table.strip td,table.strip th{min-width:52px}"
+             "table.strip td.right{background:#a8dca8}"
+             "table.strip td.wrong{background:#f0b4a8;color:#222}"
+             "td.decided{outline:2px solid black;outline-offset:-2px}figure.cards{display:flex;flex-wrap:wrap;"
+             "gap:.8em}figure.cards figcaption{flex-basis:100%}.card{width:150px;font-size:12px}"
+             ".card img.thumb{width:96px}")
     intro = (f"<p>Database <code>{html.escape(str(db))}</code>; images counted: <code>{html.escape(scope)}</code> "
              "(auto = the test split, or every image of a cross-fit run). l*(k) is the first anchor from which "
              "the probe prediction stays the same for k more anchors; images that never settle are put at the "
              "last anchor T and counted as never stable.</p>")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>featstore report</title>"
-            f"<style>{style}</style></head><body><h1>featstore report</h1>{intro}{''.join(sections)}</body></html>")
+            f"<style>{style}</style></head><body><h1>featstore report</h1>{intro}{''.join(sections)}"
+            f"{page_scripts()}</body></html>")

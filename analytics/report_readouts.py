@@ -3,31 +3,31 @@ ECE and MCE per anchor of each run with their bootstrap intervals, the overthink
 beside their label-blind permutation nulls, and the CKA matrix of each model's anchors where `featstore cka`
 computed one. `readout_sections` returns the HTML; the report places it.
 
-Figures are drawn as the rest of the report draws them (`report_figures._Figures`: PNG beside the page, embedded); every
-one names its runs or model in its legend and caption, and its tick labels are 9 pt at 110 dpi (14 px).
+Figures are drawn as the rest of the report draws them (`report_plots.PlotlyFigures` for the page, or
+`report_figures._Figures` for publication figures); every one names its runs or model in its legend and caption.
 """
 
 from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from pathlib import Path
 
 import polars as pl
 
 from featstore.analytics import readouts as r
 from featstore.analytics.report_figures import _Figures, _table
+from featstore.analytics.report_plots import PlotlyFigures
 from featstore.schema import CALIBRATION_MIN_N
 
 TICKS = 9  # pt: 14 px at the report's 110 dpi
 
 
-def readout_sections(con, run_ids: Sequence[str], out: str | Path | None = None, scope: str = "auto",
-                     bins: int = 15, figs: _Figures | None = None) -> str:
-    """HTML of the calibration, overthinking and CKA sections for `run_ids` (figures written into `out`, or
-    through the report's own `figs`)."""
+def readout_sections(con, run_ids: Sequence[str], scope: str = "auto", bins: int = 15,
+                     figs: _Figures | PlotlyFigures | None = None) -> str:
+    """HTML of the calibration, overthinking and CKA sections for `run_ids`, drawn through the report's own `figs`
+    (by default plots the page draws from their embedded data)."""
     if figs is None:
-        figs = _Figures(Path(out if out is not None else "."))
+        figs = PlotlyFigures()
     parts = [_calibration(figs, con, run_id, bins, scope) for run_id in run_ids]
     parts.append(_overthinking(figs, con, run_ids, scope))
     parts.extend(_cka(figs, con, model) for model in _models(con, run_ids))
@@ -50,7 +50,7 @@ def _anchor_ticks(ax, names: Sequence[str], axis: str = "x") -> None:
         ax.set_ylabel("anchor", fontsize=TICKS + 1)
 
 
-def _calibration(figs: _Figures, con, run_id: str, bins: int, scope: str) -> str:
+def _calibration(figs, con, run_id: str, bins: int, scope: str) -> str:
     """Reliability diagram of four anchors (first, a third, two thirds, last), and ECE and MCE of every anchor with
     their bootstrap intervals; bins too small to set MCE are drawn hollow."""
     per_anchor = r.calibration(con, run_id, bins, scope)
@@ -104,11 +104,9 @@ def _calibration(figs: _Figures, con, run_id: str, bins: int, scope: str) -> str
             + figs.save(fig, f"{run_id}_reliability", caption) + _table(table))
 
 
-def _overthinking(figs: _Figures, con, run_ids: Sequence[str], scope: str) -> str:
+def _overthinking(figs, con, run_ids: Sequence[str], scope: str) -> str:
     """Share right at some anchor <= l per run beside its label-blind permutation null, the head's accuracy, and
     the run-wide shares with their nulls and p-values."""
-    from matplotlib.lines import Line2D
-
     frames = {run_id: r.overthinking(con, run_id, scope) for run_id in run_ids}
     frames = {k: v for k, v in frames.items() if not v.is_empty() and v["n"][0]}
     if not frames:
@@ -128,9 +126,9 @@ def _overthinking(figs: _Figures, con, run_ids: Sequence[str], scope: str) -> st
             names = [n or "" for n in frame["name"].to_list()]
     if one_head:
         ax.axhline(next(iter(frames.values()))["head_accuracy"][0], color="0.4", ls=":", lw=1)
-    style = [Line2D([], [], color="0.3", marker="o", ms=3, label="right at some anchor <= l"),
-             Line2D([], [], color="0.3", ls="--", lw=1, label="labels shuffled: mean (band: 95%)"),
-             Line2D([], [], color="0.4", ls=":", lw=1, label="the model's head")]
+    style = [figs.handle(color="0.3", marker="o", ms=3, label="right at some anchor <= l"),
+             figs.handle(color="0.3", ls="--", lw=1, label="labels shuffled: mean (band: 95%)"),
+             figs.handle(color="0.4", ls=":", lw=1, label="the model's head")]
     ax.legend(handles=[*ax.get_legend_handles_labels()[0], *style], fontsize=TICKS - 1, loc="upper left",
               bbox_to_anchor=(1.01, 1.0))
     _anchor_ticks(ax, names)
@@ -173,7 +171,7 @@ def _run_shares(run_id: str, frame: pl.DataFrame) -> list[dict]:
     return out
 
 
-def _cka(figs: _Figures, con, model: str) -> str:
+def _cka(figs, con, model: str) -> str:
     """One heatmap per view and estimator of the model's stored CKA."""
     rows = r.anchor_cka(con, model)
     if rows.is_empty():

@@ -12,7 +12,7 @@ import polars as pl
 
 from featstore.analytics import queries as q
 from featstore.analytics import robustness as rb
-from featstore.analytics.report_figures import _Figures, _slug, _table
+from featstore.analytics.report_figures import _slug, _table
 
 SHOWN = ("f_early", "f_mid", "f_late", "never_stable")  # the fractions a row shows with their intervals
 
@@ -56,7 +56,7 @@ def spread_table(sweep: pl.DataFrame) -> pl.DataFrame:
                                                                  maintain_order=True).drop("order")
 
 
-def robustness_section(figs: _Figures, con, ks: Sequence[int], k: int, scope: str,
+def robustness_section(figs, con, ks: Sequence[int], k: int, scope: str,
                        caveat: Callable[[int, int], str] = lambda t, k: "",
                        runs: Sequence[str] | None = None) -> str:
     """The section on the clean view of every model: a headline at `k`, the table over `ks` and one figure per
@@ -135,7 +135,7 @@ def _errorbar(ax, rows: pl.DataFrame, name: str, x: list[float], **style) -> Non
     ax.errorbar(x, value, yerr=error, marker="o", ms=3, capsize=2, **style)
 
 
-def _figure(figs: _Figures, sweep: pl.DataFrame, model: str) -> str:
+def _figure(figs, sweep: pl.DataFrame, model: str) -> str:
     fig, axes = figs.plt.subplots(1, 3, figsize=(10, 3.2))
     runs = sweep["run_id"].unique(maintain_order=True).to_list()
     for ax, name in zip(axes, ("f_early", "f_late"), strict=False):

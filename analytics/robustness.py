@@ -77,8 +77,17 @@ def fleiss_kappa(counts: np.ndarray, weights: np.ndarray | None = None) -> float
     every row sums to m >= 2), each image counted `weights` times (a bootstrap draw); NaN where every vote is in one
     category (chance agreement 1)."""
     weights = np.ones(len(counts)) if weights is None else weights
+    return _weighted_kappa(counts, _image_agreement(counts), weights)
+
+
+def _image_agreement(counts: np.ndarray) -> np.ndarray:
+    """Each image's share of agreeing rater pairs: the part of Fleiss' kappa that no bootstrap weight changes."""
     m = counts[0].sum()
-    per_image = ((counts * counts).sum(axis=1) - m) / (m * (m - 1))
+    return ((counts * counts).sum(axis=1) - m) / (m * (m - 1))
+
+
+def _weighted_kappa(counts: np.ndarray, per_image: np.ndarray, weights: np.ndarray) -> float:
+    m = counts[0].sum()
     total = weights.sum()
     observed = weights @ per_image / total
     shares = weights @ counts / (total * m)
@@ -104,15 +113,25 @@ def _intervals(bands: pl.DataFrame, replicates: int, seed: int, level: float, re
     rng = np.random.default_rng(seed)
     fractions = np.empty((replicates, len(runs), len(FRACTIONS)))
     agreement = np.full((replicates, len(AGREEMENT)), np.nan)
+    fixed: dict[tuple, tuple] = {}  # without refits every replicate has the same runs: their arrays made once
+
+    def per_runs(column: list[int]) -> tuple:
+        if len(voters) < 2:
+            return indicators[:, column], None, None, None
+        votes = np.stack([(codes[:, [column[v] for v in voters]] == c).sum(axis=1) for c in range(len(BANDS))],
+                         axis=1)
+        return indicators[:, column], votes, votes.max(axis=1) == len(voters), _image_agreement(votes)
+
     for b in range(replicates):
         weights = np.bincount(rng.integers(0, n, n), minlength=n).astype(float)
         pick = rng.integers(0, sizes) if refits else np.zeros(len(groups), int)
         column = [runs.index(groups[g][pick[g]]) for g in group_of]  # the run that stands for each run here
-        fractions[b] = np.einsum("i,irf->rf", weights, indicators[:, column]) / n
+        if not refits and tuple(column) not in fixed:
+            fixed[tuple(column)] = per_runs(column)
+        chosen, votes, holds, per_image = per_runs(column) if refits else fixed[tuple(column)]
+        fractions[b] = np.einsum("i,irf->rf", weights, chosen) / n
         if len(voters) > 1:
-            votes = np.stack([(codes[:, [column[v] for v in voters]] == c).sum(axis=1) for c in range(len(BANDS))],
-                             axis=1)
-            agreement[b] = weights @ (votes.max(axis=1) == len(voters)) / n, fleiss_kappa(votes, weights)
+            agreement[b] = weights @ holds / n, _weighted_kappa(votes, per_image, weights)
     quantiles = [(1 - level) / 2, (1 + level) / 2]
     low, high = np.quantile(fractions, quantiles, axis=0)
     spread = (np.quantile(agreement, quantiles, axis=0) if len(voters) > 1

@@ -251,11 +251,13 @@ class Results:
         return probe_summary(self.db, run)
 
     def report(self, out: str | Path | None = None, ks: Ks = None, scope: str = "auto",
-               min_conf: float = JOINT_MIN_CONF, progress: Callable[[str], None] | None = None) -> Path:
+               min_conf: float = JOINT_MIN_CONF, progress: Callable[[str], None] | None = None,
+               figures: str | None = None) -> Path:
         """One self-contained HTML page of every run (`featstore report`), under `out` (default: report/ beside
-        the database, wherever the working folder is now); its one-window sections at `window(ks)`. Returns the
-        page's path, absolute."""
-        from featstore.analytics.report import write_report
+        the database, wherever the working folder is now); its one-window sections at `window(ks)`. `figures`
+        ('png', 'svg' or 'pdf'): every figure also as a file beside the page, for a paper. Returns the page's path,
+        absolute."""
+        from featstore.analytics.report import check_figures, write_report
         from featstore.analytics.selection import fraction, windows
 
         db = self._one_db("report")
@@ -264,7 +266,7 @@ class Results:
         out = db.parent / "report" if out is None else Path(out).absolute()
         ks = windows(ks)
         return write_report(db, out, ks, scope, k=self.window(ks), min_conf=fraction(min_conf, "min_conf"),
-                            progress=progress)
+                            progress=progress, figures=check_figures(figures))
 
     def _one_db(self, what: str) -> Path:
         if isinstance(self.db, list):

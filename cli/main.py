@@ -468,14 +468,15 @@ def compare(db: Path, run_id: str | None, ks: list[int], min_conf: float, per_pa
 @cli.command()
 @option("--db", "read")
 @option("--out", "report")
-@options(option("--k"), option("--min-conf", "compare"), option("--scope"))
+@options(option("--k"), option("--min-conf", "compare"), option("--scope"), option("--figures"))
 @user_errors
-def report(db: Path, out: Path | None, ks: list[int], min_conf: float, scope: str) -> None:
-    """One self-contained HTML page of plots and tables of every run in the database."""
+def report(db: Path, out: Path | None, ks: list[int], min_conf: float, scope: str, figures: str | None) -> None:
+    """One self-contained HTML page of every run in the database: its plots drawn in the browser from the data in
+    it (hover, zoom; a histogram bar lists its images), and its tables."""
     from featstore.api import connect
 
     path = connect(db).report(out, ks, scope, min_conf, progress=lambda step: click.echo(f"report: {step} …",
-                                                                                           err=True))
+                                                                                           err=True), figures=figures)
     click.echo(f"wrote {path}")
 
 

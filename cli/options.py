@@ -28,6 +28,7 @@ from featstore.api.declared import (
     DEFAULT_POLICIES,
     DEMO_DATASET,
     FIELDS,
+    FIGURE_FORMATS,
     JOINT_MIN_CONF,
     MAX_THRESHOLDS,
     PER_PAIR,
@@ -278,6 +279,9 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     },
     "--format": {"": (("fmt",), dict(type=click.Choice(["table", "csv", "json"]), default="table",
                                      help="Output format."))},
+    "--figures": {"": ((), dict(type=click.Choice(FIGURE_FORMATS), default=None,
+                                help="Also write every figure as a file of this format, drawn by matplotlib (for a "
+                                     "paper); the page draws its own plots either way."))},
     "--scope": {"": ((), dict(type=click.Choice(SCOPES), default=SCOPES[0],
                               help="Images counted: auto = the test split, or all images of cross-fit runs."))},
     "--k": {"": (("ks",), dict(default=",".join(map(str, DEFAULT_POLICIES.ks)),
@@ -318,8 +322,8 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                   "matrix (table format only) or disagreements [default: the summary and the pairs "
                                   "that disagree most; csv/json: agreement]."))},
     "--out": {
-        "report": ((), dict(type=OUT_FOLDER, help="Folder for report.html and PNGs [default: report/ beside the "
-                            "database].")),
+        "report": ((), dict(type=OUT_FOLDER, help="Folder for report.html (and --figures' files) [default: "
+                            "report/ beside the database].")),
         "export": ((), dict(required=True, type=OUT_FOLDER, help="New folder for the Parquet files.")),
         "demo": ((), dict(type=OUT_FOLDER, default=Path("featstore-demo"), help="Folder for the images, the cached "
                           "network, the store, the database and the report (one subfolder per --dataset).")),

@@ -267,6 +267,7 @@ CALIBRATION_SEED = 0  # the seed of those resamples
 INTERVAL_LEVEL = 0.95  # the coverage of the nulls' and bootstraps' percentile intervals (overthinking, calibration)
 COST_BATCH_SIZES = (1, 64)  # `cost`'s batch sizes: latency (1) and throughput
 JOINT_MIN_CONF = 0.5  # the joint criterion's confidence threshold where compare and the report show it
+FIGURE_FORMATS = ("png", "svg", "pdf")  # `report --figures`: publication figures beside the page, by matplotlib
 PER_PAIR = 4  # `compare`: disagreeing images listed per pair of definitions
 DDB_VARIANTS = ("global", "deep", "out")  # DDB's variants, the first the default (sql/ddb.sql's too)
 CSS_DISTANCES = ("srcc", "cosine", "l2", "jaccard", "laplacian", "netlsd")  # CSS's, the first the default (sql/css.sql)

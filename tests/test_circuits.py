@@ -194,10 +194,10 @@ def test_circuits_ddb_css_commands(image_dir, tmp_path):
     # computed from the edges on the fly: a query command writes nothing (issue 21; it used to store both)
     assert query(db, "SELECT count(*) AS n FROM css_graph")["n"][0] == 0
     assert "no common edges" in fails("css", "--db", db, "--id", "a", "--ood", "b")
-    run_cli("report", "--db", db, "--out", tmp_path / "rep")
+    run_cli("report", "--db", db, "--out", tmp_path / "rep", "--figures", "svg")
     page = (tmp_path / "rep" / "report.html").read_text()
-    assert "Circuit shift score" in page and "Inter-layer dependency matrix" in page
-    assert len(list((tmp_path / "rep").glob("*_idm.png"))) == 2
+    assert "Circuit shift score" in page and page.count("<figcaption>Inter-layer dependency matrix") == 2
+    assert len(list((tmp_path / "rep").glob("*_idm.svg"))) == 2
     assert "circuits need a timm VisionTransformer" in fails("circuits", *common[2:], "--model", "resnet18")
 
 

@@ -211,16 +211,18 @@ def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(digits_linear, tmp
 
 @needs_tiny_disk
 def test_report_on_a_full_disk_is_one_line_and_leaves_no_png(digits_linear, tmp_path):
-    proc, left = on_full_disk(tmp_path, "report", "--db", str(digits_linear[0]), "--out", "disk/report")
+    proc, left = on_full_disk(tmp_path, "report", "--db", str(digits_linear[0]), "--out", "disk/report",
+                              "--figures", "png")
     one_line(the_error(proc), "no space left", "disk/report", "free some space", "--out")
     assert left == []
 
 
 def test_the_report_moves_its_figures_in_with_its_page(digits_linear, tmp_path):
     out = tmp_path / "report"
-    run_cli("report", "--db", digits_linear[0], "--out", out)
+    run_cli("report", "--db", digits_linear[0], "--out", out, "--figures", "pdf")
     made = sorted(p.name for p in tmp_path.iterdir())
-    assert made == ["report"] and (out / "report.html").is_file() and list(out.glob("*.png"))
+    assert made == ["report"] and (out / "report.html").is_file() and list(out.glob("*.pdf"))
+    assert all(p.read_bytes().startswith(b"%PDF") for p in out.glob("*.pdf"))
 
 
 # 7. paths that are no database or folder ----------------------------------------------------------------------------

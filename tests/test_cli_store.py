@@ -78,9 +78,8 @@ def test_demo_digits_preset_runs_offline_end_to_end(tmp_path):
                   "--no-progress").output
     assert "Where the clean test images decide" in out and "gaussian_noise-2" in out
     report = tmp_path / "demo" / "digits" / "report"
-    pngs = list(report.glob("*.png"))
-    assert (report / "report.html").stat().st_size > 50_000 and len(pngs) >= 5
-    assert all(p.stat().st_size > 5_000 for p in pngs)
+    page = (report / "report.html").read_text()
+    assert page.count("class='plot-spec'") >= 5 and "<script>" in page  # plots drawn from their data, offline
     fs = FeatureStore(tmp_path / "demo" / "digits" / "store.zarr")
     assert fs.model_attrs("resnet18")["config"]["weights_id"].startswith("file:resnet18-e1.pth")
     assert sorted(fs.views("resnet18")) == ["clean", "gaussian_blur-1", "gaussian_noise-2"]

@@ -117,6 +117,20 @@ def test_pareto_front_is_the_undominated_set(db):
     assert front["mean_ms"].is_sorted() and "oracle" not in front["policy"].to_list()
 
 
+def test_the_reports_frontier_is_the_simulation_with_its_undominated_rows_marked(db):
+    """exit_frontier (the report's one query for the plot and the front): exit_simulation's rows, on_front exactly
+    where no other realisable policy is at least as accurate and as cheap and better in one (a plain loop)."""
+    policies = q.ExitPolicies(thresholds=(0.5, 0.8, 0.96), combined=(0.5, 0.9))
+    both = q._exit_table("exit_frontier", db, "m/clean/linear", DEVICE, 1, policies, "auto")
+    sim = q.exit_simulation(db, "m/clean/linear", DEVICE, policies=policies)
+    assert both.drop("on_front").sort(sim.columns).equals(sim.sort(sim.columns))
+    rows = sim.filter(pl.col("policy") != "oracle").select("accuracy", "mean_ms").rows()
+    for policy, a, m, on_front in both.select("policy", "accuracy", "mean_ms", "on_front").rows():
+        beaten = any(b >= a and n <= m and (b > a or n < m) for b, n in rows)
+        assert on_front == (policy != "oracle" and not beaten), (policy, a, m)
+    assert both["on_front"].any() and not both["on_front"].all()
+
+
 def test_prefix_costs_grow_and_full_flops_match_an_independent_count():
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10)

@@ -1,7 +1,9 @@
 """The demo's report in a real browser (headless Chromium through Selenium, 1400 px wide): what a reader sees.
 
 Checked in the page as Chromium lays it out, not in the HTML text: no horizontal overflow, every image decoded,
-no console error, and every figure's caption naming the runs it draws (the run ids read from the database).
+every plot drawn by plotly.js from its embedded data (an SVG with every trace), no console error, every figure's
+caption naming the runs it draws (the run ids read from the database), and a histogram bar's hover naming the
+images it counts (found here by a plain loop over the stored predictions).
 Skips with one line where Chromium, its driver or Selenium is missing; `.ci/run` installs them.
 
 Also a script: `python tests/test_report_browser.py REPORT.html OUT_DIR PREFIX` saves the five views (top, the
@@ -44,6 +46,9 @@ def open_browser():
 def load(driver, report: Path) -> None:
     driver.get(report.resolve().as_uri())
     driver.execute_script("document.body.style.zoom = '1'")
+    driver.execute_async_script(  # the page draws its plots once it is parsed: wait for that
+        "const done = arguments[0]; const check = () => document.body.dataset.plotsDrawn !== undefined ? done(0) :"
+        " setTimeout(check, 20); check();")
     # every image decoded (data: URIs load synchronously, but wait for `complete` to be sure)
     driver.execute_async_script(
         "const done = arguments[0]; Promise.all([...document.images].map(i => i.complete ? 0 :"
@@ -110,12 +115,82 @@ def test_the_report_fits_1400_px_and_every_image_loads(page, tmp_path_factory):
     assert not broken, f"{len(broken)} image(s) not decoded: {broken[:3]}"
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
-    shots = Path(str(tmp_path_factory.mktemp("shots")))
+    shots = Path(str(tmp_path_factory.mktemp("shots")))  # look at them: `python tests/test_report_browser.py`
     driver.set_window_size(WIDTH, min(int(sizes[2]) + 200, 16384))
     driver.save_screenshot(str(shots / "report_full.png"))
     driver.set_window_size(WIDTH, HEIGHT)
     saved = shoot(driver, shots, "after")
     print(f"screenshots: {shots / 'report_full.png'} and {', '.join(p.name for p in saved)}")
+
+
+def test_every_plot_is_drawn_from_its_data(page):
+    """Each plot of the page is drawn: an SVG in its div, plotly's traces as many as its embedded spec has, a
+    non-empty plot area; no console error (plotly's own included)."""
+    driver, _ = page
+    plots = driver.execute_script(
+        "return [...document.querySelectorAll('div.plot')].map(d => [d.dataset.name,"
+        " JSON.parse(d.nextElementSibling.textContent).data.length, (d._fullData || []).length,"
+        " d.querySelectorAll('svg.main-svg').length, d.querySelector('.cartesianlayer, .imagelayer') !== null,"
+        " d.getBoundingClientRect().height])")
+    assert len(plots) >= 20, len(plots)
+    for name, traces, drawn, svgs, area, height in plots:
+        assert traces > 0 and drawn == traces and svgs > 0 and area and height > 100, (name, traces, drawn, svgs)
+    assert driver.execute_script("return document.images.length") > 0
+    errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+    assert not errors, errors
+
+
+def _loop_layers(con, run_id: str, k: int) -> dict[int, list[int]]:
+    """The test images of a run by their l*(k), from the stored predictions with a plain loop (never stable: T)."""
+    by_layer: dict[int, list[int]] = {}
+    for image_id, preds in con.execute("SELECT image_id, preds FROM timelines WHERE run_id = ? AND split = 'test'"
+                                       " ORDER BY image_id", [run_id]).fetchall():
+        t = len(preds) - 1
+        layer = next((j for j in range(t - k + 1) if len(set(preds[j:j + k + 1])) == 1), t)
+        by_layer.setdefault(layer, []).append(image_id)
+    return by_layer
+
+
+def test_a_histogram_bars_hover_names_its_images_and_a_click_lists_them(page):
+    """Hovering the k = 2 panel's fullest bar of the linear run names the run, the layer, its image count and its
+    first image ids, as a plain loop over the predictions finds them; a click lists them, linked where the page has
+    their timelines."""
+    import duckdb
+
+    driver, home = page
+    run_id = "resnet18/clean/linear"
+    con = duckdb.connect(str(home / "featstore.duckdb"), read_only=True)
+    try:
+        by_layer = _loop_layers(con, run_id, 2)
+    finally:
+        con.close()
+    layer = max(by_layer, key=lambda a: len(by_layer[a]))
+    ids = sorted(by_layer[layer])
+    div = driver.execute_script(
+        "return [...document.querySelectorAll('figure')].find(f => f.querySelector('figcaption').textContent"
+        ".startsWith(arguments[0])).querySelector('div.plot')", f"Decision-layer histograms of {run_id} (")
+    ks = driver.execute_script("return arguments[0]._fullLayout._subplots.cartesian", div)
+    panel = 1  # the second panel: k = 2 (the report's ks are 1, 2, 3, 4)
+    driver.execute_script("arguments[0].scrollIntoView(true);"
+                          "Plotly.Fx.hover(arguments[0], [{curveNumber: arguments[1], pointNumber: arguments[2]}],"
+                          " arguments[3])", div, 2 * panel, layer, ks[panel])
+    label = driver.execute_script("const h = arguments[0].querySelector('.hoverlayer .hovertext');"
+                                  " return h ? h.textContent : null", div)
+    assert label is not None, "no hover label"
+    assert run_id in label and "k = 2" in label and f"l* = {layer} " in label, label
+    assert f": {len(ids)} decided (" in label, label  # the demo's fullest bar has no never-stable image
+    assert "images " + ", ".join(map(str, ids[:12])) in label, label
+    driver.execute_script("arguments[0].emit('plotly_click', {points: [arguments[0]._fullData[arguments[1]]"
+                          " && {data: arguments[0]._fullData[arguments[1]], x: arguments[2],"
+                          " customdata: arguments[0]._fullData[arguments[1]].customdata[arguments[2]]}]})",
+                          div, 2 * panel, layer)
+    listed = driver.execute_script("const p = arguments[0].parentNode.querySelector('.bar-images');"
+                                   " return p ? [...p.querySelectorAll('a, span')].map(e => Number(e.textContent))"
+                                   " : null", div)
+    assert listed == ids[:200], (listed[:5] if listed else listed, ids[:5])
+    linked = driver.execute_script("return [...arguments[0].parentNode.querySelectorAll('.bar-images a')]"
+                                   ".every(a => document.getElementById(a.getAttribute('href').slice(1)))", div)
+    assert linked
 
 
 def test_every_figure_names_its_runs(page):
@@ -146,9 +221,36 @@ def test_every_figure_names_its_runs(page):
         assert run_id in accuracy[0], (run_id, accuracy[0])
 
 
-def test_the_page_opens_with_what_of_the_timeline_is_the_networks(page):
-    """The first section under the title is the robustness readout: a headline, a table with every clean probe of
-    seed 0 (read from the database: the neighbour-C runs among them) and its figure, decoded."""
+SECTION = ("const h = arguments[0]; const s = [];"
+           " for (let e = h.nextElementSibling; e && e.tagName !== 'H2'; e = e.nextElementSibling) s.push(e);"
+           " return [h.id, h.textContent, h.getBoundingClientRect().top, s.map(e => e.textContent).join(' '),"
+           " s.flatMap(e => [...e.querySelectorAll('div.plot')]).map(d => d.querySelectorAll('svg.main-svg').length),"
+           " s.flatMap(e => [...e.querySelectorAll('figcaption')]).map(c => c.textContent)]")
+
+
+def test_the_page_opens_with_when_each_run_decides(page):
+    """The first section under the title holds the decision-layer histograms of every clean run (read from the
+    database), each drawn, and its first plot starts within the first screen."""
+    import duckdb
+
+    driver, home = page
+    con = duckdb.connect(str(home / "featstore.duckdb"), read_only=True)
+    try:
+        clean = [r for (r,) in con.execute("SELECT run_id FROM runs WHERE view = 'clean' ORDER BY run_id").fetchall()]
+    finally:
+        con.close()
+    h2 = driver.execute_script("return document.querySelector('h2')")
+    sid, title, top, text, svgs, captions = driver.execute_script(SECTION, h2)
+    assert sid == "when" and title == "When does it decide" and top < HEIGHT
+    assert sorted(c.split(" (")[0].removeprefix("Decision-layer histograms of ") for c in captions) == clean
+    assert len(svgs) == len(clean) and all(svgs)
+    plot_top = driver.execute_script("return document.querySelector('div.plot').getBoundingClientRect().top")
+    assert plot_top < HEIGHT
+
+
+def test_the_robustness_readout_follows(page):
+    """The second section is the robustness readout: a headline, a table with every clean probe of seed 0 (read
+    from the database: the neighbour-C runs among them) and its figure, drawn."""
     import duckdb
 
     driver, home = page
@@ -159,14 +261,9 @@ def test_the_page_opens_with_what_of_the_timeline_is_the_networks(page):
     finally:
         con.close()
     assert "resnet18/clean/linear:C_step=-1" in members and "resnet18/clean/linear:C_step=1" in members
-    first = driver.execute_script("const h = document.querySelector('h2'); const s = [];"
-                                  " for (let e = h.nextElementSibling; e && e.tagName !== 'H2';"
-                                  " e = e.nextElementSibling) s.push(e);"
-                                  " return [h.id, h.textContent, h.getBoundingClientRect().top,"
-                                  " s.map(e => e.textContent).join(' '),"
-                                  " s.flatMap(e => [...e.querySelectorAll('img')]).map(i => i.naturalWidth)]")
-    sid, title, top, text, widths = first
-    assert sid == "robustness" and title == "What of this timeline is the network's" and top < HEIGHT
+    second = driver.execute_script("return document.querySelectorAll('h2')[1]")
+    sid, title, top, text, widths, _ = driver.execute_script(SECTION, second)
+    assert sid == "robustness" and title == "What of this timeline is the network's"
     families = {probe_id.split(":")[0] + "".join(  # a probe and its C neighbours are one family: one vote
         f":{','.join(kept)}" for kept in [[p for p in probe_id.partition(":")[2].split(",")
                                            if p and not p.startswith(("C=", "C_step="))]] if kept)

@@ -5,6 +5,9 @@ never-stable run carries no decision marker."""
 
 from __future__ import annotations
 
+import html
+import json
+import re
 from html.parser import HTMLParser
 from types import SimpleNamespace
 
@@ -152,7 +155,11 @@ class Page(HTMLParser):
         super().__init__()
         self.tables, self.captions, self.paragraphs, self.links, self.ids = [], [], [], [], []
         self.heading, self._text, self._row, self._table = "", [], None, None
+        self.specs = {}  # each plot's name -> its embedded Plotly spec (the page draws it in the browser)
         self.feed(text)
+        for name, spec in re.findall(r"<div class='plot' id='plot-\d+' data-name='([^']*)'.*?"
+                                     r"<script type='application/json' class='plot-spec'>(.*?)</script>", text):
+            self.specs[html.unescape(name)] = json.loads(spec.replace("<\\/", "</"))
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
@@ -216,6 +223,38 @@ def test_the_reports_tables_and_captions_say_where_late_is_never_stable(world, p
         for figure in ("Decision-layer histograms", "Sensitivity to the stability window k"):
             caption = next(c for c in page.captions if c.startswith(f"{figure} of {run_id}"))
             assert "at k = 3, 4 late = never stable" in caption, caption
+
+
+def test_the_reports_histograms_carry_each_layers_share_and_images(world, page):
+    """The data the page draws each histogram from: per k and anchor the share of test images deciding there
+    (never-stable ones stacked at T) and the ids a bar's hover names and its click lists, equal to a plain loop."""
+    test = [i for i in range(N) if world.split[i] == "test"]
+    for run_id in (LINEAR, PAPER):
+        spec = page.specs[f"{run_id}_histograms"]
+        bars = [t for t in spec["data"] if t["type"] == "bar"]
+        assert len(bars) == 2 * 4  # decided and never stable, per k = 1..4
+        for i, k in enumerate((1, 2, 3, 4)):
+            decided, never = bars[2 * i], bars[2 * i + 1]
+            layers = {j: stable_layer(world.preds[run_id][j].tolist(), k) for j in test}
+            for anchor in range(T + 1):
+                ids = sorted(j for j in test if layers[j] == anchor)
+                never_ids = sorted(j for j in test if layers[j] is None) if anchor == T else []
+                assert decided["y"][anchor] == pytest.approx(len(ids) / len(test))
+                assert never["y"][anchor] == pytest.approx(len(never_ids) / len(test))
+                assert decided["customdata"][anchor] == [len(ids), ids[:200]]
+                assert never["customdata"][anchor] == [len(never_ids), never_ids[:200]]
+                if ids:
+                    assert f"l* = {anchor} " in decided["hovertext"][anchor]
+                    assert "images " + ", ".join(map(str, ids[:12])) in decided["hovertext"][anchor]
+
+
+def test_an_unknown_figure_format_is_refused_before_anything_is_written(world, tmp_path):
+    from featstore.analytics.report import write_report
+
+    with pytest.raises(FeatstoreError, match="figures='gif': choose one of png, svg, pdf"):
+        write_report(world.db, tmp_path / "r", figures="gif")
+    assert "'gif' is not one of" in fails("report", "--db", world.db, "--out", tmp_path / "r", "--figures", "gif")
+    assert not list(tmp_path.iterdir())
 
 
 def test_the_reports_per_image_timelines_mark_never_stable_runs_apart(world, page):
