@@ -38,10 +38,12 @@ def store(tmp_path_factory) -> Path:
 
 
 def expected_info(path: Path) -> dict:
-    """What `featstore info --format json` printed for this store before info became a record, by hand."""
+    """What `featstore info --format json` prints for this store, by hand (the synthetic store names its classes
+    class_0, class_1, ...)."""
     view = {"chunks_done": 3, "chunks": 3, "skipped": 0, "threads": [], "damaged_chunks": []}
     return {"path": str(path), "images": {"count": N, "classes": CLASSES, "source": f"synthetic features ({N} rows)",
-                                          "label_space": "folder-rank"},
+                                          "label_space": "folder-rank",
+                                          "class_names": [f"class_{c}" for c in range(CLASSES)]},
             "models": {"synthetic": {
                 "model": "synthetic", "weights": "synthetic", "published_top1": None, "preprocessing": None,
                 "token_pool": None, "num_classes": CLASSES, "chunk_rows": CHUNK,

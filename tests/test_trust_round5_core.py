@@ -249,7 +249,7 @@ def test_a_fifo_as_db_is_refused_in_one_line(tmp_path):
     done = _in_child(str(Path(sys.executable).parent / "featstore"), "sql", "--db", str(fifo), "SELECT 1")
     assert done.returncode == 2 and done.stdout == "", done
     assert done.stderr.splitlines() == [f"featstore: error: Invalid value for '--db': {fifo}: a FIFO (named pipe), "
-                                        f"not a database file; give the DuckDB file itself (featstore COMMAND -h "
+                                        f"not a database file; give the DuckDB file itself (featstore sql -h "
                                         f"lists the options)"], done.stderr
 
 
