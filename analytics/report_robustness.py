@@ -112,20 +112,21 @@ def _headline(sweep: pl.DataFrame, k: int, model: str, caveat: str = "") -> str:
             f"same early/mid/late band under all {r['families']} probe families ({voters}; one vote each, "
             f"{r['probes']} runs in all); independent probes at their own band shares would agree on "
             f"{_share(r['band_holds_chance'])}; Fleiss' kappa = {_kappa(r['kappa'])} [{_kappa(r['kappa_lo'])}, "
-            f"{_kappa(r['kappa_hi'])}] (undefined where every vote falls in one band). Over the runs the early share "
+            f"{_kappa(r['kappa_hi'])}]{' (undefined: every vote in one band)' if _kappa(r['kappa']) == '-' else ''}. "
+            f"Over the runs the early share "
             f"ranges {_share(r['f_early_min'])}..{_share(r['f_early_max'])} and the late share{late} "
             f"{_share(r['f_late_min'])}..{_share(r['f_late_max'])}. Intervals: 95% bootstrap over "
             f"{html.escape(r['interval_over'])}.</p>")
 
 
 def _share(value: float | None) -> str:
-    """A share as a whole percentage; '-' where it is undefined (NULL)."""
-    return "-" if value is None else f"{value:.0%}"
+    """A share as a whole percentage; '-' where it is undefined (NULL or NaN)."""
+    return "-" if value is None or value != value else f"{value:.0%}"
 
 
 def _kappa(value: float | None) -> str:
     """Fleiss' kappa to two places; '-' where it is undefined (every vote in one band: no chance to correct)."""
-    return "-" if value is None else f"{value:.2f}"
+    return "-" if value is None or value != value else f"{value:.2f}"
 
 
 def _errorbar(ax, rows: pl.DataFrame, name: str, x: list[float], **style) -> None:
