@@ -148,7 +148,7 @@ class _OneLineErrors(click.Group):
                 e.possibilities = [o for o in e.possibilities if o in _visible_options(ctx.command)]
             command = self._command_said(ctx, kwargs.get("args", args[0] if args else None))
             click.echo(f"featstore: error: {e.format_message()} ({command} -h lists the options)", err=True)
-            sys.exit(e.exit_code)
+            _leave(e.exit_code)
         except click.Abort:  # Ctrl-C outside a write (a write rolls back and says so itself), or EOF at a prompt
             click.echo("featstore: interrupted", err=True)
             sys.exit(130)
@@ -843,3 +843,16 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _leave(code: int) -> None:
+    """Exit with `code` after a refusal. Where a daemon thread is still inside a native call (a lease renewal or a
+    chunk write retrying against an object store that went away), interpreter shutdown can crash under it (SIGSEGV
+    seen on a loaded machine after the one-line error): then the streams are flushed and the process ends at once."""
+    import threading
+
+    if any(t.daemon and t.is_alive() for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
