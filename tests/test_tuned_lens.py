@@ -42,9 +42,10 @@ def store(tmp_path_factory, head):
     return write_feature_store(tmp_path_factory.mktemp("tl") / "s.zarr", feats, labels, CLASSES, head=head)
 
 
-def probed(store, db, variant: str, threads: int = 1) -> tuple[np.ndarray, np.ndarray, dict, dict]:
+def probed(store, db, variant: str, threads: int = 1, model: str = "synthetic",
+           anchors: int = 3) -> tuple[np.ndarray, np.ndarray, dict, dict]:
     """(pred, conf) [images, anchors], probe_fits.info by anchor and split by image id of a run of `variant`."""
-    run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", variant, "--no-progress",
+    run_cli("probe", "--store", store, "--model", model, "--db", db, "--variant", variant, "--no-progress",
             "--threads", threads)
     con = duckdb.connect(str(db), read_only=True)
     (run,) = con.execute("SELECT run_id FROM runs").fetchone()
@@ -54,7 +55,7 @@ def probed(store, db, variant: str, threads: int = 1) -> tuple[np.ndarray, np.nd
                                                        [run]).fetchall()}
     split = dict(con.execute("SELECT image_id, split FROM images").fetchall())
     con.close()
-    return rows["pred"].reshape(-1, 3), rows["conf"].reshape(-1, 3), infos, split
+    return rows["pred"].reshape(-1, anchors), rows["conf"].reshape(-1, anchors), infos, split
 
 
 def stored_maps(store, db) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -234,21 +235,15 @@ def vit(tmp_path_factory):
 
 
 def vit_probed(store, db, variant: str, threads: int = 1):
-    run_cli("probe", "--store", store, "--model", VIT_KEY, "--db", db, "--variant", variant, "--no-progress",
-            "--threads", threads)
+    n = len(VIT_ANCHORS)
+    pred, conf, infos, split = probed(store, db, variant, threads, model=VIT_KEY, anchors=n)
     con = duckdb.connect(str(db), read_only=True)
     (run, params) = con.execute("SELECT run_id, params FROM runs").fetchone()
-    rows = con.execute("SELECT pred, conf FROM predictions WHERE run_id = ? ORDER BY image_id, anchor",
-                       [run]).fetchnumpy()
-    infos = {a: json.loads(i) for a, i in con.execute("SELECT anchor, info FROM probe_fits WHERE run_id = ?",
-                                                       [run]).fetchall()}
-    split = dict(con.execute("SELECT image_id, split FROM images").fetchall())
     con.close()
     params = json.loads(params)
     kept = FeatureStore(store).root[VIT_KEY]["probes"][params["probe_name"]][params["probe_version"]]
     maps = [(np.asarray(kept[a]["map"][0]), np.asarray(kept[a]["map_bias"][0])) for a in VIT_ANCHORS]
-    n = len(VIT_ANCHORS)
-    return rows["pred"].reshape(-1, n), rows["conf"].reshape(-1, n), infos, split, maps, run
+    return pred, conf, infos, split, maps, run
 
 
 def test_the_build_keeps_the_vits_final_norm_and_what_each_anchor_is_to_the_head(vit):
