@@ -148,7 +148,7 @@ class _OneLineErrors(click.Group):
                 e.possibilities = [o for o in e.possibilities if o in _visible_options(ctx.command)]
             command = self._command_said(ctx, kwargs.get("args", args[0] if args else None))
             click.echo(f"featstore: error: {e.format_message()} ({command} -h lists the options)", err=True)
-            _leave(e.exit_code)
+            sys.exit(e.exit_code)
         except click.Abort:  # Ctrl-C outside a write (a write rolls back and says so itself), or EOF at a prompt
             click.echo("featstore: interrupted", err=True)
             sys.exit(130)
@@ -837,22 +837,26 @@ def cka(store: str, model: str, db: Path, view: str, unbiased: bool, threads: in
                f"({result.n_images} images, {result.passes} pass(es) over the store) into {db}")
 
 
+BACKGROUND_THREADS = ("featstore-lease", "featstore-collector")  # a build's threads that can sit in native calls
+
+
 def main() -> None:
-    cli(prog_name="featstore")
+    """The `featstore` process. After a refusal, where a build's lease renewer or chunk collector is still alive (in
+    a native call retrying against an object store that went away), interpreter shutdown can crash under it (SIGSEGV
+    seen on a loaded machine after the one-line error): the streams are flushed and the process ends at once."""
+    import threading
+
+    try:
+        cli(prog_name="featstore")
+    except SystemExit as e:
+        if e.code not in (0, None) and any(t.name in BACKGROUND_THREADS and t.is_alive()
+                                           for t in threading.enumerate()):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(e.code if isinstance(e.code, int) else 1)
+        raise
 
 
 if __name__ == "__main__":
     main()
 
-
-def _leave(code: int) -> None:
-    """Exit with `code` after a refusal. Where a daemon thread is still inside a native call (a lease renewal or a
-    chunk write retrying against an object store that went away), interpreter shutdown can crash under it (SIGSEGV
-    seen on a loaded machine after the one-line error): then the streams are flushed and the process ends at once."""
-    import threading
-
-    if any(t.daemon and t.is_alive() for t in threading.enumerate()):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
