@@ -9,12 +9,15 @@ import numbers
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from featstore.analytics.queries import Db, query, runs, stability_windows
 from featstore.errors import FeatstoreError, FeatstoreTypeError
 from featstore.schema import shown
+
+T = TypeVar("T")
 
 ONE_WINDOW = 2  # the window a one-window part shows when several are asked for (the default list among them)
 
@@ -23,7 +26,7 @@ def _integer(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def plain(value: object) -> object:
+def plain(value: T) -> T:
     """A numpy scalar as the Python number it holds (DuckDB binds no numpy scalar); anything else as it is."""
     return value.item() if isinstance(value, np.generic) else value
 

@@ -1,23 +1,36 @@
 """Every value, default and choice the library declares, as the CLI's options read them (featstore.cli.options):
 the records (`ModelSpec`, `ImageSource`, `RunOptions`), `featstore.schema`'s fields and defaults, the scopes, the
 bands and the exit policies' defaults. The CLI reads them here, through the API, so that it imports nothing
-beneath it; each name is the library's own object, found in the module that declares it."""
+beneath it; each name is the library's own object, imported from the module that declares it (all of them light:
+the CLI's `--help` loads this module)."""
 
-from __future__ import annotations
+from featstore.analytics.bands import BANDS
+from featstore.analytics.exit_policies import DEFAULT_POLICIES, MAX_THRESHOLDS
+from featstore.analytics.scopes import SCOPES
+from featstore.compute.specs import ImageSource, ModelSpec, RunOptions, split_options
+from featstore.schema import (
+    COST_BATCH_SIZES,
+    CSS_DISTANCES,
+    DDB_VARIANTS,
+    DEMO_DATASET,
+    FIELDS,
+    FIGURE_FORMATS,
+    JOINT_MIN_CONF,
+    PER_PAIR,
+    TIMM_WEIGHTS,
+    VARIANT,
+    VIEW,
+    Int,
+    Number,
+    Real,
+    Size,
+    Text,
+    Value,
+    comma_list,
+    shown,
+)
 
-from importlib import import_module
-from typing import Any
-
-# where the declarations live, looked up in this order (a name is taken from the first that has it)
-SOURCES = ("featstore.schema", "featstore.compute.specs", "featstore.analytics.scopes", "featstore.analytics.bands",
-           "featstore.analytics.exit_policies")
-
-
-def __getattr__(name: str) -> Any:
-    """A declared name, from the module that declares it."""
-    if not name.startswith("__"):
-        for source in SOURCES:
-            module = import_module(source)
-            if hasattr(module, name):
-                return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["BANDS", "COST_BATCH_SIZES", "CSS_DISTANCES", "DDB_VARIANTS", "DEFAULT_POLICIES", "DEMO_DATASET", "FIELDS",
+           "FIGURE_FORMATS", "JOINT_MIN_CONF", "MAX_THRESHOLDS", "PER_PAIR", "SCOPES", "TIMM_WEIGHTS", "VARIANT",
+           "VIEW", "ImageSource", "Int", "ModelSpec", "Number", "Real", "RunOptions", "Size", "Text", "Value",
+           "comma_list", "shown", "split_options"]

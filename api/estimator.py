@@ -1,8 +1,10 @@
 """`Probe`: one anchor's probe of a registered variant fitted on in-memory arrays, a scikit-learn classifier that
-runs the trainer `featstore probe` runs; and the checks and predictions on arrays that saved probes share."""
+runs the trainer `featstore probe` runs; and the checks and predictions on arrays that saved probes share. (torch,
+the probes' modules and scikit-learn, an optional dependency, are imported by the functions that use them.)"""
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -156,8 +158,6 @@ def _column_labels(y: Any, rows: int) -> np.ndarray:
         raise ProbeInputError("y is None: Probe requires y to be passed, but the target y is None")
     y = np.asarray(y)
     if y.ndim == 2 and y.shape[1] == 1:
-        import warnings
-
         try:
             from sklearn.exceptions import DataConversionWarning as warning
         except ImportError:  # pragma: no cover - scikit-learn is a dev dependency

@@ -1,12 +1,13 @@
 """The jobs from Python: `build` and `probe` (`featstore build`, `featstore probe`), a probe run of any
 scikit-learn estimator (its variant is `featstore.probing.estimator_variant`'s), and `register_probe` for user
-variants."""
+variants. (The jobs' and the probes' modules load torch: each function imports what it runs.)"""
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, RunReplaced
 from featstore.schema import VARIANT
 
 if TYPE_CHECKING:
@@ -71,10 +72,6 @@ def probe(config: ProbeConfig | None = None, /, *, variant: Any = None, name: st
 
 def _said(result: ProbeResult) -> ProbeResult:
     """Warn of every run the job replaced (the CLI says it on its own line; in Python this is the word)."""
-    import warnings
-
-    from featstore.errors import RunReplaced
-
     for run_id in result.replaced:
         warnings.warn(f"replaced run {run_id}: the database held a run of that id, and it is this job's now",
                       RunReplaced, stacklevel=3)

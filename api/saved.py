@@ -1,4 +1,5 @@
-"""The probes a run saved in the store, read back (`load_probe`): per anchor, predict on arrays."""
+"""The probes a run saved in the store, read back (`load_probe`): per anchor, predict on arrays. (torch and the
+probes' modules are imported by the functions that use them.)"""
 
 from __future__ import annotations
 
@@ -103,7 +104,8 @@ def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path |
         held = stored.anchors.get(anchor.name)
         attrs.append(dict(held.attrs) if held is not None else {})
         variant, variant_params = recorded or (attrs[-1].get("variant"), attrs[-1].get("params") or {})
-        kept = sorted(held.arrays) if held is not None else []
+        arrays = held.arrays if held is not None else {}
+        kept = sorted(arrays)
         if "estimator" in variant_params:  # the estimator variant records its estimator's repr
             if not trust_pickle:
                 raise FeatstoreError(f"run {run!r} is an estimator probe ({variant}), kept pickled, and unpickling "
@@ -113,16 +115,16 @@ def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path |
                 raise FeatstoreError(f"store {handle.location}: the probes {name} of run {run!r} keep no estimator "
                                      f"for anchor {anchor.name} ({', '.join(kept) or 'nothing'})")
             fits.append([_unpickled(e, digests, (fold, anchor.index), f"run {run!r}, anchor {anchor.name}", db)
-                         for fold, e in enumerate(held.arrays["estimator"])])
+                         for fold, e in enumerate(arrays["estimator"])])
         elif {"weight", "bias"} <= set(kept):
             fits.append([LinearFit(weight=torch.from_numpy(w), bias=torch.from_numpy(b))
-                         for w, b in zip(held.arrays["weight"], held.arrays["bias"], strict=True)])
+                         for w, b in zip(arrays["weight"], arrays["bias"], strict=True)])
         elif LENS_ARRAYS <= set(kept):  # a tuned lens read through the model's final norm: no linear map
             from featstore.probing.tuned_lens import TunedLensFit
 
             records = attrs[-1].get("folds") or []
-            fits.append([TunedLensFit.from_arrays({k: held.arrays[k][fold] for k in LENS_ARRAYS}, records[fold])
-                         for fold in range(len(held.arrays["map"]))])
+            fits.append([TunedLensFit.from_arrays({k: arrays[k][fold] for k in LENS_ARRAYS}, records[fold])
+                         for fold in range(len(arrays["map"]))])
         else:
             raise FeatstoreError(f"run {run!r} records variant {variant}, so load_probe reads a weight and a bias, "
                                  f"and its probes of anchor {anchor.name} keep {', '.join(kept) or 'nothing'}: "

@@ -1,4 +1,5 @@
-"""A store opened read-only from Python: its models, and per model the anchors, views, images and features."""
+"""A store opened read-only from Python: its models, and per model the anchors, views, images and features.
+(What only `verify` and `split` need, the probes' and databases' modules, loads torch or DuckDB: imported there.)"""
 
 from __future__ import annotations
 
@@ -12,13 +13,16 @@ import numpy as np
 
 from featstore.errors import FeatstoreError, FeatstoreTypeError
 from featstore.schema import VAL_FRAC, VIEW
+from featstore.store.location import StoreLocation
+from featstore.store.reader import FeatureStore, model_key
+from featstore.store.summary import Damaged, StoreInfo
 
 if TYPE_CHECKING:
     from featstore.nets.anchors import Anchor
     from featstore.store.probes import StoredProbe
-    from featstore.store.reader import FeatureStore
-    from featstore.store.summary import StoreInfo
     from featstore.workflows.gc import Unreferenced
+
+__all__ = ["Damaged", "ModelData", "Store", "StoreInfo", "Verification", "open_store"]
 
 
 @dataclass(frozen=True)
@@ -38,14 +42,11 @@ class Store:
     """A featstore store opened read-only (a folder or an object-store URL): its models, and per model its data."""
 
     def __init__(self, location: str | Path):
-        from featstore.store.location import StoreLocation
-        from featstore.store.reader import FeatureStore
-
         if not isinstance(location, str | os.PathLike):
             raise FeatstoreTypeError(f"location={location!r}: give a store's folder or its URL (s3://...)")
         self._named = str(location)  # as given: what info() says the store is
         where = StoreLocation.parse(location)  # a scheme featstore cannot reach is refused, never read as a folder
-        if where.is_local:  # a folder: where it is now, whatever cwd later
+        if where.path is not None:  # a folder: where it is now, whatever cwd later
             where = StoreLocation.parse(where.path.absolute())
         self._fs = FeatureStore(where)  # mode "r": a missing store is an error, nothing is created
 
@@ -59,8 +60,6 @@ class Store:
 
     def model(self, name: str) -> ModelData:
         """One model group ('resnet18' or its store key); an unknown one is an error naming those there are."""
-        from featstore.store.reader import model_key
-
         key = model_key(name)
         self._fs.model_attrs(key)
         return ModelData(self._fs, key)

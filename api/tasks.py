@@ -1,6 +1,7 @@
 """The other jobs from Python, one per command (`featstore merge`, `export`, `gc`, `cost`, `circuits`, `cka`,
 `gate`, `zoo`, `study`, `demo`, `anchors`): each a thin typed call of the workflow (or core function) that does
-the work, so that the CLI and a notebook run the same code."""
+the work, so that the CLI and a notebook run the same code. (The jobs' modules load torch or DuckDB: each function
+imports what it runs.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from featstore.api.jobs import _config_or_fields
-from featstore.schema import DEMO_DATASET, MIN_AGE_S, VIEW
+from featstore.errors import FeatstoreTypeError
+from featstore.nets.listing import anchor_listing
+from featstore.schema import DEMO_DATASET, MIN_AGE_S, VIEW, check_field
 
 if TYPE_CHECKING:
     from featstore.compute.attribution import CircuitConfig, CircuitResult
@@ -27,14 +30,10 @@ if TYPE_CHECKING:
 def anchors(model: str, every: bool = False) -> list[str]:
     """The lines `featstore anchors` prints: the anchors a model gets by default with what each hooks, or (`every`)
     every name `anchors=` accepts, one per line; a preset's defaults are read without loading the model."""
-    from featstore.nets.listing import anchor_listing
-
     return anchor_listing(_model_name(model), every)
 
 
 def _model_name(model: object) -> str:
-    from featstore.errors import FeatstoreTypeError
-
     if not isinstance(model, str):
         raise FeatstoreTypeError(f"model={model!r}: give a model's name ('resnet18', 'timm/vit_small_patch16_224', "
                                  f"...)")
@@ -75,7 +74,6 @@ def cost(model: str, db: str | Path, store: str | Path | None = None, *, device:
     `batch_sizes` one or a list; None: the job's own default. `on_start()` is called once the input is checked,
     before the timing."""
     from featstore.analytics.selection import database, integers, plain
-    from featstore.schema import check_field
     from featstore.workflows.cost import measure_model
 
     sizes = integers(batch_sizes, "batch_sizes", "batch sizes")

@@ -8,12 +8,13 @@ import json
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from featstore.api import ImageSource, ModelSpec, RunOptions, split_options
+from featstore.api.declared import ImageSource, ModelSpec, RunOptions, split_options
 from featstore.cli.options import (
     DB_PATH,
     as_said,
@@ -26,7 +27,7 @@ from featstore.cli.options import (
 from featstore.errors import FeatstoreError, FeatstoreWarning, Interrupted, RunReplaced, interrupted, storage_failure
 
 if TYPE_CHECKING:
-    from featstore.api import StoreInfo
+    from featstore.api.store import StoreInfo
 
 
 GIVEN: dict[str, object] = {}  # the options of the command running (one per process)
@@ -136,17 +137,18 @@ class _OneLineErrors(click.Group):
     """Usage errors (a bad choice, an unknown option) as one line and exit status 2, like every bad input;
     featstore's warnings as one line each."""
 
-    def main(self, *args, **kwargs):
-        kwargs.pop("standalone_mode", None)
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> NoReturn:
         try:
             with warnings.catch_warnings():
                 warnings.showwarning = _one_line_warning
-                super().main(*args, standalone_mode=False, **kwargs)
+                super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.ClickException as e:
             ctx = getattr(e, "ctx", None)
             if isinstance(e, click.NoSuchOption) and ctx is not None:  # never suggest a hidden (old) spelling
-                e.possibilities = [o for o in e.possibilities if o in _visible_options(ctx.command)]
-            command = self._command_said(ctx, kwargs.get("args", args[0] if args else None))
+                shown = [o for o in e.possibilities or () if o in _visible_options(ctx.command)]
+                e = click.NoSuchOption(e.option_name, e.message, shown, ctx)
+            command = self._command_said(ctx, args)
             click.echo(f"featstore: error: {e.format_message()} ({command} -h lists the options)", err=True)
             sys.exit(e.exit_code)
         except click.Abort:  # Ctrl-C outside a write (a write rolls back and says so itself), or EOF at a prompt
@@ -183,10 +185,9 @@ def build(**given) -> None:
     """Extract pooled anchor activations (and logits) of MODEL over DATA into STORE; resumable."""
     (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
     images.check_exists()  # before torch and the model load
-    from featstore.api import BuildConfig
-    from featstore.api import build as run_build
+    from featstore.api.jobs import build as run_build
 
-    result = run_build(BuildConfig(model=model, images=images, run=run, **rest))
+    result = run_build(model=model, images=images, run=run, **rest)
     if result.repaired:
         click.echo(f"repaired {len(result.repaired)} damaged part(s) of the store: "
                    f"{'; '.join(result.repaired[:3])}{' …' if len(result.repaired) > 3 else ''}", err=True)
@@ -217,8 +218,8 @@ def build(**given) -> None:
 def probe(**given) -> None:
     """Train a probe per anchor from the store (linear by default, or any --variant) and land every prediction in
     DuckDB."""
-    from featstore.api import open_store
     from featstore.api.declared import VARIANT
+    from featstore.api.store import open_store
 
     (run,), rest = split_options(given, RunOptions)
     project_dim = rest.pop("project_dim")
@@ -227,13 +228,13 @@ def probe(**given) -> None:
             raise FeatstoreError("--project-dim and --variant exclude each other (it means projected:dim=D)")
         rest["variant"] = f"projected:dim={project_dim}"
     open_store(rest["store"])  # a missing or foreign store is refused before torch loads
-    from featstore.api import ProbeConfig, connect, runs_written
-    from featstore.api import probe as run_probe
+    from featstore.api.jobs import probe as run_probe
+    from featstore.api.results import connect, runs_written
 
     before = runs_written(rest["db"])
     with warnings.catch_warnings():  # this command says "replaced" in its own line below
         warnings.simplefilter("ignore", RunReplaced)
-        result = run_probe(ProbeConfig(run=run, **rest))
+        result = run_probe(run=run, **rest)
     for run_id in result:
         replaced = f" (replaced the run of that name written {before[run_id]})" if run_id in before else ""
         click.echo(f"wrote run {run_id}{replaced}")
@@ -313,7 +314,7 @@ def _plain(value, single: bool):
 @user_errors
 def sql(dbs: tuple[Path, ...], statement: str, fmt: str, full: bool) -> None:
     """Run STATEMENT on the database(s), read-only (macros: decision_summary(k), decision_layers(k), …)."""
-    from featstore.api import connect
+    from featstore.api.results import connect
 
     try:
         print_stream(connect(list(dbs)).stream(statement), fmt, full)
@@ -371,7 +372,7 @@ def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
 def merge(db: Path, sources: tuple[Path, ...], replace: bool) -> None:
     """Fold SOURCES (databases of jobs that ran at the same time) into DB, all or nothing; merging a source twice
     changes nothing. Refuses sources of another image set, split or anchor list, and results that differ."""
-    from featstore.api import merge as run_merge
+    from featstore.api.tasks import merge as run_merge
 
     result = run_merge(db, sources, replace)
     replaced = f"; replaced {len(result.replaced)} result(s)" if result.replaced else ""
@@ -386,7 +387,7 @@ def merge(db: Path, sources: tuple[Path, ...], replace: bool) -> None:
 def export(db: Path, out: Path) -> None:
     """Every table of DB as Parquet under OUT: per-image rows partitioned by run (run_id=...), the rest one
     file each, for any engine (DuckDB, Polars, Spark)."""
-    from featstore.api import export as run_export
+    from featstore.api.tasks import export as run_export
 
     written = run_export(db, out)
     click.echo(f"wrote {len(written)} table(s) under {out}")
@@ -403,7 +404,7 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
     (--image ID: that image's class and confidence at every anchor of every run instead; --run: only those runs;
     --spread: the sweep over a set of probes, with intervals, the range over the set, the agreement of its probe
     families and Fleiss' kappa)."""
-    from featstore.api import connect
+    from featstore.api.results import connect
 
     if spread and image_id is not None:
         raise FeatstoreError("--spread and --image exclude each other: the sweep's spread, or one image's timeline")
@@ -446,7 +447,7 @@ def compare(db: Path, run_id: str | None, ks: list[int], min_conf: float, per_pa
             scope: str, fmt: str) -> None:
     """When does the network decide, by every established definition: l*(k), prediction depth (Baldock et al.)
     and the joint stable-and-confident criterion, per run; Spearman, early/late cross-tables, disagreeing images."""
-    from featstore.api import connect
+    from featstore.api.results import connect
 
     results = connect(db)
     k = results.window(ks, run_id)
@@ -473,7 +474,7 @@ def compare(db: Path, run_id: str | None, ks: list[int], min_conf: float, per_pa
 def report(db: Path, out: Path | None, ks: list[int], min_conf: float, scope: str, figures: str | None) -> None:
     """One self-contained HTML page of every run in the database: its plots drawn in the browser from the data in
     it (hover, zoom; a histogram bar lists its images), and its tables."""
-    from featstore.api import connect
+    from featstore.api.results import connect
 
     path = connect(db).report(out, ks, scope, min_conf, progress=lambda step: click.echo(f"report: {step} …",
                                                                                            err=True), figures=figures)
@@ -492,7 +493,7 @@ def report(db: Path, out: Path | None, ks: list[int], min_conf: float, scope: st
 def cost(model: str, db: Path, store: str | None, device: str, threads: int | None, batch_sizes: list[int],
          repeats: int, image_size: int | None) -> None:
     """Measure the cost of exiting at each anchor: network prefix + probes, ms and FLOPs, into DuckDB."""
-    from featstore.api import cost as measure
+    from featstore.api.tasks import cost as measure
 
     for c in measure(model, db, store, device=device, batch_sizes=batch_sizes, repeats=repeats,
                      image_size=image_size, threads=threads, on_start=lambda: click.echo(
@@ -517,7 +518,7 @@ def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], comb
     """Simulate early exit from stored predictions: stability, confidence, combined and learned gates (the learned
     one where `featstore gate` fitted one; its thresholds are --thresholds), oracle, Pareto front, every policy
     counted on the same images (printed first: with a gate, those it did not learn from)."""
-    from featstore.api import connect
+    from featstore.api.results import connect
 
     result = connect(db).early_exit(run_id, ks, thresholds, combined_thresholds, device, batch_size, scope,
                                     gate=not no_gate)
@@ -548,7 +549,7 @@ def exit_sim(db: Path, run_id: str, ks: list[int], thresholds: list[float], comb
 @user_errors
 def gate(db: Path, run_id: str, split: str) -> None:
     """Fit a learned early-exit gate from a run's stored prediction timelines (exit-sim then evaluates it)."""
-    from featstore.api import gate as train_gate
+    from featstore.api.tasks import gate as train_gate
 
     result = train_gate(db, run_id, split, on_start=lambda run: click.echo(
         f"gate: reading the timelines of {run} and fitting on its {split} images …", err=True))
@@ -569,7 +570,7 @@ def taps(db: Path, run_id: str, scope: str, fmt: str) -> None:
     """Layer x module probing: accuracy grid (block x tap), best pairs, act@100 / ln2@60 and gain recovered."""
     import polars as pl
 
-    from featstore.api import connect
+    from featstore.api.results import connect
 
     result = connect(db).taps(run_id, scope)
     if fmt != "table":
@@ -592,11 +593,10 @@ def circuits(**given) -> None:
     """EAP-IG edge scores of a ViT on one view (label-free) into DuckDB's edges table."""
     (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
     images.check_exists()  # before torch and the model load
-    from featstore.api import CircuitConfig
-    from featstore.api import circuits as run_circuits
+    from featstore.api.tasks import circuits as run_circuits
 
     db = rest.pop("db")
-    result = run_circuits(CircuitConfig(model=model, images=images, run=run, **rest), db=db)
+    result = run_circuits(model=model, images=images, run=run, db=db, **rest)
     click.echo(f"wrote circuit {result.run.run_id}")
 
 
@@ -606,7 +606,7 @@ def circuits(**given) -> None:
 @user_errors
 def ddb(db: Path, tau: float, variant: str, fmt: str) -> None:
     """Dependency Depth Bias of every circuit run (higher: the model leans on deep computation)."""
-    from featstore.api import connect
+    from featstore.api.results import connect
 
     print_frame(connect(db).ddb(tau, variant), fmt)
 
@@ -617,7 +617,7 @@ def ddb(db: Path, tau: float, variant: str, fmt: str) -> None:
 @user_errors
 def css(db: Path, id_run: str, ood_run: str, distance: str, top_n: int, fmt: str) -> None:
     """Circuit Shift Score between an ID and an OOD circuit of one model."""
-    from featstore.api import connect
+    from featstore.api.results import connect
 
     print_frame(connect(db).css(id_run, ood_run, distance, top_n), fmt)
 
@@ -631,7 +631,7 @@ def info(store: str, fmt: str) -> None:
     JSON)."""
     if fmt == "csv":
         raise FeatstoreError("--format csv: info prints a table or json (--format json)")
-    from featstore.api import open_store
+    from featstore.api.store import open_store
 
     summary = open_store(store).info()
     if fmt == "json":
@@ -645,7 +645,7 @@ INFO_CLASSES = 10  # class names `featstore info` shows (its JSON lists them all
 
 def format_info(summary: StoreInfo) -> str:
     """`featstore info`'s table: the images, then per model its network, anchors, views and probes."""
-    from featstore.api import Damaged
+    from featstore.api.store import Damaged
 
     lines = [f"store  {summary.path}"]
     im = summary.images
@@ -695,7 +695,7 @@ def format_info(summary: StoreInfo) -> str:
 def anchors(model: str, show_all: bool) -> None:
     """The anchors the model gets by default, or (with --all) every name --anchors accepts, one per line (a
     preset's defaults without loading the model)."""
-    from featstore.api import anchors as anchor_listing
+    from featstore.api.tasks import anchors as anchor_listing
 
     for line in anchor_listing(model, show_all):
         click.echo(line)
@@ -708,8 +708,8 @@ def anchors(model: str, show_all: bool) -> None:
 @user_errors
 def demo(out: Path, dataset: str, epochs: int | None, limit: int | None, threads: int | None, progress: bool) -> None:
     """The whole pipeline offline: images -> trained ResNet-18 -> store -> probes -> DuckDB -> k-sweep, report."""
-    from featstore.api import connect
-    from featstore.api import demo as run_demo
+    from featstore.api.results import connect
+    from featstore.api.tasks import demo as run_demo
 
     result = run_demo(out, dataset=dataset, epochs=epochs, limit=limit,
                       run=RunOptions(threads=threads, progress=progress))
@@ -742,7 +742,7 @@ def verify(store: str, model: str | None, quick: bool, dbs: tuple[Path, ...]) ->
     not marked skipped); with --db, that every probe run of those databases finds its weights in the store.
     Lists each problem; exit status 1 if any (the same build repairs what it can). Also lists the probe weight
     versions no run names (`featstore gc` removes them; they are no damage)."""
-    from featstore.api import open_store
+    from featstore.api.store import open_store
 
     found = open_store(store).verify(model, deep=not quick, dbs=dbs)
     problems, leftovers = found.problems, found.unreferenced
@@ -771,7 +771,7 @@ def gc(store: str, model: str | None, dbs: tuple[Path, ...], min_age: float, dry
     """Remove the probe weight versions no run names (a probe stopped between saving its weights and committing its
     runs left them): only where every database in reach (the one each version was saved for, and --db) can be read
     and names none of them, and nothing of it was written for --min-age seconds. Lists what it kept and why."""
-    from featstore.api import gc as collect
+    from featstore.api.tasks import gc as collect
 
     found = collect(store, dbs, model, min_age, dry_run)
     for u in found:
@@ -793,11 +793,10 @@ def gc(store: str, model: str | None, dbs: tuple[Path, ...], min_age: float, dry
 def zoo(config: Path, fmt: str, **given) -> None:
     """A model zoo's ID/OOD accuracies and circuits, then how well DDB and CSS predict OOD accuracy and the
     accuracy drop (CONFIG: a TOML file of models and image sets)."""
-    from featstore.api import ZooConfig
-    from featstore.api import zoo as run_zoo
+    from featstore.api.tasks import zoo as run_zoo
 
     (run,), rest = split_options(given, RunOptions)
-    print_frame(run_zoo(ZooConfig(config=config, run=run, **rest)).table, fmt)
+    print_frame(run_zoo(config=config, run=run, **rest).table, fmt)
 
 
 @cli.command()
@@ -810,7 +809,7 @@ def zoo(config: Path, fmt: str, **given) -> None:
 def study(study_file: Path, data: Path | None, out: Path | None, store: str | None, threads: int | None,
           progress: bool) -> None:
     """Run a declared grid (models x weights x views x probes, a TOML file) end to end; reruns skip finished steps."""
-    from featstore.api import study as run_study
+    from featstore.api.tasks import study as run_study
 
     result = run_study(study_file, data, out, progress, store, threads)
     click.echo(f"{len(result.ran)} step(s) run, {len(result.skipped)} already done")
@@ -830,7 +829,7 @@ def study(study_file: Path, data: Path | None, out: Path | None, store: str | No
 @user_errors
 def cka(store: str, model: str, db: Path, view: str, unbiased: bool, threads: int | None, progress: bool) -> None:
     """Linear CKA between every pair of a model's anchors, from the stored features, into DuckDB's anchor_cka."""
-    from featstore.api import cka as compute_cka
+    from featstore.api.tasks import cka as compute_cka
 
     result = compute_cka(store, model, db, view, unbiased, threads, progress)
     click.echo(f"wrote the {result.estimator} CKA of {len(result.anchors)} anchors of {result.key}/{view} "

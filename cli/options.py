@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -63,8 +64,9 @@ class LocalPath(click.Path):
         super().__init__(path_type=Path)
         self.folder = folder
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: str | os.PathLike[str], param: click.Parameter | None, ctx: click.Context | None) -> Path:
         path = super().convert(value, param, ctx)
+        assert isinstance(path, Path)  # path_type=Path
         what, fix = ("an output folder", "give a new folder") if self.folder else ("a database file",
                                                                                    "give the DuckDB file itself")
         try:
@@ -516,7 +518,8 @@ def as_said(message: str, given: Mapping[str, object]) -> str:
     texts = _given_texts(given)
     relative = {str(Path(t).absolute()): t for t in texts if "://" not in t and not Path(t).is_absolute()}
     for absolute in sorted(relative, key=len, reverse=True):  # a path inside another given one: the longer first
-        message = _whole_path(absolute).sub(lambda _, text=relative[absolute]: text, message)
+        literal = relative[absolute].replace("\\", "\\\\")  # a backslash of theirs kept, not read as an escape
+        message = _whole_path(absolute).sub(literal, message)
     protected = sorted({t for t in texts if "=" in t or "`" in t}, key=len, reverse=True)
     for i, text in enumerate(protected):
         message = message.replace(text, f"\0{i}\0")
@@ -565,9 +568,10 @@ def option(name: str, role: str = "", positional: str | None = None) -> Callable
     if isinstance(kind, Checked) and isinstance(kind.value, Number):  # the range in --help, as click shows its own
         kwargs = {**kwargs, "help": f"{kwargs.get('help', '')}  [{kind.value.bounds()}]".lstrip()}
     old = {_alias_dest(flag): means for flag, means in ALIASES.get(name, {}).items()}
-    declared = [((flag, _alias_dest(flag)), dict(hidden=True, expose_value=False, is_flag=means is not None,
-                                                  help=f"Old spelling of {name}."))
-                for flag, means in ALIASES.get(name, {}).items()]
+    declared: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+        ((flag, _alias_dest(flag)), dict(hidden=True, expose_value=False, is_flag=means is not None,
+                                         help=f"Old spelling of {name}."))
+        for flag, means in ALIASES.get(name, {}).items()]
     if positional:
         old[f"positional_{positional.lower()}"] = None
     declared.insert(0, ((name, *extra), {**kwargs, **({"cls": Aliased, "aliases": old} if old else {})}))

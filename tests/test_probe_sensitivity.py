@@ -18,13 +18,14 @@ from test_window import Page
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
 from featstore.analytics.report import probe_identity, seed_dependence, write_report
+from featstore.version import __version__
 
 from conftest import run_cli
 
 N, T, K, THETA = 360, 7, 2, 0.5  # late starts at anchor 5 = T - k: stable l*(2) can be late
 LINEAR, SEED1, PINNED, PAPER, KNN = ("m/clean/linear", "m/clean/linear/seed1", "m/clean/linear:C=1", "m/clean/paper",
                                      "m/clean/knn")
-SHARED = {"split_seed": 0, "val_frac": 0.1, "streamed": False, "featstore": "0.1.0", "weights_id": "file:w.pth"}
+SHARED = {"split_seed": 0, "val_frac": 0.1, "streamed": False, "featstore": __version__, "weights_id": "file:w.pth"}
 
 
 def params(probe_id: str, name: str, version: str, **values) -> dict:

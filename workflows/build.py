@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from featstore import __version__
 from featstore.compute.forward import (
     chunk_batches,
     forward_to_host,
@@ -52,6 +51,7 @@ from featstore.store.reader import model_key
 from featstore.store.repair import check_image_files, repair_images, repair_view
 from featstore.store.writer import StoreWriter
 from featstore.threads import ThreadPolicy
+from featstore.version import __version__
 from featstore.workflows.chunk_pipeline import ChunkPipeline, LaunchedBatch
 from featstore.workflows.label_check import HeadAgreement, checks_labels, head_agreement, warn_if_near_chance
 

@@ -13,6 +13,7 @@ The SQL is in sql/merge_*.sql.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,7 @@ class MergeResult:
     replaced: list[str]  # "what key" of results the sources replaced with other content (replace only)
 
 
-def merge(target: str | Path, sources: list[str | Path], replace: bool = False) -> MergeResult:
+def merge(target: str | Path, sources: Sequence[str | Path], replace: bool = False) -> MergeResult:
     """Fold every source into `target` (created if missing) in one transaction; see the module docstring."""
     target, paths = Path(target), [Path(s) for s in sources]
     if not paths:

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import torch
 
-from featstore import __version__
 from featstore.analytics import db as fsdb
 from featstore.compute.specs import RunOptions
 from featstore.errors import FeatstoreError, Interrupted
@@ -51,6 +50,7 @@ from featstore.schema import MEMORY_BUDGET, VAL_FRAC, VARIANT, VIEW, check_field
 from featstore.store.reader import FeatureStore, model_key, new_probe_version
 from featstore.store.writer import StoreWriter
 from featstore.threads import ThreadPolicy
+from featstore.version import __version__
 
 
 @dataclass(frozen=True)
