@@ -206,7 +206,7 @@ def _pipeline(components: int) -> Pipeline:
 
 
 def test_an_estimator_is_identified_by_its_full_settings(small, tmp_path):
-    from featstore.api import default_name, estimator_digest
+    from featstore.probing.estimator_variant import default_name, estimator_digest
 
     one, eight = _pipeline(1), _pipeline(8)
     assert repr(one) == repr(eight)  # what identified them before: the elided repr
