@@ -1,7 +1,7 @@
 """A featstore database read from Python, read-only (`connect`): SQL, the runs, and what each query command
 prints (the k-sweep, its spread, one image's timeline, the comparison of definitions, early exit, the tap grid,
-DDB and CSS, the report), each a thin call of the analytics function that computes it. (The report's module costs
-import time that `featstore sql` need not pay: imported by the methods that use it.)"""
+DDB and CSS, the report), each a thin call of the analytics function that computes it. (Analytics' queries load
+DuckDB and Polars, which `fs.connect` as a name must not: each method imports what it runs.)"""
 
 from __future__ import annotations
 
@@ -10,42 +10,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from featstore.analytics.circuit_graphs import circuit_shift
 from featstore.analytics.exit_policies import DEFAULT_POLICIES
-from featstore.analytics.queries import (
-    Comparison,
-    compare,
-    decision_layers,
-    describe_population,
-    early_exit,
-    k_sweep,
-    open_read_only,
-    stream,
-    tap_gains,
-    tap_grid,
-)
-from featstore.analytics.queries import query as run_query
-from featstore.analytics.queries import runs as run_table
-from featstore.analytics.report_robustness import spread_table
-from featstore.analytics.robustness import robust_sweep
-from featstore.analytics.selection import (
-    databases,
-    fraction,
-    fractions,
-    one_window,
-    only_run,
-    plain,
-    probe_summary,
-    run_ids,
-    windows,
-)
-from featstore.analytics.selection import image_id as checked_id
-from featstore.analytics.selection import runs_written as written
 from featstore.errors import FeatstoreError, FeatstoreTypeError
 from featstore.schema import CSS_DISTANCES, JOINT_MIN_CONF, PER_PAIR, TOP_N
 
 if TYPE_CHECKING:
     import polars as pl
+
+    from featstore.analytics.queries import Comparison
+
 Runs = str | Sequence[str] | None  # run ids: a list, or a comma list as `--run` takes it (an id's own commas kept)
 Ks = int | Sequence[int] | None  # stability windows: one, or a list (numpy's integers and arrays too)
 
@@ -102,25 +75,36 @@ class Results:
     a probe job can write between two queries)."""
 
     def __init__(self, db: str | Path | Sequence[str | Path]):
+        from featstore.analytics.queries import open_read_only
+        from featstore.analytics.selection import databases
+
         paths = databases(db)  # absolute: the handle reads (and reports beside) the same files whatever cwd later
         self.db = paths[0] if isinstance(db, str | Path) else paths
         open_read_only(self.db).close()  # a missing or foreign file is an error now
 
     def sql(self, query: str, params: Sequence | dict | None = None) -> pl.DataFrame:
         """One statement -> a Polars DataFrame (the macros of `sql/` are there: decision_layers(2), ...)."""
+        from featstore.analytics.queries import query as run_query
+
         return run_query(self.db, _statement(query), params)
 
     def stream(self, query: str, params: Sequence | dict | None = None) -> Iterator[pl.DataFrame]:
         """One statement's result as frames of bounded size, in order (`featstore sql`): memory stays bounded at
         any row count; closing the iterator early (or Ctrl-C) cancels the query."""
+        from featstore.analytics.queries import stream
+
         return stream(self.db, _statement(query), params)
 
     @property
     def runs(self) -> pl.DataFrame:
-        return run_table(self.db)
+        from featstore.analytics.queries import runs
+
+        return runs(self.db)
 
     def timeline(self, run: str, image_id: int) -> pl.DataFrame:
         """One image's predictions and confidences under one run, one row per anchor."""
+        from featstore.analytics.selection import image_id as checked_id
+
         if not isinstance(run, str):
             raise FeatstoreTypeError(f"run={run!r}: give a run id (.runs lists them)")
         frame = self.sql("SELECT anchor, pred, conf FROM predictions WHERE run_id = ? AND image_id = ? "
@@ -132,15 +116,20 @@ class Results:
     def window(self, ks: Ks = None, runs: Runs = None) -> int:
         """The one stability window a one-window result shows: the one k given; of several (the default 1..4
         among them), 2; a list without 2 is refused (analytics/selection.py `one_window`)."""
+        from featstore.analytics.selection import one_window, run_ids, windows
+
         return one_window(self.db, windows(ks), run_ids(runs))
 
     def only_run(self, run: str | None = None) -> str:
         """The run a one-run result is of: `run`, else the database's only run (several: an error naming them)."""
+        from featstore.analytics.selection import only_run
+
         return only_run(self.db, run)
 
     def notes(self, ks: Ks, runs: Runs = None) -> list[str]:
         """The caveats of windows `ks` at which no stable l* can be late, for the anchor counts of these runs."""
         from featstore.analytics.report import late_notes
+        from featstore.analytics.selection import run_ids, windows
 
         chosen, shown = run_ids(runs), self.runs
         if chosen is not None:
@@ -150,12 +139,18 @@ class Results:
     def decision_layers(self, k: int, scope: str = "auto", min_conf: float = 0.0, band: str = "paper") -> pl.DataFrame:
         """l*(k) of every image under every run, with its early/mid/late `band` (the macro decision_layers, its band
         named by decision_band: 'paper' = thirds of T, 'window' = thirds of T - k), as `featstore sql` gives it."""
+        from featstore.analytics.queries import decision_layers
+        from featstore.analytics.selection import fraction
+
         return decision_layers(self.db, self.window(k), scope, fraction(min_conf, "min_conf"), band)
 
     def k_sweep(self, ks: Ks = None, scope: str = "auto", min_conf: float = 0.0, runs: Runs = None,
                 band: str = "paper") -> Sweep:
         """The decision layers' statistics per run and window k (`featstore timeline`); `band`: 'paper' (thirds
         of T) or 'window' (thirds of T - k)."""
+        from featstore.analytics.queries import k_sweep
+        from featstore.analytics.selection import fraction, run_ids, windows
+
         ks = windows(ks)
         frame = k_sweep(self.db, ks, scope, fraction(min_conf, "min_conf"), run_ids(runs), band)
         notes = self.notes(ks or sorted(set(frame["k"])), frame["run_id"].to_list()) if band == "paper" else []
@@ -166,6 +161,10 @@ class Results:
         """The k-sweep over a set of probes (`timeline --spread`): each fraction with a 95% bootstrap interval over
         the images (`refits`: over the images and the probe seeds, every seed of each run in the set), the share
         whose band holds under every family's vote and Fleiss' kappa of those votes, and each fraction's range."""
+        from featstore.analytics.report_robustness import spread_table
+        from featstore.analytics.robustness import robust_sweep
+        from featstore.analytics.selection import fraction, run_ids, windows
+
         frame = robust_sweep(self.db, windows(ks), scope, run_ids(runs), fraction(min_conf, "min_conf"),
                              refits=refits)
         if frame.is_empty():
@@ -176,6 +175,8 @@ class Results:
         """One image's class and confidence at every anchor of every run (or of the runs named), its l*(k) marked
         (`featstore timeline --image`); k: the one window (`window`)."""
         from featstore.analytics.report import image_timeline, image_timeline_table
+        from featstore.analytics.selection import image_id as checked_id
+        from featstore.analytics.selection import run_ids
 
         image_id, chosen = checked_id(image_id), run_ids(runs)
         k = self.window(k, chosen)
@@ -188,6 +189,9 @@ class Results:
                 per_pair: int = PER_PAIR) -> Comparison:
         """l*(k), prediction depth and the joint criterion of each run (default: the clean runs), compared image by
         image (`featstore compare`); k: the one window (`window`)."""
+        from featstore.analytics.queries import compare
+        from featstore.analytics.selection import fraction, plain, run_ids
+
         chosen = run_ids(runs)
         return compare(self.db, chosen, self.window(k, chosen), fraction(min_conf, "min_conf"), scope,
                        plain(per_pair))
@@ -200,7 +204,9 @@ class Results:
         """Early exit simulated from a run's stored predictions (`featstore exit-sim`): stability, confidence,
         combined and learned gates (`gate`: where `featstore gate` fitted one), the oracle and the Pareto front,
         every policy counted on the same images; None: the default of each list."""
+        from featstore.analytics.queries import describe_population, early_exit
         from featstore.analytics.report import pareto_rows
+        from featstore.analytics.selection import fractions, plain, windows
 
         run_id = self.only_run(run)
         chosen_ks, chosen_thresholds, combined = (windows(ks, "ks"), fractions(thresholds, "thresholds"),
@@ -217,6 +223,8 @@ class Results:
     def taps(self, run: str | None = None, scope: str = "auto") -> TapGrid:
         """Layer x module probing of a run built with --taps (`featstore taps`): accuracy per block and tap, the
         best pairs and the gain each strategy recovers."""
+        from featstore.analytics.queries import tap_gains, tap_grid
+
         run_id = self.only_run(run)
         grid = tap_grid(self.db, run_id, scope)
         if grid.is_empty():
@@ -233,11 +241,15 @@ class Results:
 
     def css(self, id_run: str, ood_run: str, distance: str = CSS_DISTANCES[0], top_n: int = TOP_N) -> pl.DataFrame:
         """Circuit Shift Score between an ID and an OOD circuit run of one model (`featstore css`)."""
+        from featstore.analytics.circuit_graphs import circuit_shift
+
         return circuit_shift(self._one_db("css"), id_run, ood_run, distance, top_n)
 
     def probe_summary(self, run: str) -> pl.DataFrame:
         """Per anchor of a run: accuracy on its scored images and whether the fit converged (what `featstore
         probe` prints after each run)."""
+        from featstore.analytics.selection import probe_summary
+
         return probe_summary(self.db, run)
 
     def report(self, out: str | Path | None = None, ks: Ks = None, scope: str = "auto",
@@ -248,6 +260,7 @@ class Results:
         ('png', 'svg' or 'pdf'): every figure also as a file beside the page, for a paper. Returns the page's path,
         absolute."""
         from featstore.analytics.report import check_figures, write_report
+        from featstore.analytics.selection import fraction, windows
 
         db = self._one_db("report")
         if not isinstance(out, str | Path | None):
@@ -278,4 +291,6 @@ def connect(db: str | Path | Sequence[str | Path]) -> Results:
 def runs_written(db: str | Path) -> dict[str, str]:
     """Run id -> when it was written, of the runs `db` holds now (none when it does not exist yet): read before a
     probe job, it says when each run the job replaces had been written."""
+    from featstore.analytics.selection import runs_written as written
+
     return written(db)

@@ -1,5 +1,5 @@
-"""The probes a run saved in the store, read back (`load_probe`): per anchor, predict on arrays. (torch, the probes'
-modules and, for a run read through its database, DuckDB are imported by the functions that use them.)"""
+"""The probes a run saved in the store, read back (`load_probe`): per anchor, predict on arrays. (torch and the
+probes' modules are imported by the functions that use them.)"""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from featstore.api.estimator import _predict, _proba
+from featstore.api.results import Results
 from featstore.api.store import ModelData, Store, open_store
 from featstore.errors import FeatstoreError
 from featstore.records import RunIdentity
 from featstore.store.probes import GROUP_NAME
 
 if TYPE_CHECKING:
-    from featstore.api.results import Results
     from featstore.probing.base import FittedProbe
 
 
@@ -82,8 +82,6 @@ def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path |
     data = handle.model(model)
     name, version, recorded, digests = _probe_name(data.key, run), None, None, {}
     if db is not None:
-        from featstore.api.results import Results
-
         results = Results(db)
         rows = results.sql("SELECT probe, params FROM runs WHERE run_id = ?", [run])
         if not len(rows):
