@@ -9,8 +9,7 @@ from importlib import import_module
 from typing import Any
 
 # where the declarations live, looked up in this order (a name is taken from the first that has it)
-SOURCES = ("featstore.schema", "featstore.compute.specs", "featstore.analytics.scopes", "featstore.analytics.bands",
-           "featstore.analytics.exit_policies")
+SOURCES = ("featstore.schema", "featstore.compute.specs", "featstore.analytics.exit_policies")
 
 
 def __getattr__(name: str) -> Any:

@@ -21,7 +21,6 @@ from pathlib import Path
 import click
 
 from featstore.api.declared import (
-    BANDS,
     COST_BATCH_SIZES,
     CSS_DISTANCES,
     DDB_VARIANTS,
@@ -31,8 +30,6 @@ from featstore.api.declared import (
     FIGURE_FORMATS,
     JOINT_MIN_CONF,
     MAX_THRESHOLDS,
-    PER_PAIR,
-    SCOPES,
     TIMM_WEIGHTS,
     VARIANT,
     VIEW,
@@ -282,7 +279,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--figures": {"": ((), dict(type=click.Choice(FIGURE_FORMATS), default=None,
                                 help="Also write every figure as a file of this format, drawn by matplotlib (for a "
                                      "paper); the page draws its own plots either way."))},
-    "--scope": {"": ((), dict(type=click.Choice(SCOPES), default=SCOPES[0],
+    "--scope": {"": ((), declared("scope",
                               help="Images counted: auto = the test split, or all images of cross-fit runs."))},
     "--k": {"": (("ks",), dict(default=",".join(map(str, DEFAULT_POLICIES.ks)),
                                callback=_list_parser("stability windows", "1,2,3,4", 1),
@@ -290,13 +287,13 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                     "(compare, timeline --image, the report's one-k sections): the one given, else "
                                     "2 (a list without 2 is refused)."))},
     "--min-conf": {
-        "": ((), dict(type=click.FloatRange(0, 1), default=0.0, help="Joint criterion: l* must also be confident "
+        "": ((), declared("min_conf", help="Joint criterion: l* must also be confident "
                       "(conf >= this at l*); 0 = stability alone.")),
-        "compare": ((), dict(type=click.FloatRange(0, 1), default=JOINT_MIN_CONF,
+        "compare": ((), dict(type=checked("min_conf"), default=JOINT_MIN_CONF,
                              help="Threshold of the joint criterion (stable from l* and conf >= this at l*) among the "
                                   "definitions compared; 0 leaves it out.")),
     },
-    "--band": {"": ((), dict(type=click.Choice(BANDS), default="paper",
+    "--band": {"": ((), declared("band",
                              help="Early/mid/late of the sweep: paper = thirds of T, never-stable images (at T) "
                                   "counted late; window = thirds of T - k, the anchors a stable l*(k) can take, "
                                   "never-stable images apart (docs/design.md §5)."))},
@@ -315,7 +312,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                              "refitting the probes as well as the images."))},
     "--full": {"": ((), dict(is_flag=True, help="Show every row and whole lists (timelines) in the table format."))},
     # compare
-    "--per-pair": {"": ((), dict(default=PER_PAIR, type=click.IntRange(min=0),
+    "--per-pair": {"": ((), declared("per_pair",
                                  help="Disagreeing images listed per pair."))},
     "--part": {"": ((), dict(type=click.Choice(["summary", "agreement", "crosstab", "matrix", "disagreements"]),
                              help="Print only this part: summary, agreement (every pair), crosstab (3x3 per pair), "
@@ -401,7 +398,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--combined-thresholds": {"": ((), dict(default=_thresholds_text(DEFAULT_POLICIES.combined),
                                             callback=_threshold_parser,
                                             help="Thresholds of the stability AND confidence gate."))},
-    "--split": {"": ((), dict(type=click.Choice(["train", "val", "test"]), default="train",
+    "--split": {"": ((), declared("split",
                               help="The images the gate learns from; exit-sim evaluates it on the others."))},
     "--no-gate": {"": ((), dict(is_flag=True, help="Leave the learned gate out of the comparison, so that every "
                                 "policy counts every image of --scope [default: with a gate, every policy counts "
