@@ -30,6 +30,7 @@ from featstore.api.declared import (
     FIGURE_FORMATS,
     JOINT_MIN_CONF,
     MAX_THRESHOLDS,
+    MIN_CONF,
     TIMM_WEIGHTS,
     VARIANT,
     VIEW,
@@ -287,7 +288,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                     "(compare, timeline --image, the report's one-k sections): the one given, else "
                                     "2 (a list without 2 is refused)."))},
     "--min-conf": {
-        "": ((), declared("min_conf", help="Joint criterion: l* must also be confident "
+        "": ((), dict(type=checked("min_conf"), default=MIN_CONF, help="Joint criterion: l* must also be confident "
                       "(conf >= this at l*); 0 = stability alone.")),
         "compare": ((), dict(type=checked("min_conf"), default=JOINT_MIN_CONF,
                              help="Threshold of the joint criterion (stable from l* and conf >= this at l*) among the "

@@ -315,7 +315,7 @@ FIELDS: dict[str, Value] = {
     "pool": Text(choices=("cls", "mean")),  # how token anchors are pooled
     "store_dtype": Text(choices=STORE_DTYPES, default=STORE_DTYPES[0]),  # featstore.nets.stored_types
     "min_age": Real(ge=0, default=MIN_AGE_S),
-    "min_conf": Real(ge=0, le=1, default=MIN_CONF),  # conf >= this at l*, beside stability (the joint criterion)
+    "min_conf": Real(ge=0, le=1),  # conf >= this at l*, beside stability (the joint criterion)
     "per_pair": Int(ge=0, default=PER_PAIR),
     "scope": Text(choices=SCOPES, default=SCOPE),
     "band": Text(choices=BANDS, default=BAND),

@@ -4,6 +4,7 @@ record or a library function read from one declaration (featstore.schema, the re
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
@@ -17,25 +18,46 @@ ROOT = Path(__file__).resolve().parent.parent
 OWN_DEFAULTS = {
     ("circuits", "weights"): "circuits read a timm checkpoint: its default tag (schema.TIMM_WEIGHTS), not the "
                              "paper's torchvision weights",
-    ("--min-conf", ""): "timeline: stability alone (0), as k_sweep's own default; compare and the report take the "
-                        "joint criterion's threshold",
     ("cka", "progress"): "fs.cka draws no bars unless asked (a notebook); the command draws them, as every command",
-    ("report", "ks"): "None: the report's windows, DEFAULT_POLICIES.ks, which --k's default spells",
+}
+
+# options only the command line has (how it prints, a folder of its own), with why: no library default to read
+CLI_ONLY = {
+    **{(command, "fmt"): "how the command prints its table" for command in (
+        "compare", "css", "ddb", "exit-sim", "info", "sql", "taps", "timeline", "zoo")},
+    ("compare", "part"): "which part of the comparison the command prints",
+    ("demo", "out"): "the command's folder in the working directory; a Python caller names one",
 }
 
 
+def _macro(name: str) -> dict:
+    """The defaults of SQL macro `name` (sql/NAME.sql) as Python values: what a command that leaves an argument out
+    of its call computes."""
+    import re
+
+    head = re.search(rf"CREATE OR REPLACE MACRO {name}\(([^)]*)\)", (ROOT / "sql" / f"{name}.sql").read_text())
+    return {m[1]: ast.literal_eval(m[2]) for m in re.finditer(r"(\w+) := ('[^']*'|[\d.]+)", head[1])}
+
+
+@functools.cache
 def _sources():
-    """command -> the records and functions whose defaults its options fill."""
+    """command -> the records, functions and SQL macros whose defaults its options fill; every command has an entry
+    (an empty one where no option has a default of the library's)."""
     from featstore.analytics.circuit_graphs import circuit_shift
-    from featstore.analytics.queries import compare
+    from featstore.analytics.exit_policies import DEFAULT_POLICIES as policies
+    from featstore.analytics.exit_policies import ExitPolicies
+    from featstore.analytics.queries import compare, k_sweep
     from featstore.analytics.report import write_report
     from featstore.api.results import Results
-    from featstore.api.tasks import cka, demo
+    from featstore.api.store import Store
+    from featstore.api.tasks import anchors, cka, demo, export, gate, gc, merge, study
     from featstore.compute.attribution import CircuitConfig
     from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
     from featstore.workflows.build import BuildConfig
     from featstore.workflows.cost import measure_model
     from featstore.workflows.demo import run_demo
+    from featstore.workflows.gate import train_gate
+    from featstore.workflows.gc import collect
     from featstore.workflows.probe import ProbeConfig
     from featstore.workflows.zoo import ZooConfig
 
@@ -43,11 +65,18 @@ def _sources():
     return {"build": (BuildConfig, *specs), "probe": (ProbeConfig, RunOptions), "circuits": (CircuitConfig, *specs),
             "zoo": (ZooConfig, ImageSource, RunOptions), "cost": (measure_model, RunOptions),
             "compare": (compare, Results.compare), "report": (write_report, Results.report),
-            "css": (circuit_shift, Results.css), "demo": (run_demo, demo), "cka": (cka,)}
+            "css": (circuit_shift, Results.css, _macro("css")), "demo": (run_demo, demo, RunOptions), "cka": (cka,),
+            "anchors": (anchors,), "ddb": (Results.ddb, _macro("ddb")),
+            "exit-sim": (Results.early_exit, ExitPolicies, {"combined_thresholds": policies.combined}),
+            "export": (export,), "gate": (gate, train_gate), "gc": (gc, collect), "info": (), "merge": (merge,),
+            "sql": (Results.sql,), "study": (study,), "taps": (Results.taps,), "timeline": (Results.k_sweep, k_sweep),
+            "verify": (Store.verify,)}
 
 
 def _defaults(source) -> dict:
     """A record's field defaults, or a function's keyword defaults."""
+    if isinstance(source, dict):
+        return source
     if is_dataclass(source):
         return {f.name: f.default for f in fields(source) if f.default is not MISSING}
     return {name: p.default for name, p in inspect.signature(source).parameters.items()
@@ -66,24 +95,54 @@ def test_one_click_option_call():
     assert len(calls) == 1 and calls[0][0] == "options.py", calls
 
 
-@pytest.mark.parametrize("command", sorted(_sources()))
-def test_every_option_is_declared_once(command):
-    """Each option of `command` that fills a record field or a function argument of the same name defaults to what
-    that record or function says (parsed as the command parses it: '1,64' is (1, 64))."""
+def _context(command: str) -> click.Context:
+    """`featstore COMMAND` with no argument, every option at its default (parsed as the command parses it: '1,64' is
+    [1, 64])."""
     from featstore.cli.main import cli
 
-    cmd = cli.commands[command]
     group = click.Context(cli, info_name="featstore", **cli.context_settings)  # as `featstore COMMAND` makes it: a
     # command's context without the group's would cache a help option without -h (docs/cli.md would read stale)
-    given = cmd.make_context(command, [], parent=group, resilient_parsing=True).params  # every option, defaulted
-    checked = []
-    for source in _sources()[command]:
-        for name, expected in _defaults(source).items():
-            if name not in given or (command, name) in OWN_DEFAULTS:
-                continue
-            assert _plain(given[name]) == _plain(expected), f"{command} {name}: {given[name]!r}, {source}: {expected!r}"
-            checked.append(name)
-    assert checked, command
+    return cli.commands[command].make_context(command, [], parent=group, resilient_parsing=True)
+
+
+def test_every_command_is_covered():
+    """Each command of the `featstore` group, as click lists it, has its entry here: a new command is checked too."""
+    from featstore.cli.main import cli
+
+    assert sorted(cli.commands) == sorted(_sources())
+
+
+@pytest.mark.parametrize("command", sorted(_sources()))
+def test_every_option_is_declared_once(command):
+    """Each option of `command` with a default (or a choice list) takes it from a declaration: the record field,
+    function argument or macro argument of the same name (a library default of None leaving it to the schema), the
+    schema's `FIELDS` entry, or a schema constant for its choices; an option no library function has says why
+    (`CLI_ONLY`)."""
+    import featstore.schema as schema
+
+    context = _context(command)
+    sources = [_defaults(source) for source in _sources()[command]]
+    choice_lists = [tuple(v) for v in vars(schema).values() if isinstance(v, tuple)]
+    unexplained = []
+    for param in context.command.params:
+        name, value = param.name, context.params.get(param.name)
+        if not isinstance(param, click.Option) or param.hidden or (command, name) in OWN_DEFAULTS:
+            continue
+        field = schema.FIELDS.get(name)
+        declared = [] if field is None or field.default is None else [field.default]
+        declared += [schema.KS] if name == "ks" else []  # --k's default: the sweep's windows
+        library = [s[name] for s in sources if name in s]
+        given = [*declared, *(d for d in library if d is not None)]  # None: the library leaves it to another
+        for expected in given if given or value is not None else library:
+            assert _plain(value) == _plain(expected), f"{command} {name}: {value!r}, declared {expected!r}"
+        if isinstance(param.type, click.Choice):
+            choices = tuple(param.type.choices)
+            assert (field is not None and getattr(field, "choices", ()) == choices) or choices in choice_lists or (
+                (command, name) in CLI_ONLY), f"{command} {name}: choices {choices} declared nowhere"
+        flag_off = param.is_flag and value is False
+        if not given and value is not None and not flag_off and (command, name) not in CLI_ONLY:
+            unexplained.append(f"{name}={value!r}")
+    assert unexplained == [], command
 
 
 def _declarations() -> list[tuple[str, str, str, ast.Call]]:
