@@ -303,3 +303,89 @@ def test_project_dim_stands_for_the_default_variant_only(tmp_path):
     assert "--project-dim and --variant exclude each other" in fails(*args, "--variant", "knn")
     assert "exclude each other" not in fails(*args, "--variant", "linear")  # the default: on to the missing store
     assert not db.exists()
+
+
+# a parameter or record field of one of these names defaults to the schema's declaration, read by its name
+DECLARED_DEFAULTS = {"scope": "SCOPE", "band": "BAND", "split": "GATE_SPLIT", "k": "K", "ks": "KS",
+                     "min_conf": "MIN_CONF", "per_pair": "PER_PAIR", "min_age": "MIN_AGE_S", "min_age_s": "MIN_AGE_S",
+                     "weights": "WEIGHTS", "device": "DEVICE", "view": "VIEW", "variant": "VARIANT", "tau": "TAU",
+                     "top_n": "TOP_N", "ig_steps": "IG_STEPS", "val_frac": "VAL_FRAC", "chunk_rows": "CHUNK_ROWS",
+                     "memory_budget": "MEMORY_BUDGET", "repeats": "REPEATS"}
+PACKAGE = ("featstore", "analytics", "workflows", "probing", "api", "cli")
+
+
+def _literal_defaults(tree: ast.AST) -> list[tuple[str, ast.expr]]:
+    """(name, default) of every function parameter and class-body field with a default, as written."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = node.args
+            positional = args.posonlyargs + args.args
+            found += [(a.arg, d) for a, d in zip(positional[len(positional) - len(args.defaults):], args.defaults,
+                                                 strict=True)]
+            found += [(a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None]
+        elif isinstance(node, ast.ClassDef):
+            found += [(s.target.id, s.value) for s in node.body
+                      if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.value is not None]
+    return found
+
+
+def test_no_library_default_repeats_a_declared_value():
+    """A parameter named `scope` defaulting to the literal 'auto' (or `band` to 'paper', `k` to 2, ...) is a second
+    declaration of featstore.schema's value: every function and record reads the declared name instead. A literal of
+    another value (`device='cpu'` of a CPU-only helper) is another choice, not a repetition."""
+    import featstore.schema as schema
+
+    repeated = []
+    for folder in PACKAGE:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for name, default in _literal_defaults(ast.parse(path.read_text())):
+                if name not in DECLARED_DEFAULTS:
+                    continue
+                try:
+                    value = ast.literal_eval(default)
+                except ValueError:
+                    continue  # a name or a call: read from somewhere
+                if _plain(value) == _plain(getattr(schema, DECLARED_DEFAULTS[name])):
+                    repeated.append(f"{path.relative_to(ROOT)}:{default.lineno} {name}={value!r}")
+    assert repeated == []
+    source = "def f(scope: str = 'auto', k: int = K, band='window'):\n    pass\nclass C:\n    view: str = 'clean'\n"
+    assert [(n, ast.unparse(d)) for n, d in _literal_defaults(ast.parse(source))] == [
+        ("scope", "'auto'"), ("k", "K"), ("band", "'window'"), ("view", "'clean'")]  # the scan reads what it must
+
+
+def _fresh(code: str) -> list[str]:
+    """`code` run in a fresh Python (nothing imported yet), then whether torch got imported: its output lines."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", f"{code}\nimport sys\nprint('torch' in sys.modules)"],
+                          capture_output=True, text=True, check=True, cwd=ROOT)
+    return done.stdout.strip().splitlines()
+
+
+def test_an_image_size_no_crop_can_take_is_refused_before_any_model_loads(tmp_path, image_dir, monkeypatch):
+    """The smallest crop (16: the preprocessing's rule) is FIELDS' rule: the command, the record and load_model
+    refuse 8 in one line before torch is imported or a network built."""
+    import featstore.nets.models as models
+    from featstore.schema import FIELDS
+
+    assert FIELDS["image_size"].check(16) == 16
+    args = ["build", "--model", "resnet18", "--weights", "none", "--data", str(image_dir), "--store",
+            str(tmp_path / "s.zarr"), "--image-size", "8"]
+    said = _fresh(f"from click.testing import CliRunner\nfrom featstore.cli.main import cli\n"
+                  f"r = CliRunner().invoke(cli, {args!r})\nprint(r.exit_code)\nprint(r.output.strip())")
+    assert said == ["2", "featstore: error: --image-size 8: must be a whole number >= 16 (featstore build -h lists "
+                    "the options)", "False"]
+    assert not (tmp_path / "s.zarr").exists()
+    said = _fresh("from featstore.compute.specs import ModelSpec\ntry:\n    ModelSpec('resnet18', 'none', 8)\n"
+                  "except ValueError as e:\n    print(e)")
+    assert said == ["image_size=8: must be a whole number >= 16", "False"]
+
+    def built(*_args, **_kwargs):
+        raise AssertionError("a network was built")
+
+    monkeypatch.setattr(models, "_create_torchvision", built)
+    monkeypatch.setattr(models, "_create_timm", built)
+    with pytest.raises(ValueError, match=r"^image_size=8: must be a whole number >= 16$"):
+        models.load_model("resnet18", "none", image_size=8)
