@@ -1,5 +1,5 @@
-"""The code and the manual say what is: no comment, docstring, message or page names the issue a change came from
-(git's log keeps that), so a reader is never sent to a tracker to understand a line."""
+"""The code and the manual say what is: no comment, docstring, message or page cites the tracker entry a change
+came from (git's log keeps that), so a reader is never sent to a tracker to understand a line."""
 
 from __future__ import annotations
 
