@@ -223,6 +223,30 @@ def test_the_sql_macros_default_as_the_schema(file, name, expected):
     assert said and ast.literal_eval(said.group(1)) == (value[0] if isinstance(value, tuple) else value)
 
 
+def test_every_macro_defaults_as_the_schema():
+    """The SQL macros keep their own defaults (a `featstore sql` user calls `decision_layers(2)`), and the Python side
+    passes every argument it has: each macro default of a declared name is the schema's (min_conf: stability alone,
+    or the joint criterion's threshold in the definitions compare reads; kmax: the largest default window)."""
+    import re
+
+    import featstore.schema as schema
+
+    allowed = {"scope": {schema.SCOPE}, "band": {schema.BAND}, "k": {schema.K}, "per_pair": {schema.PER_PAIR},
+               "min_conf": {schema.MIN_CONF, schema.JOINT_MIN_CONF}, "kmax": {max(schema.KS)},
+               "tau": {schema.TAU}, "top_n": {schema.TOP_N}, "bins": {schema.CALIBRATION_BINS},
+               "binning": {schema.CALIBRATION_BINNINGS[0]}, "min_n": {schema.CALIBRATION_MIN_N}}
+    other = {("decision_band", "k")}  # the window decision_band's thirds leave out (0: the paper's band), no k
+    seen, wrong = set(), []
+    for path in sorted((ROOT / "sql").glob("*.sql")):
+        for head in re.finditer(r"CREATE OR REPLACE MACRO (\w+)\(([^)]*)\)", path.read_text()):
+            for name, literal in re.findall(r"(\w+) := ('[^']*'|[\d.]+)", head[2]):
+                if name in allowed and (head[1], name) not in other:
+                    seen.add(name)
+                    if ast.literal_eval(literal) not in allowed[name]:
+                        wrong.append(f"{head[1]}: {name} := {literal}")
+    assert wrong == [] and seen == set(allowed)
+
+
 def test_a_comma_list_reads_alike_everywhere():
     from featstore.images.views import parse_views
     from featstore.schema import comma_list
