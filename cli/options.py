@@ -36,6 +36,7 @@ from featstore.api.declared import (
     VIEW,
     ImageSource,
     Int,
+    K,
     ModelSpec,
     Number,
     Real,
@@ -286,7 +287,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                callback=_list_parser("stability windows", "1,2,3,4", 1),
                                help="Stability windows k (k anchors after the first); where one is shown "
                                     "(compare, timeline --image, the report's one-k sections): the one given, else "
-                                    "2 (a list without 2 is refused)."))},
+                                    f"{K} (a list without {K} is refused)."))},
     "--min-conf": {
         "": ((), dict(type=checked("min_conf"), default=MIN_CONF, help="Joint criterion: l* must also be confident "
                       "(conf >= this at l*); 0 = stability alone.")),
@@ -300,7 +301,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                   "never-stable images apart (docs/design.md §5)."))},
     "--image": {"": (("image_id",), dict(type=click.IntRange(min=0), help="Print this image's timeline instead: "
                                          "class and confidence at every anchor of every run (or of --run's), "
-                                         "l*(k) marked (k: the one --k given, else 2)."))},
+                                         f"l*(k) marked (k: the one --k given, else {K})."))},
     "--spread": {"": ((), dict(is_flag=True, help="Print the sweep over a set of probes instead (--run's, else "
                                              "every run of probe seed 0 without cross-fit), grouped in families (a "
                                              "probe with its neighbour-C runs and seeds votes once): each run's band "
