@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from featstore.errors import FeatstoreError
+from featstore.schema import KS
 
 MAX_THRESHOLDS = 10_000  # values a threshold list may hold: each is a policy simulated over every image
 
@@ -19,7 +20,7 @@ class ExitPolicies:
     in, every policy is counted on the images it did not learn from (sql/exit_images.sql), so that all of them
     compare on one population. `featstore exit-sim` and the report both start from these defaults."""
 
-    ks: tuple[int, ...] = (1, 2, 3, 4)
+    ks: tuple[int, ...] = KS
     thresholds: tuple[float, ...] = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.5:0.99:0.01
     combined: tuple[float, ...] = (0.5, 0.7, 0.9)
     learned: tuple[float, ...] | None = None

@@ -21,13 +21,11 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from featstore.analytics.bands import BANDS
 from featstore.analytics.comparison_text import Comparison
 from featstore.analytics.db import MACROS, connect, connect_several, in_memory, schema_tables
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
-from featstore.analytics.scopes import SCOPES
 from featstore.errors import FeatstoreError
-from featstore.schema import JOINT_MIN_CONF, PER_PAIR
+from featstore.schema import BAND, JOINT_MIN_CONF, KS, MIN_CONF, PER_PAIR, SCOPE, K, check_field
 
 Db = str | Path | Sequence[str | Path] | duckdb.DuckDBPyConnection  # a database, several, or an open connection
 READ_WAIT_S = 30.0  # a probe holds the write lock only for its final transaction: wait that out
@@ -201,14 +199,9 @@ def stream(db: Db, sql: str, params: Sequence | dict | None = None,
             con.close()
 
 
-DEFAULT_KS = (1, 2, 3, 4)
-
-
 def check_scope(scope: str) -> str:
-    """A scope the macros know; any other word would silently select no image at all."""
-    if scope not in SCOPES:
-        raise FeatstoreError(f"scope={scope!r}: use one of {', '.join(SCOPES)}")
-    return scope
+    """A scope the macros know (`FIELDS["scope"]`); any other word would silently select no image at all."""
+    return check_field("scope", scope)
 
 
 def stability_windows(db: Db, ks: Sequence[int] | None = None, runs: Sequence[str] | None = None) -> list[int]:
@@ -220,8 +213,8 @@ def stability_windows(db: Db, ks: Sequence[int] | None = None, runs: Sequence[st
     if isinstance(ks, str) or (ks is not None and not (len(ks) and all(
             isinstance(k, numbers.Integral) and not isinstance(k, bool) for k in ks))):
         raise FeatstoreError(f"k={ks!r}: give stability windows as integers (one, or a list)")
-    if ks is None or list(ks) == list(DEFAULT_KS):  # the default: trimmed to what the runs have
-        return [k for k in DEFAULT_KS if most is None or k < most] or [1]
+    if ks is None or list(ks) == list(KS):  # the default: trimmed to what the runs have
+        return [k for k in KS if most is None or k < most] or [1]
     where = f"run {runs[0]!r} has" if runs and len(runs) == 1 else "the runs in the database have at most"
     if min(ks) < 1 or (most is not None and max(ks) >= most):
         bad = min(ks) if min(ks) < 1 else max(ks)
@@ -231,17 +224,13 @@ def stability_windows(db: Db, ks: Sequence[int] | None = None, runs: Sequence[st
 
 
 def check_band(band: str) -> str:
-    """A band the sweep knows ('paper' or 'window'); any other word is refused in one line before the query."""
-    if band not in BANDS:
-        raise FeatstoreError(f"band={band!r}: use one of {', '.join(BANDS)}")
-    return band
+    """A band the sweep knows (`FIELDS["band"]`); any other word is refused in one line before the query."""
+    return check_field("band", band)
 
 
 def check_min_conf(min_conf: float) -> float:
-    """The joint criterion's confidence threshold θ: 0 (stability alone) up to 1."""
-    if not 0 <= min_conf <= 1:
-        raise FeatstoreError(f"min_conf={min_conf}: a confidence threshold lies in [0, 1] (0: stability alone)")
-    return float(min_conf)
+    """The joint criterion's confidence threshold θ (`FIELDS["min_conf"]`): 0 (stability alone) up to 1."""
+    return check_field("min_conf", min_conf)
 
 
 def _per_k(macro: str, db: Db, k: int, scope: str, min_conf: float) -> pl.DataFrame:
@@ -250,20 +239,20 @@ def _per_k(macro: str, db: Db, k: int, scope: str, min_conf: float) -> pl.DataFr
                  [k, check_scope(scope), check_min_conf(min_conf)])
 
 
-def decision_layers(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0, band: str = "paper") -> pl.DataFrame:
+def decision_layers(db: Db, k: int, scope: str = SCOPE, min_conf: float = MIN_CONF, band: str = BAND) -> pl.DataFrame:
     """l*(k) per run and image with its band (macro decision_layers); `band`: 'paper' or 'window'."""
     return query(db, "SELECT * FROM decision_layers(?, scope := ?, min_conf := ?, band := ?)",
                  [k, check_scope(scope), check_min_conf(min_conf), check_band(band)])
 
 
-def decision_summary(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0, band: str = "paper") -> pl.DataFrame:
+def decision_summary(db: Db, k: int, scope: str = SCOPE, min_conf: float = MIN_CONF, band: str = BAND) -> pl.DataFrame:
     """decision_sweep's row of every run at k; `band`: 'paper' (thirds of T) or 'window' (thirds of T - k)."""
     return query(db, "SELECT * FROM decision_summary(?, scope := ?, min_conf := ?, band := ?)",
                  [k, check_scope(scope), check_min_conf(min_conf), check_band(band)])
 
 
-def k_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = "auto", min_conf: float = 0.0,
-            runs: Sequence[str] | None = None, band: str = "paper") -> pl.DataFrame:
+def k_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = SCOPE, min_conf: float = MIN_CONF,
+            runs: Sequence[str] | None = None, band: str = BAND) -> pl.DataFrame:
     """decision_sweep at the windows ks, of every run or of the runs named (each must exist), in the paper's band
     or the window-aware one (`band`, docs/design.md §5)."""
     check_scope(scope)
@@ -276,53 +265,53 @@ def k_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = "auto", min_co
     return frame if chosen is None else frame.filter(pl.col("run_id").is_in(chosen))
 
 
-def decision_mass(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
+def decision_mass(db: Db, k: int, scope: str = SCOPE, min_conf: float = MIN_CONF) -> pl.DataFrame:
     return _per_k("decision_mass", db, k, scope, min_conf)
 
 
-def cumulative_curve(db: Db, k: int, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
+def cumulative_curve(db: Db, k: int, scope: str = SCOPE, min_conf: float = MIN_CONF) -> pl.DataFrame:
     return _per_k("cumulative_curve", db, k, scope, min_conf)
 
 
-def prediction_depth(db: Db, run_id: str, scope: str = "auto") -> pl.DataFrame:
+def prediction_depth(db: Db, run_id: str, scope: str = SCOPE) -> pl.DataFrame:
     """Baldock et al.'s prediction depth of every image of one run, against the model's own prediction, with what it
     reads: layer 0 (`input` where the store has the input anchor) and the rows its probes learnt from."""
     return query(db, "SELECT * FROM prediction_depth(?, scope := ?)", [run_id, check_scope(scope)])
 
 
-def head_agreement(db: Db, scope: str = "auto") -> pl.DataFrame:
+def head_agreement(db: Db, scope: str = SCOPE) -> pl.DataFrame:
     return query(db, "SELECT * FROM head_agreement(scope := ?)", [check_scope(scope)])
 
 
-def probe_accuracy(db: Db, scope: str = "auto") -> pl.DataFrame:
+def probe_accuracy(db: Db, scope: str = SCOPE) -> pl.DataFrame:
     return query(db, "SELECT * FROM probe_accuracy(scope := ?)", [check_scope(scope)])
 
 
-def corruption_shift(db: Db, k: int = 2, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
+def corruption_shift(db: Db, k: int = K, scope: str = SCOPE, min_conf: float = MIN_CONF) -> pl.DataFrame:
     return _per_k("corruption_shift", db, k, scope, min_conf)
 
 
-def paper_table(db: Db, k: int = 2, scope: str = "auto", min_conf: float = 0.0) -> pl.DataFrame:
+def paper_table(db: Db, k: int = K, scope: str = SCOPE, min_conf: float = MIN_CONF) -> pl.DataFrame:
     return _per_k("paper_table", db, k, scope, min_conf)
 
 
-def paper_table_spread(db: Db, k: int = 2, scope: str = "auto") -> pl.DataFrame:
+def paper_table_spread(db: Db, k: int = K, scope: str = SCOPE) -> pl.DataFrame:
     return query(db, "SELECT * FROM paper_table_spread(?, scope := ?)", [k, check_scope(scope)])
 
 
-def population(db: Db, scope: str = "auto") -> pl.DataFrame:
+def population(db: Db, scope: str = SCOPE) -> pl.DataFrame:
     return query(db, "SELECT * FROM population(scope := ?)", [check_scope(scope)])
 
 
-def run_agreement(db: Db, run_a: str, run_b: str, k: int = 2, scope: str = "auto") -> pl.DataFrame:
+def run_agreement(db: Db, run_a: str, run_b: str, k: int = K, scope: str = SCOPE) -> pl.DataFrame:
     """How far two runs of one view agree: per anchor the share of identical predictions, then (anchor null) the
     share of identical l*(k) and early/mid/late band, on the images both predicted that the scope counts for both
     (by default what every summary and the report count: the test split; sql/run_agreement.sql)."""
     return query(db, "SELECT * FROM run_agreement(?, ?, k := ?, scope := ?)", [run_a, run_b, k, check_scope(scope)])
 
 
-def decision_examples(db: Db, k: int = 2, per_side: int = 4, scope: str = "auto",
-                      min_conf: float = 0.0) -> pl.DataFrame:
+def decision_examples(db: Db, k: int = K, per_side: int = 4, scope: str = SCOPE,
+                      min_conf: float = MIN_CONF) -> pl.DataFrame:
     return query(db, "SELECT * FROM decision_examples(?, per_side := ?, scope := ?, min_conf := ?)",
                  [k, per_side, scope, check_min_conf(min_conf)])
 
@@ -431,7 +420,7 @@ class EarlyExit:
 
 
 def early_exit(db: Db, run_id: str, device: str | None = None, batch_size: int = 1,
-               policies: ExitPolicies = DEFAULT_POLICIES, scope: str = "auto") -> EarlyExit:
+               policies: ExitPolicies = DEFAULT_POLICIES, scope: str = SCOPE) -> EarlyExit:
     """Every exit policy's accuracy and cost, and the Pareto front, priced on `device` (default: the only one),
     all counted on one population of images (refused when it is empty rather than printing empty tables)."""
     policies = replace(policies, ks=tuple(stability_windows(db, policies.ks, [run_id])))
@@ -448,7 +437,7 @@ def early_exit(db: Db, run_id: str, device: str | None = None, batch_size: int =
 
 
 def exit_population(db: Db, run_id: str, policies: ExitPolicies = DEFAULT_POLICIES,
-                    scope: str = "auto") -> pl.DataFrame:
+                    scope: str = SCOPE) -> pl.DataFrame:
     """The one population every exit policy of a simulation is counted on (see sql/exit_population.sql)."""
     return query(db, "SELECT * FROM exit_population(?, scope := ?, gate_thresholds := ?)",
                  [run_id, check_scope(scope), policies.gate_args()])
@@ -478,32 +467,32 @@ def _exit_table(macro: str, db: Db, run_id: str, device: str, batch_size: int, p
 
 
 def exit_simulation(db: Db, run_id: str, device: str, batch_size: int = 1, policies: ExitPolicies = DEFAULT_POLICIES,
-                    scope: str = "auto") -> pl.DataFrame:
+                    scope: str = SCOPE) -> pl.DataFrame:
     """Accuracy and mean cost per image of every exit policy (see sql/exit_simulation.sql)."""
     return _exit_table("exit_simulation", db, run_id, device, batch_size, policies, scope)
 
 
 def exit_pareto(db: Db, run_id: str, device: str, batch_size: int = 1, policies: ExitPolicies = DEFAULT_POLICIES,
-                scope: str = "auto") -> pl.DataFrame:
+                scope: str = SCOPE) -> pl.DataFrame:
     """The policies of exit_simulation that no other beats on both accuracy and cost."""
     return _exit_table("exit_pareto", db, run_id, device, batch_size, policies, scope)
 
 
-def exit_shares(db: Db, run_id: str, policies: ExitPolicies = DEFAULT_POLICIES, scope: str = "auto") -> pl.DataFrame:
+def exit_shares(db: Db, run_id: str, policies: ExitPolicies = DEFAULT_POLICIES, scope: str = SCOPE) -> pl.DataFrame:
     return query(db, "SELECT * FROM exit_shares(?, ks := ?, thresholds := ?, combined_thresholds := ?, scope := ?, "
                      "gate_thresholds := ?)", [run_id, *policies.args(), check_scope(scope), policies.gate_args()])
 
 
-def tap_grid(db: Db, run_id: str, scope: str = "auto") -> pl.DataFrame:
+def tap_grid(db: Db, run_id: str, scope: str = SCOPE) -> pl.DataFrame:
     return query(db, "SELECT * FROM tap_grid(?, scope := ?)", [run_id, check_scope(scope)])
 
 
-def tap_gains(db: Db, run_id: str, scope: str = "auto") -> pl.DataFrame:
+def tap_gains(db: Db, run_id: str, scope: str = SCOPE) -> pl.DataFrame:
     return query(db, "SELECT * FROM tap_gains(?, scope := ?)", [run_id, check_scope(scope)])
 
 
-def tap_decision_layers(db: Db, run_id: str, tap: str, k: int, scope: str = "auto",
-                        min_conf: float = 0.0) -> pl.DataFrame:
+def tap_decision_layers(db: Db, run_id: str, tap: str, k: int, scope: str = SCOPE,
+                        min_conf: float = MIN_CONF) -> pl.DataFrame:
     return query(db, "SELECT * FROM tap_decision_layers(?, ?, ?, scope := ?, min_conf := ?)",
                  [run_id, tap, k, check_scope(scope), check_min_conf(min_conf)])
 
@@ -529,11 +518,10 @@ def comparison_runs(db: Db, runs: Sequence[str] | None = None) -> list[str]:
     return clean
 
 
-def compare(db: Db, runs: Sequence[str] | None = None, k: int = 2, min_conf: float = JOINT_MIN_CONF,
-            scope: str = "auto", per_pair: int = PER_PAIR) -> Comparison:
+def compare(db: Db, runs: Sequence[str] | None = None, k: int = K, min_conf: float = JOINT_MIN_CONF,
+            scope: str = SCOPE, per_pair: int = PER_PAIR) -> Comparison:
     """l*(k), prediction depth and the joint criterion of each run, compared image by image."""
-    if isinstance(per_pair, bool) or not isinstance(per_pair, numbers.Integral) or per_pair < 0:
-        raise FeatstoreError(f"per_pair={per_pair!r}: give how many disagreeing images to list per pair, >= 0")
+    per_pair = check_field("per_pair", per_pair)
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True, wait_s=READ_WAIT_S)
     try:
         runs = comparison_runs(con, runs)

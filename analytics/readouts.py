@@ -21,6 +21,7 @@ from featstore.schema import (
     INTERVAL_LEVEL,
     NULL_DRAWS,
     NULL_SEED,
+    SCOPE,
 )
 
 BY_SHARES = ("correct_by", "wasteful_by", "destructive_by")  # per anchor: each gets _null, _null_lo, _null_hi, _p
@@ -28,12 +29,12 @@ RUN_SHARES = ("wasteful", "destructive")  # over the run (the by-shares at ancho
 _BLOCK = 64  # permutations compared against the prediction matrix at once
 
 
-def first_correct(db: Db, run_id: str, scope: str = "auto") -> pl.DataFrame:
+def first_correct(db: Db, run_id: str, scope: str = SCOPE) -> pl.DataFrame:
     """Per image the first anchor whose probe is right (null where none is): the run's earliest possible exit."""
     return query(db, "SELECT * FROM first_correct(?, scope := ?)", [run_id, check_scope(scope)])
 
 
-def overthinking(db: Db, run_id: str, scope: str = "auto", draws: int = NULL_DRAWS,
+def overthinking(db: Db, run_id: str, scope: str = SCOPE, draws: int = NULL_DRAWS,
                  seed: int = NULL_SEED) -> pl.DataFrame:
     """Per anchor the share right by then, and the run's wasteful and destructive shares against the head, each
     beside its label-blind permutation null (`overthinking_null`): the null's mean (<share>_null), its 95% interval
@@ -135,7 +136,7 @@ def _group_null(firsts: np.ndarray, labels: np.ndarray, draws: int,
     return observed, expected, drawn
 
 
-def calibration(db: Db, run_id: str, bins: int = CALIBRATION_BINS, scope: str = "auto",
+def calibration(db: Db, run_id: str, bins: int = CALIBRATION_BINS, scope: str = SCOPE,
                 binning: str = CALIBRATION_BINNINGS[0], min_n: int = CALIBRATION_MIN_N,
                 replicates: int = CALIBRATION_REPLICATES, seed: int = CALIBRATION_SEED) -> pl.DataFrame:
     """Per anchor the expected and maximum calibration error of its probe's confidences (sql/calibration.sql:
@@ -240,7 +241,7 @@ def _nanquantile(values: np.ndarray, quantiles: list[float]) -> tuple[np.ndarray
     return out[0], out[1]
 
 
-def calibration_bins(db: Db, run_id: str, bins: int = CALIBRATION_BINS, scope: str = "auto",
+def calibration_bins(db: Db, run_id: str, bins: int = CALIBRATION_BINS, scope: str = SCOPE,
                      binning: str = CALIBRATION_BINNINGS[0], min_n: int = CALIBRATION_MIN_N) -> pl.DataFrame:
     """The reliability diagram's bins behind `calibration`: n, share, accuracy and mean confidence per bin, and
     whether the bin is large enough (min_n) to set MCE."""

@@ -30,7 +30,7 @@ from featstore.analytics.report_plots import PlotlyFigures, page_scripts
 from featstore.analytics.report_readouts import readout_sections
 from featstore.analytics.report_robustness import robustness_section
 from featstore.errors import FeatstoreError
-from featstore.schema import FIGURE_FORMATS, JOINT_MIN_CONF
+from featstore.schema import FIGURE_FORMATS, JOINT_MIN_CONF, SCOPE, K
 
 
 class _Memo:
@@ -110,7 +110,7 @@ def check_figures(figures: str | None) -> str | None:
     return figures
 
 
-def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = None, scope: str = "auto",
+def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = None, scope: str = SCOPE,
                  k: int | None = None, min_conf: float = JOINT_MIN_CONF, progress: Callable[[str], None] | None = None,
                  runs: Sequence[str] | None = None, figures: str | None = None) -> Path:
     """Write `out/report.html` for every run in `db`: the k-sweep over `ks`, and the single-k sections (cross-model
@@ -161,7 +161,7 @@ def _write_page(con, db: str | Path, out: Path, ks: Sequence[int], scope: str, k
     say("k-sweep and tables")
     sweep = q.k_sweep(con, ks, scope)
     accuracy = q.probe_accuracy(con, scope)
-    k_mid = k if k is not None else 2 if 2 in ks else ks[0]
+    k_mid = k if k is not None else K if K in ks else ks[0]
     lasts = sorted({n - 1 for n in runs["n_anchors"].to_list()})  # every run's T
     sections = _unconverged(q.unconverged_probes(con)) + [
         "<h2>k-sweep (decision-layer statistics per run)</h2>",
@@ -641,7 +641,7 @@ def _timeline_links(ids: Sequence[int], shown: list[int]) -> str:
     return f"<p>Per-image timelines of these images (<code>featstore timeline --image ID</code>): {links}</p>"
 
 
-def image_timeline(db, image_id: int, k: int = 2, runs: Sequence[str] | None = None) -> pl.DataFrame:
+def image_timeline(db, image_id: int, k: int = K, runs: Sequence[str] | None = None) -> pl.DataFrame:
     """One image's timeline in every run, or in the runs named (sql/image_timeline.sql); refuses an unknown run
     and an id none of them predicted."""
     chosen = q.known_runs(db, runs) if runs else None

@@ -17,12 +17,12 @@ import polars as pl
 from featstore.analytics import readouts as r
 from featstore.analytics.report_figures import _Figures, _table
 from featstore.analytics.report_plots import PlotlyFigures
-from featstore.schema import CALIBRATION_MIN_N
+from featstore.schema import CALIBRATION_MIN_N, SCOPE
 
 TICKS = 9  # pt: 14 px at the report's 110 dpi
 
 
-def readout_sections(con, run_ids: Sequence[str], scope: str = "auto", bins: int = 15,
+def readout_sections(con, run_ids: Sequence[str], scope: str = SCOPE, bins: int = 15,
                      figs: _Figures | PlotlyFigures | None = None) -> str:
     """HTML of the calibration, overthinking and CKA sections for `run_ids`, drawn through the report's own `figs`
     (by default plots the page draws from their embedded data)."""

@@ -19,6 +19,7 @@ import polars as pl
 
 from featstore.analytics.queries import Db, check_min_conf, check_scope, known_runs, query, stability_windows
 from featstore.errors import FeatstoreError
+from featstore.schema import MIN_CONF, SCOPE
 
 REPLICATES = 1000  # bootstrap resamples of the images
 SEED = 0
@@ -30,8 +31,8 @@ OVER_IMAGES = "images (probes fixed)"  # what an interval covers: the `interval_
 OVER_REFITS = "images and probe seeds"
 
 
-def robust_bands(db: Db, kmax: int = 4, scope: str = "auto", run_set: Sequence[str] | None = None,
-                 min_conf: float = 0.0, seeds: bool = False) -> pl.DataFrame:
+def robust_bands(db: Db, kmax: int = 4, scope: str = SCOPE, run_set: Sequence[str] | None = None,
+                 min_conf: float = MIN_CONF, seeds: bool = False) -> pl.DataFrame:
     """Per image and k = 1..kmax: its l*(k) and band under each probe of the set, its family, whether its family's
     vote is this run's, and whether the band holds under every family's vote (`run_set`: the declared set;
     default: every run of probe seed 0, or of every seed with `seeds`, without cross-fit, per model and view)."""
@@ -40,8 +41,8 @@ def robust_bands(db: Db, kmax: int = 4, scope: str = "auto", run_set: Sequence[s
                  [kmax, check_scope(scope), chosen, check_min_conf(min_conf), bool(seeds)])
 
 
-def robust_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = "auto", run_set: Sequence[str] | None = None,
-                 min_conf: float = 0.0, replicates: int = REPLICATES, seed: int = SEED,
+def robust_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = SCOPE, run_set: Sequence[str] | None = None,
+                 min_conf: float = MIN_CONF, replicates: int = REPLICATES, seed: int = SEED,
                  level: float = LEVEL, refits: bool = False) -> pl.DataFrame:
     """sql/robust_sweep.sql at the windows `ks` (each probe's fractions, the set's band_holds, kappa and each
     fraction's range over the set) with a percentile bootstrap interval (<name>_lo, <name>_hi) for each run's

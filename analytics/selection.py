@@ -15,11 +15,9 @@ import numpy as np
 
 from featstore.analytics.queries import Db, query, runs, stability_windows
 from featstore.errors import FeatstoreError, FeatstoreTypeError
-from featstore.schema import shown
+from featstore.schema import K, shown
 
 T = TypeVar("T")
-
-ONE_WINDOW = 2  # the window a one-window part shows when several are asked for (the default list among them)
 
 
 def _integer(value: object) -> bool:
@@ -156,10 +154,10 @@ def one_window(db: Db, ks: Sequence[int] | None = None, chosen: Sequence[str] | 
     windows = stability_windows(db, ks, chosen)
     if len(windows) == 1:
         return windows[0]
-    if ONE_WINDOW in windows:
-        return ONE_WINDOW
+    if K in windows:
+        return K
     raise FeatstoreError(f"k={','.join(map(str, windows))}: this command shows one stability window, the one k "
-                         f"given, or 2 of a list holding it (as the default 1,2,3,4 does); give one, e.g. "
+                         f"given, or {K} of a list holding it (as the default 1,2,3,4 does); give one, e.g. "
                          f"k={windows[0]}")
 
 

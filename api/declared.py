@@ -4,11 +4,10 @@ bands and the exit policies' defaults. The CLI reads them here, through the API,
 beneath it; each name is the library's own object, imported from the module that declares it (all of them light:
 the CLI's `--help` loads this module)."""
 
-from featstore.analytics.bands import BANDS
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, MAX_THRESHOLDS
-from featstore.analytics.scopes import SCOPES
 from featstore.compute.specs import ImageSource, ModelSpec, RunOptions, split_options
 from featstore.schema import (
+    BANDS,
     COST_BATCH_SIZES,
     CSS_DISTANCES,
     DDB_VARIANTS,
@@ -16,11 +15,14 @@ from featstore.schema import (
     FIELDS,
     FIGURE_FORMATS,
     JOINT_MIN_CONF,
+    MIN_CONF,
     PER_PAIR,
+    SCOPES,
     TIMM_WEIGHTS,
     VARIANT,
     VIEW,
     Int,
+    K,
     Number,
     Real,
     Size,
@@ -30,7 +32,7 @@ from featstore.schema import (
     shown,
 )
 
-__all__ = ["BANDS", "COST_BATCH_SIZES", "CSS_DISTANCES", "DDB_VARIANTS", "DEFAULT_POLICIES", "DEMO_DATASET", "FIELDS",
-           "FIGURE_FORMATS", "JOINT_MIN_CONF", "MAX_THRESHOLDS", "PER_PAIR", "SCOPES", "TIMM_WEIGHTS", "VARIANT",
-           "VIEW", "ImageSource", "Int", "ModelSpec", "Number", "Real", "RunOptions", "Size", "Text", "Value",
-           "comma_list", "shown", "split_options"]
+__all__ = ["BANDS", "COST_BATCH_SIZES", "CSS_DISTANCES", "DDB_VARIANTS", "DEFAULT_POLICIES", "DEMO_DATASET",
+           "FIELDS", "FIGURE_FORMATS", "JOINT_MIN_CONF", "K", "MAX_THRESHOLDS", "MIN_CONF", "PER_PAIR", "SCOPES",
+           "TIMM_WEIGHTS", "VARIANT", "VIEW", "ImageSource", "Int", "ModelSpec", "Number", "Real", "RunOptions",
+           "Size", "Text", "Value", "comma_list", "shown", "split_options"]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from featstore.analytics.exit_policies import DEFAULT_POLICIES
 from featstore.errors import FeatstoreError, FeatstoreTypeError
-from featstore.schema import CSS_DISTANCES, JOINT_MIN_CONF, PER_PAIR, TOP_N
+from featstore.schema import BAND, CSS_DISTANCES, JOINT_MIN_CONF, MIN_CONF, PER_PAIR, SCOPE, TOP_N
 
 if TYPE_CHECKING:
     import polars as pl
@@ -136,7 +136,7 @@ class Results:
             shown = shown.filter(shown["run_id"].is_in(chosen))
         return late_notes(sorted({n - 1 for n in shown["n_anchors"]}), windows(ks) or [])
 
-    def decision_layers(self, k: int, scope: str = "auto", min_conf: float = 0.0, band: str = "paper") -> pl.DataFrame:
+    def decision_layers(self, k: int, scope: str = SCOPE, min_conf: float = MIN_CONF, band: str = BAND) -> pl.DataFrame:
         """l*(k) of every image under every run, with its early/mid/late `band` (the macro decision_layers, its band
         named by decision_band: 'paper' = thirds of T, 'window' = thirds of T - k), as `featstore sql` gives it."""
         from featstore.analytics.queries import decision_layers
@@ -144,8 +144,8 @@ class Results:
 
         return decision_layers(self.db, self.window(k), scope, fraction(min_conf, "min_conf"), band)
 
-    def k_sweep(self, ks: Ks = None, scope: str = "auto", min_conf: float = 0.0, runs: Runs = None,
-                band: str = "paper") -> Sweep:
+    def k_sweep(self, ks: Ks = None, scope: str = SCOPE, min_conf: float = MIN_CONF, runs: Runs = None,
+                band: str = BAND) -> Sweep:
         """The decision layers' statistics per run and window k (`featstore timeline`); `band`: 'paper' (thirds
         of T) or 'window' (thirds of T - k)."""
         from featstore.analytics.queries import k_sweep
@@ -156,7 +156,7 @@ class Results:
         notes = self.notes(ks or sorted(set(frame["k"])), frame["run_id"].to_list()) if band == "paper" else []
         return Sweep(frame, frame.drop("model", "view", "probe"), notes)
 
-    def spread(self, ks: Ks = None, scope: str = "auto", runs: Runs = None, min_conf: float = 0.0,
+    def spread(self, ks: Ks = None, scope: str = SCOPE, runs: Runs = None, min_conf: float = MIN_CONF,
                refits: bool = False) -> Sweep:
         """The k-sweep over a set of probes (`timeline --spread`): each fraction with a 95% bootstrap interval over
         the images (`refits`: over the images and the probe seeds, every seed of each run in the set), the share
@@ -185,7 +185,7 @@ class Results:
         return ImageTimeline(int(image_id), str(first["label_name"] or first["label"]), first["path"],
                              first["split"], k, frame, image_timeline_table(frame))
 
-    def compare(self, runs: Runs = None, k: Ks = None, min_conf: float = JOINT_MIN_CONF, scope: str = "auto",
+    def compare(self, runs: Runs = None, k: Ks = None, min_conf: float = JOINT_MIN_CONF, scope: str = SCOPE,
                 per_pair: int = PER_PAIR) -> Comparison:
         """l*(k), prediction depth and the joint criterion of each run (default: the clean runs), compared image by
         image (`featstore compare`); k: the one window (`window`)."""
@@ -199,7 +199,7 @@ class Results:
     def early_exit(self, run: str | None = None, ks: Ks = None,
                    thresholds: float | Sequence[float] | None = None,
                    combined_thresholds: float | Sequence[float] | None = None,
-                   device: str | None = None, batch_size: int = 1, scope: str = "auto",
+                   device: str | None = None, batch_size: int = 1, scope: str = SCOPE,
                    gate: bool = True) -> ExitSimulation:
         """Early exit simulated from a run's stored predictions (`featstore exit-sim`): stability, confidence,
         combined and learned gates (`gate`: where `featstore gate` fitted one), the oracle and the Pareto front,
@@ -220,7 +220,7 @@ class Results:
         return ExitSimulation(run_id, result.device, describe_population(result.population.row(0, named=True)),
                               result.simulation, pareto_rows(result.pareto))
 
-    def taps(self, run: str | None = None, scope: str = "auto") -> TapGrid:
+    def taps(self, run: str | None = None, scope: str = SCOPE) -> TapGrid:
         """Layer x module probing of a run built with --taps (`featstore taps`): accuracy per block and tap, the
         best pairs and the gain each strategy recovers."""
         from featstore.analytics.queries import tap_gains, tap_grid
@@ -252,7 +252,7 @@ class Results:
 
         return probe_summary(self.db, run)
 
-    def report(self, out: str | Path | None = None, ks: Ks = None, scope: str = "auto",
+    def report(self, out: str | Path | None = None, ks: Ks = None, scope: str = SCOPE,
                min_conf: float = JOINT_MIN_CONF, progress: Callable[[str], None] | None = None,
                figures: str | None = None) -> Path:
         """One self-contained HTML page of every run (`featstore report`), under `out` (default: report/ beside

@@ -68,7 +68,7 @@ LENS_ARRAYS = {"map", "map_bias", "norm_weight", "norm_bias", "head_weight", "he
 def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path | None = None, *,
                trust_pickle: bool = False) -> LoadedProbe:
     """The fitted per-anchor probes of a run, read back from the store: the version the database `db` names for
-    it (issue 32: each database's runs name their own version), or without `db` the store's current one.
+    it (each database's runs name their own version), or without `db` the store's current one.
 
     What is read follows the variant the run records (the database's runs row, else the store's record of the
     probes), never the arrays the store holds. An estimator probe is a pickle, and unpickling runs whatever code it

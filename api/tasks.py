@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from featstore.api.jobs import _config_or_fields
 from featstore.errors import FeatstoreTypeError
 from featstore.nets.listing import anchor_listing
-from featstore.schema import DEMO_DATASET, MIN_AGE_S, VIEW, check_field
+from featstore.schema import DEMO_DATASET, GATE_SPLIT, MIN_AGE_S, VIEW, check_field
 
 if TYPE_CHECKING:
     from featstore.compute.attribution import CircuitConfig, CircuitResult
@@ -103,7 +103,7 @@ def cka(store: str | Path, model: str, db: str | Path, view: str = VIEW, unbiase
     return compute_cka(store, _model_name(model), database(db), view, unbiased, threads, progress)
 
 
-def gate(db: str | Path, run: str | None = None, split: str = "train",
+def gate(db: str | Path, run: str | None = None, split: str = GATE_SPLIT,
          on_start: Callable[[str], None] | None = None) -> GateResult:
     """Fit the learned early-exit gate of a run (default: the database's only run) on its `split` images
     (`featstore gate`); `on_start(run_id)` is called once the input is checked, before the work."""

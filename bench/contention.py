@@ -1,4 +1,4 @@
-"""How each command that computes keeps its speed when other work runs beside it (issue 23).
+"""How each command that computes keeps its speed when other work runs beside it.
 
 For `demo` (end to end, a fresh output folder each time), `build` (resnet18, a few hundred generated JPEGs), `probe`
 (the 1,000-class set of `bench/probes.py --shape 1000 --dims 64,128`: 36 rows a class, 2 anchors), `cost` and

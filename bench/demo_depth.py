@@ -1,4 +1,4 @@
-"""Where a small ResNet-18 settles the demo's uncued images, per candidate image design (issue 14).
+"""Where a small ResNet-18 settles the demo's uncued images, per candidate image design.
 
 The demo wants a late mode: >= 20% of held-out images whose l*(2) falls in the last 30% of the anchors (layer4
 of the resnet18 preset). This script measures, for each design, at which anchor a linear probe first reads the

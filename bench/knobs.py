@@ -1,4 +1,4 @@
-"""The CPU knobs besides the thread count (issue 23), each timed on the machine as it is and beside one busy
+"""The CPU knobs besides the thread count, each timed on the machine as it is and beside one busy
 single-threaded process, in fresh processes, the settings of one knob interleaved (A B C A B C ...) so that a
 change of the machine's load falls on all of them alike:
 

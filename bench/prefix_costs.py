@@ -1,5 +1,5 @@
-"""How `featstore cost`'s measured prefix times grow with depth (issue 33: this was an assertion in a test, which
-failed under load; timings belong here). Measures resnet18's 12 preset anchors at one batch size a few times and
+"""How `featstore cost`'s measured prefix times grow with depth (a timing, so a benchmark rather than a test,
+which would fail under load). Measures resnet18's 12 preset anchors at one batch size a few times and
 prints each anchor's prefix time as a ratio of the full forward's, with the Spearman rank correlation of the
 times against the anchors' order (1.0: strictly growing) and the runnable threads of other processes before
 each repeat (on a busy machine the ranks of the short early prefixes swap).

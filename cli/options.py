@@ -22,7 +22,6 @@ from typing import Any
 import click
 
 from featstore.api.declared import (
-    BANDS,
     COST_BATCH_SIZES,
     CSS_DISTANCES,
     DDB_VARIANTS,
@@ -32,13 +31,13 @@ from featstore.api.declared import (
     FIGURE_FORMATS,
     JOINT_MIN_CONF,
     MAX_THRESHOLDS,
-    PER_PAIR,
-    SCOPES,
+    MIN_CONF,
     TIMM_WEIGHTS,
     VARIANT,
     VIEW,
     ImageSource,
     Int,
+    K,
     ModelSpec,
     Number,
     Real,
@@ -284,27 +283,27 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--figures": {"": ((), dict(type=click.Choice(FIGURE_FORMATS), default=None,
                                 help="Also write every figure as a file of this format, drawn by matplotlib (for a "
                                      "paper); the page draws its own plots either way."))},
-    "--scope": {"": ((), dict(type=click.Choice(SCOPES), default=SCOPES[0],
+    "--scope": {"": ((), declared("scope",
                               help="Images counted: auto = the test split, or all images of cross-fit runs."))},
     "--k": {"": (("ks",), dict(default=",".join(map(str, DEFAULT_POLICIES.ks)),
                                callback=_list_parser("stability windows", "1,2,3,4", 1),
                                help="Stability windows k (k anchors after the first); where one is shown "
                                     "(compare, timeline --image, the report's one-k sections): the one given, else "
-                                    "2 (a list without 2 is refused)."))},
+                                    f"{K} (a list without {K} is refused)."))},
     "--min-conf": {
-        "": ((), dict(type=click.FloatRange(0, 1), default=0.0, help="Joint criterion: l* must also be confident "
+        "": ((), dict(type=checked("min_conf"), default=MIN_CONF, help="Joint criterion: l* must also be confident "
                       "(conf >= this at l*); 0 = stability alone.")),
-        "compare": ((), dict(type=click.FloatRange(0, 1), default=JOINT_MIN_CONF,
+        "compare": ((), dict(type=checked("min_conf"), default=JOINT_MIN_CONF,
                              help="Threshold of the joint criterion (stable from l* and conf >= this at l*) among the "
                                   "definitions compared; 0 leaves it out.")),
     },
-    "--band": {"": ((), dict(type=click.Choice(BANDS), default="paper",
+    "--band": {"": ((), declared("band",
                              help="Early/mid/late of the sweep: paper = thirds of T, never-stable images (at T) "
                                   "counted late; window = thirds of T - k, the anchors a stable l*(k) can take, "
                                   "never-stable images apart (docs/design.md §5)."))},
     "--image": {"": (("image_id",), dict(type=click.IntRange(min=0), help="Print this image's timeline instead: "
                                          "class and confidence at every anchor of every run (or of --run's), "
-                                         "l*(k) marked (k: the one --k given, else 2)."))},
+                                         f"l*(k) marked (k: the one --k given, else {K})."))},
     "--spread": {"": ((), dict(is_flag=True, help="Print the sweep over a set of probes instead (--run's, else "
                                              "every run of probe seed 0 without cross-fit), grouped in families (a "
                                              "probe with its neighbour-C runs and seeds votes once): each run's band "
@@ -317,7 +316,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
                                              "refitting the probes as well as the images."))},
     "--full": {"": ((), dict(is_flag=True, help="Show every row and whole lists (timelines) in the table format."))},
     # compare
-    "--per-pair": {"": ((), dict(default=PER_PAIR, type=click.IntRange(min=0),
+    "--per-pair": {"": ((), declared("per_pair",
                                  help="Disagreeing images listed per pair."))},
     "--part": {"": ((), dict(type=click.Choice(["summary", "agreement", "crosstab", "matrix", "disagreements"]),
                              help="Print only this part: summary, agreement (every pair), crosstab (3x3 per pair), "
@@ -403,7 +402,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--combined-thresholds": {"": ((), dict(default=_thresholds_text(DEFAULT_POLICIES.combined),
                                             callback=_threshold_parser,
                                             help="Thresholds of the stability AND confidence gate."))},
-    "--split": {"": ((), dict(type=click.Choice(["train", "val", "test"]), default="train",
+    "--split": {"": ((), declared("split",
                               help="The images the gate learns from; exit-sim evaluates it on the others."))},
     "--no-gate": {"": ((), dict(is_flag=True, help="Leave the learned gate out of the comparison, so that every "
                                 "policy counts every image of --scope [default: with a gate, every policy counts "

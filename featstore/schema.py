@@ -251,6 +251,7 @@ MEMORY_BUDGET = "4GB"  # what a probe run may hold of stored rows in memory
 IG_STEPS = 5  # integrated-gradients steps of a circuit attribution
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")  # a build's forward precision
 DECODES = ("auto", "cpu", "gpu")  # where a build decodes its images
+STORE_DTYPES = ("auto", "float16", "float32")  # stored type of anchors and logits (featstore.nets.stored_types)
 MIN_AGE_S = 3600.0  # `featstore gc`: a probe version written less long ago may belong to a probe still committing
 VIEW = "clean"  # the view a build stores, a probe predicts and a circuit attributes, unless told otherwise
 VARIANT = "linear"  # the probe variant
@@ -272,7 +273,19 @@ PER_PAIR = 4  # `compare`: disagreeing images listed per pair of definitions
 DDB_VARIANTS = ("global", "deep", "out")  # DDB's variants, the first the default (sql/ddb.sql's too)
 CSS_DISTANCES = ("srcc", "cosine", "l2", "jaccard", "laplacian", "netlsd")  # CSS's, the first the default (sql/css.sql)
 DEMO_DATASET = "layouts"  # the demo's generated image set
+WEIGHTS = "auto"  # a model's weights: the paper's for the paper's five models, else the library's default
+DEVICE = "auto"  # where a job computes: the first CUDA device, else the CPU (featstore.runtime)
 TIMM_WEIGHTS = "default"  # circuits and zoo models: a timm checkpoint's default pretrained tag
+SCOPES = ("auto", "all", "train", "val", "test")  # which images a summary counts (sql/in_scope.sql)
+SCOPE = SCOPES[0]  # auto: the test split, or every image of a cross-fit run (all its predictions are out of sample)
+BANDS = ("paper", "window")  # a sweep's early/mid/late thresholds (sql/band_window.sql)
+BAND = BANDS[0]  # paper: the thirds of T, never-stable images (placed at T) counted late, as the source paper counts
+SPLITS = ("train", "val", "test")  # a probe database's image split (featstore.probing.split)
+GATE_SPLIT = SPLITS[0]  # the images an exit gate learns from
+KS = (1, 2, 3, 4)  # the stability windows k of a sweep, a simulation and the report
+K = 2  # the one window shown where one is (compare, timeline --image, the report's one-k sections)
+MIN_CONF = 0.0  # the joint criterion's confidence threshold of a query: 0 is stability alone
+IMAGE_SIZE_MIN = 16  # the smallest crop featstore takes from an image (featstore.images.preprocessing)
 
 # The values every option, record field and file key of that name takes (the CLI flag is --name-with-dashes).
 FIELDS: dict[str, Value] = {
@@ -282,7 +295,7 @@ FIELDS: dict[str, Value] = {
     "seed": Int(ge=0, default=0),
     "split_seed": Int(ge=0, default=0),
     "limit": Int(ge=1),
-    "image_size": Int(ge=1),
+    "image_size": Int(ge=IMAGE_SIZE_MIN),
     "chunk_rows": Int(ge=1, default=CHUNK_ROWS),
     "cross_fit": Int(ge=2, also=(0,), default=0),
     "val_frac": Real(gt=0, lt=1, default=VAL_FRAC),
@@ -290,18 +303,23 @@ FIELDS: dict[str, Value] = {
     "view": Names(default=VIEW),  # a view, a comma list of views, or all
     "views": Names(default=VIEW),
     "train_on_view": Names(),
-    "k": Int(ge=1),
+    "k": Int(ge=1, default=K),
     "tau": Real(gt=0, lt=0.5, default=TAU),
     "ig_steps": Int(ge=1, default=IG_STEPS),
     "top_n": Int(ge=1, default=TOP_N),
     "repeats": Int(ge=1, default=REPEATS),
     "epochs": Int(ge=1),
     "project_dim": Int(ge=1),
-    "precision": Text(choices=PRECISIONS, default="auto"),
-    "decode": Text(choices=DECODES, default="auto"),
+    "precision": Text(choices=PRECISIONS, default=PRECISIONS[0]),
+    "decode": Text(choices=DECODES, default=DECODES[0]),
     "pool": Text(choices=("cls", "mean")),  # how token anchors are pooled
-    "store_dtype": Text(choices=("auto", "float16", "float32"), default="auto"),  # featstore.nets.stored_types
+    "store_dtype": Text(choices=STORE_DTYPES, default=STORE_DTYPES[0]),  # featstore.nets.stored_types
     "min_age": Real(ge=0, default=MIN_AGE_S),
+    "min_conf": Real(ge=0, le=1),  # conf >= this at l*, beside stability (the joint criterion)
+    "per_pair": Int(ge=0, default=PER_PAIR),
+    "scope": Text(choices=SCOPES, default=SCOPE),
+    "band": Text(choices=BANDS, default=BAND),
+    "split": Text(choices=SPLITS, default=GATE_SPLIT),
 }
 
 

@@ -334,7 +334,7 @@ VARIANTS: dict[str, type[ProbeVariant]] = {}
 # old name): old name -> (the variant's name now, why it was renamed). A run lands under the new name, with a warning.
 RENAMED: dict[str, tuple[str, str]] = {
     "lens": ("head-probe", "a linear probe read through the model's head, trained on KL to its output, not "
-                           "Belrose et al.'s tuned lens (that is --variant tuned-lens; issue 50)"),
+                           "Belrose et al.'s tuned lens (that is --variant tuned-lens)"),
 }
 
 

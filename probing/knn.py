@@ -23,16 +23,16 @@ distance (docs/design.md §5 says what can and cannot be checked).
   `reference_images` (its image table's checksums) and `references`. The run id spells refs by a digest of
   STORE's location (`knn:refs=<12 hex>`: a location's slashes would nest run ids and store groups);
   `runs.params` keep STORE itself.
-- Metric: `euclidean` (default) or `cosine` (distance 1 - cos; the default before issue 50). A row of zeros has
-  cosine 0 to everything. Every run id spells the metric and the tie rule (`knn:metric=euclidean,ties=lowest`), so
-  a run of the old default (id `knn`) is never taken for one of the new.
+- Metric: `euclidean` (default) or `cosine` (distance 1 - cos). A row of zeros has cosine 0 to everything. Every
+  run id spells the metric and the tie rule (`knn:metric=euclidean,ties=lowest`), so a run whose id is a plain
+  `knn` (cosine, ties to the nearer voters, a database's older runs) is never taken for one of these.
 - Vote: the k nearest references vote with equal weight. A tie between classes goes (`ties=lowest`, default) to the
   lowest class index among the tied, as scikit-learn's `predict` does (`np.argmax` of the counts in `classes_`
-  order); `ties=nearer` (before issue 50) to the class whose voters are nearer (smaller mean distance). Confidence
+  order); `ties=nearer` to the class whose voters are nearer (smaller mean distance). Confidence
   = the winning class's share of the k votes, v/k.
 - Itself: a row predicted while it is one of the references (the train split, scope all/train) is left out of
   its own neighbours (`leave_out=self`, default: scikit-learn's `kneighbors()` without X; leave-one-out), so it
-  never votes for itself; `leave_out=none` keeps it (before issue 50). References from another store are other images.
+  never votes for itself; `leave_out=none` keeps it. References from another store are other images.
   k must be below the number of references (k + 1 with a row left out), as scikit-learn requires.
 - Prediction: blocks of query rows against tiles of `tile` references, keeping a running top k, so memory is the
   references (rows x width x 2 bytes per anchor) plus one block x tile of scores, whatever the sizes.
@@ -147,7 +147,7 @@ class References:
 
     @classmethod
     def open(cls, refs: str, probed: FeatureStore, key: str, view: str) -> References:
-        """The reference store, checked against the probed one: the same model, weights and anchors (issue 32's
+        """The reference store, checked against the probed one: the same model, weights and anchors (the
         `ModelSource` comparison, images aside) and the same class names, the view complete and sound."""
         from featstore.probing.run import check_complete
 

@@ -9,10 +9,10 @@ entropy, a constant. Its classes are the head's (its width may exceed the labell
 Unlike Belrose et al., the map reads the pooled anchor features (not the residual stream through the model's own
 unembedding) and the target is the model's softmax at temperature 1.
 
-Named `lens` before issue 35; that name then went to the map read through the model's own head, `head-probe`
-since issue 50 (`probing/translator.py`), and Belrose et al.'s recipe is `tuned-lens` (`probing/tuned_lens.py`).
-A database's `lens` runs written before issue 35 are this map: their `runs.params` hold this variant's parameters
-(C, lr_low, ...); the translator's hold no lr_low, and its `probe_fits.info` says "map": "translator"."""
+The name `lens` runs `head-probe`, the map read through the model's own head (`probing/translator.py`), and
+Belrose et al.'s recipe is `tuned-lens` (`probing/tuned_lens.py`). A database's `lens` runs whose `runs.params`
+hold this variant's parameters (C, lr_low, ...) are this map; the translator's hold no lr_low, and its
+`probe_fits.info` says "map": "translator"."""
 
 from __future__ import annotations
 

@@ -10,8 +10,6 @@ import numpy as np
 from featstore.errors import FeatstoreError
 from featstore.schema import FIELDS, VAL_FRAC, shown
 
-SPLITS = ("train", "val", "test")
-
 
 def checked(**fields: object) -> None:
     """Library-side range checks of split settings (`split_seed`, `val_frac`), by the rule the CLI's flags follow

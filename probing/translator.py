@@ -1,4 +1,4 @@
-"""`head-probe` (named `lens` from issue 35 to issue 50): a linear probe per anchor read through the model's own
+"""`head-probe` (`--variant lens` runs it too, with a warning): a linear probe per anchor read through the model's own
 frozen head, trained on KL to the head's output. It is no tuned lens (Belrose et al., "Eliciting Latent Predictions
 from Transformers with the Tuned Lens", 2023; that is `tuned-lens`, `probing/tuned_lens.py`): its regulariser is a
 penalty in the head's Fisher metric at a strength chosen on the val rows (theirs: SGD towards the identity with
@@ -14,8 +14,8 @@ weight decay), and on anchors narrower or wider than the head's input it has no 
   (`head_basis`), |V|^2 / (2 C n) with A = A0 + V basis^T: the change of the logits the map makes is penalised,
   whatever the head's scale, and the directions the head cannot see stay at the start. C is chosen per anchor on
   the val rows and the map refitted on train + val at it, as `linear`'s (`probing/strength.py`);
-  `head-probe:C=0.1` pins it. Unpenalised (before this), the map had more directions than the rows pin down, and
-  its predictions were where L-BFGS stopped.
+  `head-probe:C=0.1` pins it. Unpenalised, the map would have more directions than the rows pin down, and its
+  predictions would be where L-BFGS stopped.
 - The initialisation: where the anchor's width equals the head input's, the identity (A = I, b = 0: the head's
   own input maps to itself, so at the head's input anchor the lens starts as the head and its KL is ~0). Other
   widths: A = 0 and b the least-squares solution of W_head b = log(mean target distribution) - b_head, the
@@ -28,9 +28,9 @@ weight decay), and on anchors narrower or wider than the head's input it has no 
   = W_head A [C, D], `bias`), in raw feature space; val loss and "accuracy" (agreement with the head's argmax)
   are the path's at the chosen C, on val rows it did not learn from.
 
-A database's `lens` runs are of three kinds: written before issue 35, the direct D x C map (`lens-direct`,
-`probing/lens.py`; their `runs.params` hold linear's parameters, C and lr_low among them); before this map's penalty,
-the unpenalised map (`l2` in their params, no C_low); after, this one (C_low, no lr_low). Every run of this map
+A database's `lens` runs are of three kinds, told apart by their `runs.params`: the direct D x C map (`lens-direct`,
+`probing/lens.py`; linear's parameters, C and lr_low among them), the unpenalised map (`l2`, no C_low), and this
+one (C_low, no lr_low). Every run of this map
 says "map": "translator" in `probe_fits.info`. `--variant lens` still runs it, with a warning, landing as
 `head-probe` (`probing/base.py` `RENAMED`).
 """

@@ -1,4 +1,4 @@
-"""The Python API and the probe job misused as a careful but hostile user would (issue 47): each of these 11 cases
+"""The Python API and the probe job misused as a careful but hostile user would: each of these 11 cases
 failed on main before the change, silently or with a traceback from inside numpy, torch or Zarr:
 
 1. kNN references that share images with the probed set (the probed store itself, a `--limit` subset of the same

@@ -376,8 +376,8 @@ def test_a_duckdb_file_that_is_not_featstores_is_one_line(tmp_path):
 def test_scopes_are_one_list_in_sql_and_python(tmp_path):
     from featstore.analytics.db import connect
     from featstore.analytics.queries import query
-    from featstore.analytics.scopes import SCOPES
     from featstore.errors import FeatstoreError
+    from featstore.schema import SCOPES
 
     db = tmp_path / "f.duckdb"
     con = connect(db)

@@ -191,7 +191,7 @@ def test_circuits_ddb_css_commands(image_dir, tmp_path):
                     "vit_tiny_patch16_224/gaussian_noise-2/eap-ig2", "--distance", "netlsd", "--top-n", "50",
                     "--format", "csv").output.splitlines()
     assert graph[1].split(",")[2] == "netlsd" and float(graph[1].split(",")[3]) >= 0
-    # computed from the edges on the fly: a query command writes nothing (issue 21; it used to store both)
+    # computed from the edges on the fly: a query command writes nothing
     assert query(db, "SELECT count(*) AS n FROM css_graph")["n"][0] == 0
     assert "no common edges" in fails("css", "--db", db, "--id", "a", "--ood", "b")
     run_cli("report", "--db", db, "--out", tmp_path / "rep", "--figures", "svg")

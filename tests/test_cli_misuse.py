@@ -1,4 +1,4 @@
-"""Misuse of the CLI ends in one line and exit 2, before anything is written (issue 47), or prints correctly: 8 cases.
+"""Misuse of the CLI ends in one line and exit 2, before anything is written, or prints correctly: 8 cases.
 
 1. `cka` into a database of another image set is refused as `probe` refuses it (the same check, the same line).
 2. `calibration(run, bins := 0)` / `bins := -3` is refused by the macro, for `featstore sql` and Python alike.

@@ -1,4 +1,4 @@
-"""What a newcomer meets first (issue 49): one way to name a store or model in each command's help, `anchors`
+"""What a newcomer meets first: one way to name a store or model in each command's help, `anchors`
 answered from a preset without torch, `sql` showing a screenful, help free of the project's history."""
 
 from __future__ import annotations

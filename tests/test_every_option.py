@@ -4,6 +4,7 @@ record or a library function read from one declaration (featstore.schema, the re
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
@@ -17,25 +18,46 @@ ROOT = Path(__file__).resolve().parent.parent
 OWN_DEFAULTS = {
     ("circuits", "weights"): "circuits read a timm checkpoint: its default tag (schema.TIMM_WEIGHTS), not the "
                              "paper's torchvision weights",
-    ("--min-conf", ""): "timeline: stability alone (0), as k_sweep's own default; compare and the report take the "
-                        "joint criterion's threshold",
     ("cka", "progress"): "fs.cka draws no bars unless asked (a notebook); the command draws them, as every command",
-    ("report", "ks"): "None: the report's windows, DEFAULT_POLICIES.ks, which --k's default spells",
+}
+
+# options only the command line has (how it prints, a folder of its own), with why: no library default to read
+CLI_ONLY = {
+    **{(command, "fmt"): "how the command prints its table" for command in (
+        "compare", "css", "ddb", "exit-sim", "info", "sql", "taps", "timeline", "zoo")},
+    ("compare", "part"): "which part of the comparison the command prints",
+    ("demo", "out"): "the command's folder in the working directory; a Python caller names one",
 }
 
 
+def _macro(name: str) -> dict:
+    """The defaults of SQL macro `name` (sql/NAME.sql) as Python values: what a command that leaves an argument out
+    of its call computes."""
+    import re
+
+    head = re.search(rf"CREATE OR REPLACE MACRO {name}\(([^)]*)\)", (ROOT / "sql" / f"{name}.sql").read_text())
+    return {m[1]: ast.literal_eval(m[2]) for m in re.finditer(r"(\w+) := ('[^']*'|[\d.]+)", head[1])}
+
+
+@functools.cache
 def _sources():
-    """command -> the records and functions whose defaults its options fill."""
+    """command -> the records, functions and SQL macros whose defaults its options fill; every command has an entry
+    (an empty one where no option has a default of the library's)."""
     from featstore.analytics.circuit_graphs import circuit_shift
-    from featstore.analytics.queries import compare
+    from featstore.analytics.exit_policies import DEFAULT_POLICIES as policies
+    from featstore.analytics.exit_policies import ExitPolicies
+    from featstore.analytics.queries import compare, k_sweep
     from featstore.analytics.report import write_report
     from featstore.api.results import Results
-    from featstore.api.tasks import cka, demo
+    from featstore.api.store import Store
+    from featstore.api.tasks import anchors, cka, demo, export, gate, gc, merge, study
     from featstore.compute.attribution import CircuitConfig
     from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
     from featstore.workflows.build import BuildConfig
     from featstore.workflows.cost import measure_model
     from featstore.workflows.demo import run_demo
+    from featstore.workflows.gate import train_gate
+    from featstore.workflows.gc import collect
     from featstore.workflows.probe import ProbeConfig
     from featstore.workflows.zoo import ZooConfig
 
@@ -43,11 +65,18 @@ def _sources():
     return {"build": (BuildConfig, *specs), "probe": (ProbeConfig, RunOptions), "circuits": (CircuitConfig, *specs),
             "zoo": (ZooConfig, ImageSource, RunOptions), "cost": (measure_model, RunOptions),
             "compare": (compare, Results.compare), "report": (write_report, Results.report),
-            "css": (circuit_shift, Results.css), "demo": (run_demo, demo), "cka": (cka,)}
+            "css": (circuit_shift, Results.css, _macro("css")), "demo": (run_demo, demo, RunOptions), "cka": (cka,),
+            "anchors": (anchors,), "ddb": (Results.ddb, _macro("ddb")),
+            "exit-sim": (Results.early_exit, ExitPolicies, {"combined_thresholds": policies.combined}),
+            "export": (export,), "gate": (gate, train_gate), "gc": (gc, collect), "info": (), "merge": (merge,),
+            "sql": (Results.sql,), "study": (study,), "taps": (Results.taps,), "timeline": (Results.k_sweep, k_sweep),
+            "verify": (Store.verify,)}
 
 
 def _defaults(source) -> dict:
     """A record's field defaults, or a function's keyword defaults."""
+    if isinstance(source, dict):
+        return source
     if is_dataclass(source):
         return {f.name: f.default for f in fields(source) if f.default is not MISSING}
     return {name: p.default for name, p in inspect.signature(source).parameters.items()
@@ -66,24 +95,54 @@ def test_one_click_option_call():
     assert len(calls) == 1 and calls[0][0] == "options.py", calls
 
 
-@pytest.mark.parametrize("command", sorted(_sources()))
-def test_every_option_is_declared_once(command):
-    """Each option of `command` that fills a record field or a function argument of the same name defaults to what
-    that record or function says (parsed as the command parses it: '1,64' is (1, 64))."""
+def _context(command: str) -> click.Context:
+    """`featstore COMMAND` with no argument, every option at its default (parsed as the command parses it: '1,64' is
+    [1, 64])."""
     from featstore.cli.main import cli
 
-    cmd = cli.commands[command]
     group = click.Context(cli, info_name="featstore", **cli.context_settings)  # as `featstore COMMAND` makes it: a
     # command's context without the group's would cache a help option without -h (docs/cli.md would read stale)
-    given = cmd.make_context(command, [], parent=group, resilient_parsing=True).params  # every option, defaulted
-    checked = []
-    for source in _sources()[command]:
-        for name, expected in _defaults(source).items():
-            if name not in given or (command, name) in OWN_DEFAULTS:
-                continue
-            assert _plain(given[name]) == _plain(expected), f"{command} {name}: {given[name]!r}, {source}: {expected!r}"
-            checked.append(name)
-    assert checked, command
+    return cli.commands[command].make_context(command, [], parent=group, resilient_parsing=True)
+
+
+def test_every_command_is_covered():
+    """Each command of the `featstore` group, as click lists it, has its entry here: a new command is checked too."""
+    from featstore.cli.main import cli
+
+    assert sorted(cli.commands) == sorted(_sources())
+
+
+@pytest.mark.parametrize("command", sorted(_sources()))
+def test_every_option_is_declared_once(command):
+    """Each option of `command` with a default (or a choice list) takes it from a declaration: the record field,
+    function argument or macro argument of the same name (a library default of None leaving it to the schema), the
+    schema's `FIELDS` entry, or a schema constant for its choices; an option no library function has says why
+    (`CLI_ONLY`)."""
+    import featstore.schema as schema
+
+    context = _context(command)
+    sources = [_defaults(source) for source in _sources()[command]]
+    choice_lists = [tuple(v) for v in vars(schema).values() if isinstance(v, tuple)]
+    unexplained = []
+    for param in context.command.params:
+        name, value = param.name, context.params.get(param.name)
+        if not isinstance(param, click.Option) or param.hidden or (command, name) in OWN_DEFAULTS:
+            continue
+        field = schema.FIELDS.get(name)
+        declared = [] if field is None or field.default is None else [field.default]
+        declared += [schema.KS] if name == "ks" else []  # --k's default: the sweep's windows
+        library = [s[name] for s in sources if name in s]
+        given = [*declared, *(d for d in library if d is not None)]  # None: the library leaves it to another
+        for expected in given if given or value is not None else library:
+            assert _plain(value) == _plain(expected), f"{command} {name}: {value!r}, declared {expected!r}"
+        if isinstance(param.type, click.Choice):
+            choices = tuple(param.type.choices)
+            assert (field is not None and getattr(field, "choices", ()) == choices) or choices in choice_lists or (
+                (command, name) in CLI_ONLY), f"{command} {name}: choices {choices} declared nowhere"
+        flag_off = param.is_flag and value is False
+        if not given and value is not None and not flag_off and (command, name) not in CLI_ONLY:
+            unexplained.append(f"{name}={value!r}")
+    assert unexplained == [], command
 
 
 def _declarations() -> list[tuple[str, str, str, ast.Call]]:
@@ -162,6 +221,30 @@ def test_the_sql_macros_default_as_the_schema(file, name, expected):
     said = re.search(rf"CREATE OR REPLACE MACRO \w+\([^)]*\b{name} := ('?[\w.]+'?)", text)
     value = getattr(schema, expected)
     assert said and ast.literal_eval(said.group(1)) == (value[0] if isinstance(value, tuple) else value)
+
+
+def test_every_macro_defaults_as_the_schema():
+    """The SQL macros keep their own defaults (a `featstore sql` user calls `decision_layers(2)`), and the Python side
+    passes every argument it has: each macro default of a declared name is the schema's (min_conf: stability alone,
+    or the joint criterion's threshold in the definitions compare reads; kmax: the largest default window)."""
+    import re
+
+    import featstore.schema as schema
+
+    allowed = {"scope": {schema.SCOPE}, "band": {schema.BAND}, "k": {schema.K}, "per_pair": {schema.PER_PAIR},
+               "min_conf": {schema.MIN_CONF, schema.JOINT_MIN_CONF}, "kmax": {max(schema.KS)},
+               "tau": {schema.TAU}, "top_n": {schema.TOP_N}, "bins": {schema.CALIBRATION_BINS},
+               "binning": {schema.CALIBRATION_BINNINGS[0]}, "min_n": {schema.CALIBRATION_MIN_N}}
+    other = {("decision_band", "k")}  # the window decision_band's thirds leave out (0: the paper's band), no k
+    seen, wrong = set(), []
+    for path in sorted((ROOT / "sql").glob("*.sql")):
+        for head in re.finditer(r"CREATE OR REPLACE MACRO (\w+)\(([^)]*)\)", path.read_text()):
+            for name, literal in re.findall(r"(\w+) := ('[^']*'|[\d.]+)", head[2]):
+                if name in allowed and (head[1], name) not in other:
+                    seen.add(name)
+                    if ast.literal_eval(literal) not in allowed[name]:
+                        wrong.append(f"{head[1]}: {name} := {literal}")
+    assert wrong == [] and seen == set(allowed)
 
 
 def test_a_comma_list_reads_alike_everywhere():
@@ -244,3 +327,89 @@ def test_project_dim_stands_for_the_default_variant_only(tmp_path):
     assert "--project-dim and --variant exclude each other" in fails(*args, "--variant", "knn")
     assert "exclude each other" not in fails(*args, "--variant", "linear")  # the default: on to the missing store
     assert not db.exists()
+
+
+# a parameter or record field of one of these names defaults to the schema's declaration, read by its name
+DECLARED_DEFAULTS = {"scope": "SCOPE", "band": "BAND", "split": "GATE_SPLIT", "k": "K", "ks": "KS",
+                     "min_conf": "MIN_CONF", "per_pair": "PER_PAIR", "min_age": "MIN_AGE_S", "min_age_s": "MIN_AGE_S",
+                     "weights": "WEIGHTS", "device": "DEVICE", "view": "VIEW", "variant": "VARIANT", "tau": "TAU",
+                     "top_n": "TOP_N", "ig_steps": "IG_STEPS", "val_frac": "VAL_FRAC", "chunk_rows": "CHUNK_ROWS",
+                     "memory_budget": "MEMORY_BUDGET", "repeats": "REPEATS"}
+PACKAGE = ("featstore", "analytics", "workflows", "probing", "api", "cli")
+
+
+def _literal_defaults(tree: ast.AST) -> list[tuple[str, ast.expr]]:
+    """(name, default) of every function parameter and class-body field with a default, as written."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = node.args
+            positional = args.posonlyargs + args.args
+            found += [(a.arg, d) for a, d in zip(positional[len(positional) - len(args.defaults):], args.defaults,
+                                                 strict=True)]
+            found += [(a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None]
+        elif isinstance(node, ast.ClassDef):
+            found += [(s.target.id, s.value) for s in node.body
+                      if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.value is not None]
+    return found
+
+
+def test_no_library_default_repeats_a_declared_value():
+    """A parameter named `scope` defaulting to the literal 'auto' (or `band` to 'paper', `k` to 2, ...) is a second
+    declaration of featstore.schema's value: every function and record reads the declared name instead. A literal of
+    another value (`device='cpu'` of a CPU-only helper) is another choice, not a repetition."""
+    import featstore.schema as schema
+
+    repeated = []
+    for folder in PACKAGE:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for name, default in _literal_defaults(ast.parse(path.read_text())):
+                if name not in DECLARED_DEFAULTS:
+                    continue
+                try:
+                    value = ast.literal_eval(default)
+                except ValueError:
+                    continue  # a name or a call: read from somewhere
+                if _plain(value) == _plain(getattr(schema, DECLARED_DEFAULTS[name])):
+                    repeated.append(f"{path.relative_to(ROOT)}:{default.lineno} {name}={value!r}")
+    assert repeated == []
+    source = "def f(scope: str = 'auto', k: int = K, band='window'):\n    pass\nclass C:\n    view: str = 'clean'\n"
+    assert [(n, ast.unparse(d)) for n, d in _literal_defaults(ast.parse(source))] == [
+        ("scope", "'auto'"), ("k", "K"), ("band", "'window'"), ("view", "'clean'")]  # the scan reads what it must
+
+
+def _fresh(code: str) -> list[str]:
+    """`code` run in a fresh Python (nothing imported yet), then whether torch got imported: its output lines."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", f"{code}\nimport sys\nprint('torch' in sys.modules)"],
+                          capture_output=True, text=True, check=True, cwd=ROOT)
+    return done.stdout.strip().splitlines()
+
+
+def test_an_image_size_no_crop_can_take_is_refused_before_any_model_loads(tmp_path, image_dir, monkeypatch):
+    """The smallest crop (16: the preprocessing's rule) is FIELDS' rule: the command, the record and load_model
+    refuse 8 in one line before torch is imported or a network built."""
+    import featstore.nets.models as models
+    from featstore.schema import FIELDS
+
+    assert FIELDS["image_size"].check(16) == 16
+    args = ["build", "--model", "resnet18", "--weights", "none", "--data", str(image_dir), "--store",
+            str(tmp_path / "s.zarr"), "--image-size", "8"]
+    said = _fresh(f"from click.testing import CliRunner\nfrom featstore.cli.main import cli\n"
+                  f"r = CliRunner().invoke(cli, {args!r})\nprint(r.exit_code)\nprint(r.output.strip())")
+    assert said == ["2", "featstore: error: --image-size 8: must be a whole number >= 16 (featstore build -h lists "
+                    "the options)", "False"]
+    assert not (tmp_path / "s.zarr").exists()
+    said = _fresh("from featstore.compute.specs import ModelSpec\ntry:\n    ModelSpec('resnet18', 'none', 8)\n"
+                  "except ValueError as e:\n    print(e)")
+    assert said == ["image_size=8: must be a whole number >= 16", "False"]
+
+    def built(*_args, **_kwargs):
+        raise AssertionError("a network was built")
+
+    monkeypatch.setattr(models, "_create_torchvision", built)
+    monkeypatch.setattr(models, "_create_timm", built)
+    with pytest.raises(ValueError, match=r"^image_size=8: must be a whole number >= 16$"):
+        models.load_model("resnet18", "none", image_size=8)

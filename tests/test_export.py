@@ -1,4 +1,4 @@
-"""Issue 32: `featstore export` writes every table (an empty one with its columns), one export at a time per
+"""`featstore export` writes every table (an empty one with its columns), one export at a time per
 target, never deletes what it did not create, and follows a symlinked target."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Probe weights left behind (issue 47): a probe SIGKILLed between saving its weights and committing its runs left a
+"""Probe weights left behind: a probe SIGKILLed between saving its weights and committing its runs left a
 version in the store forever, and `verify --db` never saw it. Now `verify` lists it and `featstore gc` removes it,
 never a version a database in reach names, its probe's current one, one whose database cannot be read, or one
 written less than --min-age seconds ago."""

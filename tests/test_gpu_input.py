@@ -1,4 +1,4 @@
-"""The GPU extractor's guarantees (issue 48), checked on CPU tensors: every view is made where the crop is, from
+"""The GPU extractor's guarantees, checked on CPU tensors: every view is made where the crop is, from
 the encoded file alone; noise comes from a counter-based generator, the same whatever the batch, workers, chunks,
 threads or resume; a store keeps the generator it was made with; the main thread only feeds the forward."""
 

@@ -1,4 +1,4 @@
-"""Stores and databases from someone else (issue 47): nothing in them runs, nothing they name leaks, nothing waits.
+"""Stores and databases from someone else: nothing in them runs, nothing they name leaks, nothing waits.
 
 Each case is an attack a careful but hostile sender can make with a crafted store or database, played for real:
 

@@ -122,8 +122,8 @@ def test_knn_default_is_scikit_learns_classifier_per_image_and_anchor(digits_sto
 
 
 def test_knn_old_rule_is_reachable(digits_store, tmp_path):
-    """`knn:metric=cosine,ties=nearer,leave_out=none` (the default before issue 50): scikit-learn's neighbours (the
-    train rows their own nearest) voting by the nearer voters' rule, in numpy."""
+    """`knn:metric=cosine,ties=nearer,leave_out=none` (a plain `knn` run of an older database): scikit-learn's
+    neighbours (the train rows their own nearest) voting by the nearer voters' rule, in numpy."""
     store, db, k = digits_store, tmp_path / "f.duckdb", 7
     variant = "knn:k=7,metric=cosine,ties=nearer,leave_out=none"
     run_id = "resnet18/clean/knn:k=7,leave_out=none,metric=cosine,ties=nearer"

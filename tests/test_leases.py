@@ -139,7 +139,7 @@ def test_a_build_that_lost_its_lease_commits_no_more_chunks(s3_url):
 
 
 def test_a_build_paused_past_its_lease_writes_nothing_over_the_new_holder(s3_url):
-    """Issue 32 case 9: a build paused past its lease's expiry, while another build took over and committed the
+    """A build paused past its lease's expiry, while another build took over and committed the
     chunk, PUT its arrays and checksum row over the new holder's when it resumed. Now it checks the deadline before
     each write: the new holder's chunk stays, and verify finds the store sound."""
     import numpy as np
@@ -175,7 +175,7 @@ def test_a_build_paused_past_its_lease_writes_nothing_over_the_new_holder(s3_url
 
 @pytest.mark.parametrize("expires", ["NaN", "Infinity", "4102444800.0"])
 def test_a_lease_with_an_expiry_no_holder_writes_is_taken_over(s3_url, expires):
-    """Issue 32: a lease whose expiry is NaN, Infinity or in 2100 (a holder on another host) was waited on
+    """A lease whose expiry is NaN, Infinity or in 2100 (a holder on another host) was waited on
     forever; it is garbage, taken over at once."""
     import json
     import socket
@@ -205,7 +205,7 @@ def test_a_lease_object_deleted_during_a_build_is_a_lost_lease(s3_url):
 
 
 def test_a_renewal_the_server_applied_while_its_answer_was_lost_keeps_the_lease(s3_url):
-    """Issue 32: after an S3 outage the holder's own buffered renewal had succeeded at the server, so its next
+    """After an S3 outage the holder's own buffered renewal had succeeded at the server, so its next
     If-Match failed and the build said "another process took it over". A lease that still carries this holder's
     token is its own: it keeps it (another process's token still loses it)."""
     import json

@@ -1,4 +1,4 @@
-"""`tuned-lens` and `head-probe` on tiny sets (issue 57): each case right, checked against code written apart from
+"""`tuned-lens` and `head-probe` on tiny sets: each case right, checked against code written apart from
 featstore, or refused in one line (exit 2) naming the field and the fix, before anything is written. 6 cases:
 
 1. one image per class at the default val fraction: no val rows, refused naming `--val-frac`;

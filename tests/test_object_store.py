@@ -233,7 +233,7 @@ def test_a_study_keeps_its_store_on_s3_and_resumes_from_it(tmp_path, s3_url):
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_a_foreign_folder_in_a_model_group_is_ignored_and_named(where, s3_url, tmp_path):
-    """Issue 32: a stray folder in a model group (someone's notes/) made `info` a KeyError, `probe --view all` say
+    """A stray folder in a model group (someone's notes/) made `info` a KeyError, `probe --view all` say
     "no view 'notes'", and verify count it as nothing. Now info names it, verify and probe leave it alone."""
     feats, labels = class_clusters(60, 3, [4, 6], seed=5)
     url = s3_url if where == "s3" else str(tmp_path / "s.zarr")
@@ -256,7 +256,7 @@ def test_a_foreign_folder_in_a_model_group_is_ignored_and_named(where, s3_url, t
 
 
 def test_a_server_that_goes_away_mid_build_is_one_line(big_image_dir):
-    """Issue 32: the S3 server killed mid-build gave 174 lines of traceback. It is one line and exit status 2, and
+    """The S3 server killed mid-build gave 174 lines of traceback. It is one line and exit status 2, and
     what was committed before stays marked done."""
     from s3server import s3_server, with_env
 
@@ -280,7 +280,7 @@ def test_a_server_that_goes_away_mid_build_is_one_line(big_image_dir):
 
 
 def test_a_store_made_by_another_build_meanwhile_is_not_other_objects(s3_url, monkeypatch):
-    """Issue 32: three builds of different models started together into a new prefix: 1 in 8 was refused as
+    """Three builds of different models started together into a new prefix: 1 in 8 was refused as
     "holds other objects" when another build wrote the root between the check for a store and the listing."""
     from featstore.store.location import StoreLocation
 

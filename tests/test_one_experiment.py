@@ -1,4 +1,4 @@
-"""Issue 32: a database is one experiment (one store per model, one split), and so is every set of databases that
+"""A database is one experiment (one store per model, one split), and so is every set of databases that
 `featstore sql` reads as one or `featstore merge` folds together. Each case is a silent wrong answer on the code
 before: the tests check the refusal, that nothing was written, and the numbers the refusal protects."""
 

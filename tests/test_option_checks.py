@@ -69,7 +69,7 @@ def test_good_variant_parameters_keep_their_meaning():
     assert v.params["max_epochs"] == 3 and isinstance(v.params["max_epochs"], int) and v.params["tol"] == 0.01
     assert v.canonical_id == "linear:max_epochs=3,tol=0.01"
     assert get_variant("knn:metric=euclidean,k=10").canonical_id == "knn:k=10,metric=euclidean,ties=lowest"
-    assert get_variant("knn").canonical_id == "knn:metric=euclidean,ties=lowest"  # the metric always (issue 50)
+    assert get_variant("knn").canonical_id == "knn:metric=euclidean,ties=lowest"  # the metric always
     assert get_variant("projected:dim=16").label == "projected16" and get_variant("projected").params["dim"] == 256
 
 

@@ -172,7 +172,7 @@ def test_a_full_disk_keeps_a_database_that_held_runs(small, tmp_path):
 
 @pytest.mark.parametrize("extra", [(), ("--cross-fit", "2")])
 def test_a_val_fraction_that_leaves_no_val_rows_is_refused(small, tmp_path, extra):
-    """Issue 32 case 4: `--variant paper --val-frac 0.01` returned its untrained starting weights recorded as
+    """`--variant paper --val-frac 0.01` returned its untrained starting weights recorded as
     converged, val accuracy -1. 60 images: 42 train+val, round(0.01 * 42) = 0 val rows (cross-fit: of 30)."""
     store, _ = small
     db = tmp_path / "v.duckdb"

@@ -1,5 +1,5 @@
-"""Python arguments as a careful but hostile user passes them, and the attacks not reached last round (issue 57,
-part B). Each of these 11 cases failed on main before the change, but case 10, which held there (its test keeps it);
+"""Python arguments as a careful but hostile user passes them, and the attacks not reached before. Each of these
+11 cases failed on main before the change, but case 10, which held there (its test keeps it);
 case 8's S3 verbs held too, but for a single database path given to `verify` and `gc` (case 6):
 
 1. `fs.connect("r.duckdb")`, then `os.chdir(other)`, then `.report()` wrote `other/report/` and returned a

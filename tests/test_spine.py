@@ -58,7 +58,7 @@ def test_the_api_checks_what_the_cli_s_parsers_check(digits_linear, digits_store
     results = fs.connect(db)
     for call, said in ((lambda: results.compare(per_pair=-1), "per_pair=-1: "),
                        (lambda: results.compare(k="3,4"), "k='3,4': give stability windows as integers"),
-                       (lambda: fs.gc(digits_store, min_age=-1), "min_age=-1: give seconds >= 0")):
+                       (lambda: fs.gc(digits_store, min_age=-1), "min_age=-1: must be a number >= 0")):
         with pytest.raises(fs.FeatstoreError) as caught:
             call()
         assert str(caught.value).startswith(said), caught.value

@@ -195,7 +195,7 @@ def test_a_replaced_image_is_refused_unless_asked_to_rebuild(built, image_dir, t
 
 
 def test_verify_blames_the_arrays_a_stale_writer_left_not_the_commits(tmp_path):
-    """Issue 32 case 9: a writer that lost its lease PUT two arrays and the checksum row over another build's
+    """A writer that lost its lease PUT two arrays and the checksum row over another build's
     committed chunk; verify blamed the correct arrays (they differ from the stale row). Now the arrays that agree
     with a row most arrays disagree with are named as the stale ones, beside the row."""
     from synthetic import class_clusters, write_feature_store

@@ -193,7 +193,7 @@ def test_study_models_must_have_distinct_keys_and_a_known_pool(tmp_path):
 
 
 def test_a_rerun_reports_what_the_file_declares_now(tiny, tmp_path):
-    """Issue 32 case 5: after the file dropped a seed and a view, the table still counted both seeds and the
+    """After the file dropped a seed and a view, the table still counted both seeds and the
     corrupted view's delta. Now it reads the runs the file declares (the database keeps the others)."""
     out = tmp_path / "out"
     both = run_study(tiny, out=out, progress=False)

@@ -1,4 +1,4 @@
-"""`head-probe` (named `lens` until issue 50; not Belrose et al.'s tuned lens, which is `tuned-lens`): per anchor an
+"""`head-probe` (`--variant lens` runs it too; not Belrose et al.'s tuned lens, which is `tuned-lens`): per anchor an
 affine map into the head's input space read through the model's frozen head, trained on KL(head || lens). Checked
 against what the project computes apart: the head the build keeps is the network's own classifier (the same
 random-init ResNet-18 loaded again here) and reproduces the stored logits from the stored head-input features; at

@@ -256,7 +256,7 @@ def test_a_timm_tag_on_a_name_both_libraries_know_builds_timms_model_and_cost_re
 
 
 def test_a_checkpoint_holding_nan_fails_once_in_one_line_naming_the_anchor(image_dir, tmp_path):
-    """Issue 26: a checkpoint with NaN weights built 'successfully', verify then found every chunk damaged, and
+    """A checkpoint with NaN weights built 'successfully', verify then found every chunk damaged, and
     build 're-did' them forever. Now the first batch is refused, naming the first anchor the NaN reaches, and
     nothing is committed, so a second build says the same and does not loop."""
     weights = torchvision.models.resnet18(weights=None).state_dict()

@@ -103,7 +103,7 @@ def test_the_sweep_in_both_bands_and_its_window_flag_equal_a_plain_loop(world):
 
 
 def test_an_unknown_band_is_refused_in_one_line(world):
-    with pytest.raises(FeatstoreError, match="band='windows': use one of paper, window"):
+    with pytest.raises(FeatstoreError, match="band='windows': must be one of 'paper', 'window'"):
         q.k_sweep(world.db, band="windows")
     with pytest.raises(FeatstoreError, match="band 'thirds': use paper or window"):
         q.query(world.db, "SELECT * FROM decision_sweep(2, band := 'thirds')")

@@ -9,10 +9,11 @@ from featstore.analytics import db as fsdb
 from featstore.analytics.queries import anchor_names
 from featstore.compute.similarity import DEFAULT_BUDGET, CkaResult, anchor_cka, check_view
 from featstore.probing.run import check_complete
+from featstore.schema import VIEW
 from featstore.store.reader import FeatureStore, model_key
 
 
-def compute_cka(store: str | Path, model: str, db: str | Path, view: str = "clean", unbiased: bool = False,
+def compute_cka(store: str | Path, model: str, db: str | Path, view: str = VIEW, unbiased: bool = False,
                 threads: int | None = None, progress: bool = False,
                 memory_budget: int = DEFAULT_BUDGET) -> CkaResult:
     """Check the view is complete and sound and the database of this store's images (as `probe` checks it), compute

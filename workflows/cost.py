@@ -13,12 +13,12 @@ from featstore.errors import FeatstoreError
 from featstore.nets.anchors import resolve_anchors
 from featstore.nets.models import load_model
 from featstore.runtime import resolve_device, tune_allocator
-from featstore.schema import COST_BATCH_SIZES, REPEATS
+from featstore.schema import COST_BATCH_SIZES, DEVICE, REPEATS
 from featstore.store.reader import FeatureStore
 from featstore.threads import ThreadPolicy
 
 
-def measure_model(key: str, db: str | Path, store: str | Path | None = None, device: str = "auto",
+def measure_model(key: str, db: str | Path, store: str | Path | None = None, device: str = DEVICE,
                   batch_sizes: Sequence[int] = COST_BATCH_SIZES, repeats: int = REPEATS,
                   image_size: int | None = None, threads: int | None = None,
                   on_start: Callable[[], None] | None = None) -> list[ModelCost]:

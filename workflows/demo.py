@@ -31,7 +31,7 @@ from featstore.images.preprocessing import Preprocessing
 from featstore.images.views import parse_views
 from featstore.nets.models import load_model
 from featstore.probing.split import make_split
-from featstore.schema import DEMO_DATASET
+from featstore.schema import DEMO_DATASET, K
 from featstore.threads import ThreadPolicy
 from featstore.workflows.build import BuildConfig, build
 from featstore.workflows.cka import compute_cka
@@ -246,4 +246,4 @@ def run_demo(out: Path, dataset: str = DEMO_DATASET, epochs: int | None = None, 
     timed("report", lambda: write_report(db, report))
     chosen = q.runs(db).filter((pl.col("view") == "clean") & (pl.col("probe_id") == "linear"))["run_id"]
     sweep = q.k_sweep(db, runs=chosen.to_list())  # the linear probe at its chosen C, not its neighbours
-    return DemoResult(db, report / "report.html", sweep, q.corruption_shift(db, 2), seconds)
+    return DemoResult(db, report / "report.html", sweep, q.corruption_shift(db, K), seconds)

@@ -28,6 +28,7 @@ from featstore.analytics import db as fsdb
 from featstore.analytics.queries import query, run_ids_among
 from featstore.errors import FeatstoreError
 from featstore.records import Gate, GateScores
+from featstore.schema import GATE_SPLIT, check_field
 
 FEATURES = ("conf", "logit_conf", "agrees_with_previous", "stable_for", "conf_change", "conf_over_best_before",
             "mean_conf_so_far", "share_agreeing_so_far", "changes_so_far")
@@ -120,13 +121,12 @@ class GateResult:
     iterations: int
 
 
-def train_gate(db: str | Path, run_id: str, split: str = "train", c: float = 1.0,
+def train_gate(db: str | Path, run_id: str, split: str = GATE_SPLIT, c: float = 1.0,
                on_start: Callable[[], None] | None = None) -> GateResult:
     """Fit the learned exit gate of one run on the images of `split` and store it with its scores; `on_start` is
     called once the input is checked (the timelines read, a split that can teach a gate), before the fit (the CLI
     says what it does then, not before a refusal)."""
-    if split not in ("train", "val", "test"):
-        raise FeatstoreError(f"split={split!r}: the gate learns from one split: train, val or test")
+    check_field("split", split)  # the gate learns from one split
     if not run_ids_among(db, [run_id]):
         raise FeatstoreError(f"no run {run_id!r} in {db}; list them with featstore sql --db {db} "
                              f"\"SELECT run_id FROM runs\"")

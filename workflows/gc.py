@@ -18,7 +18,7 @@ from pathlib import Path
 
 from featstore.analytics import db as fsdb
 from featstore.errors import FeatstoreError
-from featstore.schema import MIN_AGE_S
+from featstore.schema import MIN_AGE_S, check_field
 from featstore.store.reader import FeatureStore, ProbeVersion
 from featstore.store.writer import StoreWriter
 
@@ -39,9 +39,7 @@ def unreferenced(store: str | Path, dbs: Sequence[Path] = (), model: str | None 
                  min_age_s: float = MIN_AGE_S) -> list[Unreferenced]:
     """Every saved probe version of the store (or of `model`) that no run of a database in reach names. A negative
     `min_age_s` would let a version a running probe is writing count as old: refused."""
-    if not (isinstance(min_age_s, int | float) and not isinstance(min_age_s, bool) and min_age_s >= 0):
-        raise FeatstoreError(f"min_age={min_age_s!r}: give seconds >= 0 (a version younger than that is kept: a "
-                             f"probe may still be writing it)")
+    min_age_s = check_field("min_age", min_age_s)
     fs = FeatureStore(store)
     named: dict[Path, set[tuple[str, str, str]] | str] = {}
     found = []

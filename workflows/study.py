@@ -30,7 +30,21 @@ from featstore.nets.anchors import PRESETS
 from featstore.nets.depth import DEFAULT_COUNT
 from featstore.probing.base import get_variant
 from featstore.records import RunIdentity
-from featstore.schema import CHUNK_ROWS, FIELDS, MEMORY_BUDGET, VAL_FRAC, Either, ListOf, Real, Text, comma_list, shown
+from featstore.schema import (
+    CHUNK_ROWS,
+    FIELDS,
+    MEMORY_BUDGET,
+    VAL_FRAC,
+    WEIGHTS,
+    Either,
+    K,
+    ListOf,
+    Real,
+    Text,
+    comma_list,
+    default,
+    shown,
+)
 from featstore.store.location import StoreLocation
 from featstore.store.reader import FeatureStore, model_key
 from featstore.workflows.build import BuildConfig, build
@@ -70,9 +84,9 @@ class Study:
     seeds: list[int]
     split_seed: int = 0
     cross_fit: int = 0
-    k: int = 2
+    k: int = K
     chunk_rows: int = CHUNK_ROWS
-    precision: str = "auto"
+    precision: str = default("precision")
     build_run: RunOptions = field(default_factory=RunOptions)  # batch_size, device, workers
     probe_run: RunOptions = field(default_factory=RunOptions)  # device
     memory_budget: str = MEMORY_BUDGET
@@ -145,7 +159,7 @@ def load_study(path: str | Path, data: str | Path | None = None, out: str | Path
     models = []
     for i, entry in enumerate(entries(spec["models"])):
         m = section(f"{where} [[models]] #{i + 1}", entry, KEYS["models"], REQUIRED["models"])
-        weights = m.get("weights", "auto")
+        weights = m.get("weights", WEIGHTS)
         for w in [weights] if isinstance(weights, str) else weights:
             named = m.get("key") or (m["name"] if isinstance(weights, str) else f"{m['name']}.{w}")
             models.append(StudyModel(ModelSpec(m["name"], str(w), m.get("image_size")), model_key(named),

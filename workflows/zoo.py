@@ -24,7 +24,7 @@ from featstore.errors import FeatstoreError
 from featstore.images.datasets import ViewDataset, labels_for_head
 from featstore.images.views import parse_view
 from featstore.records import ZooRow
-from featstore.schema import FIELDS, IG_STEPS, TAU, TIMM_WEIGHTS, TOP_N, Text, check_fields
+from featstore.schema import FIELDS, IG_STEPS, TAU, TIMM_WEIGHTS, TOP_N, VIEW, Text, check_fields
 from featstore.threads import ThreadPolicy
 from featstore.workflows.toml_files import TABLE, entries, local_path, read_toml, section
 
@@ -35,7 +35,7 @@ class ImageSetSpec:
 
     name: str
     images: ImageSource
-    view: str = "clean"
+    view: str = VIEW
 
 
 @dataclass(frozen=True)

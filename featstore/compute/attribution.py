@@ -31,7 +31,7 @@ from torch import nn
 from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 from featstore.errors import FeatstoreError
 from featstore.records import CircuitRun
-from featstore.schema import IG_STEPS, VIEW, check_fields
+from featstore.schema import DEVICE, IG_STEPS, VIEW, check_fields
 
 try:  # timm's LayerNorm subclass only changes how it is called, not what it computes
     from timm.layers import LayerNorm as _TimmLayerNorm
@@ -397,7 +397,7 @@ class CircuitResult:
     accuracy: float
 
 
-def load_graph(spec: ModelSpec, seed: int = 0, device: str = "auto", name: str | None = None):
+def load_graph(spec: ModelSpec, seed: int = 0, device: str = DEVICE, name: str | None = None):
     """The model, its preprocessing and its graph on the chosen device (structure checked, not yet run)."""
     from featstore.nets.models import load_model
     from featstore.runtime import resolve_device

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from featstore.errors import FeatstoreError
+from featstore.schema import VIEW
 from featstore.store.reader import FeatureStore, model_key, read_rows
 from featstore.threads import ThreadPolicy
 
@@ -167,7 +168,7 @@ def check_view(store: FeatureStore, key: str, view: str) -> None:
                              f"{', '.join(store.views(key)) or 'none'})")
 
 
-def anchor_cka(store: str | FeatureStore, model: str, view: str = "clean", unbiased: bool = False,
+def anchor_cka(store: str | FeatureStore, model: str, view: str = VIEW, unbiased: bool = False,
                memory_budget: int = DEFAULT_BUDGET, threads: int | None = None,
                progress: bool = False) -> CkaResult:
     """Linear CKA between every pair of a model's anchors on one view of a store, from every usable image: the

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from featstore.errors import FeatstoreError
-from featstore.schema import check_fields
+from featstore.schema import DEVICE, WEIGHTS, check_fields
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class ModelSpec:
     """A network: `model` as `--model` takes it ('resnet50', 'timm/NAME'), `weights` as `--weights` takes it."""
 
     model: str
-    weights: str = "auto"
+    weights: str = WEIGHTS
     image_size: int | None = None
 
     def __post_init__(self) -> None:
@@ -66,7 +66,7 @@ class RunOptions:
     """How a job runs. `batch_size` None means the job's own default (build 64, circuits 32); `threads` None
     means the CPU thread policy decides; `workers` None means the loader's default."""
 
-    device: str = "auto"
+    device: str = DEVICE
     workers: int | None = None
     batch_size: int | None = None
     seed: int = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from featstore.errors import FeatstoreError
+from featstore.schema import check_field
 
 if TYPE_CHECKING:  # the record is read without torch (`featstore info`); the transforms below load it
     import torch
@@ -40,8 +40,7 @@ class Preprocessing:
         """Override the crop (CPU users, tests): resize to size*256/224 first, as ImageNet eval does."""
         if size is None:
             return self
-        if size < 16:
-            raise FeatstoreError(f"image_size={size} is too small (minimum 16)")
+        size = check_field("image_size", size)
         return Preprocessing(round(size * 256 / 224), size, self.mean, self.std, self.interpolation)
 
     def crop_uint8(self, image: Image.Image) -> torch.Tensor:

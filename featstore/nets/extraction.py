@@ -19,7 +19,7 @@ from torch.utils.hooks import RemovableHandle
 from featstore.errors import FeatstoreError
 from featstore.nets.anchors import INPUT_GRID, Anchor, head_name, resolve_anchor, resolve_anchors, valid_anchor_names
 from featstore.nets.stored_types import choose_dtype
-from featstore.schema import FIELDS
+from featstore.schema import FIELDS, STORE_DTYPES
 
 TOKEN_POOLS = FIELDS["pool"].choices
 
@@ -180,7 +180,7 @@ class AnchorSet(NamedTuple):
 
 
 def describe_anchors(model: nn.Module, names: Sequence[str], sample: torch.Tensor, token_pool: str = "cls",
-                     store_dtype: str = "auto") -> AnchorSet:
+                     store_dtype: str = STORE_DTYPES[0]) -> AnchorSet:
     """Resolve anchor names, find each one's layout, measure its pooled width (and the head's class count) and
     choose its stored type (`featstore.nets.stored_types`) with forwards on `sample`: the complete anchor description,
     before any image is extracted."""

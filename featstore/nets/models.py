@@ -27,6 +27,7 @@ from torch import nn
 from featstore.errors import FeatstoreError
 from featstore.images.preprocessing import Preprocessing
 from featstore.nets.anchors import head_name
+from featstore.schema import WEIGHTS, check_field
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -43,7 +44,7 @@ PAPER_WEIGHTS = {("torchvision", arch): "IMAGENET1K_V1"
 TIMM_IN1K = {"vit_base_patch16_224": "augreg_in1k", "convnext_tiny": "fb_in1k"}
 TIMM_PUBLISHED_TOP1 = {"vit_base_patch16_224.augreg_in1k": 79.154, "convnext_tiny.fb_in1k": 82.066}
 PAPER_TWIN = {"vit_base_patch16_224": "vit_b_16", "convnext_tiny": "convnext_tiny"}  # timm name -> paper's model
-SPECIAL_WEIGHTS = ("auto", "paper", "default", "none")
+SPECIAL_WEIGHTS = (WEIGHTS, "paper", "default", "none")
 
 
 @dataclass
@@ -66,7 +67,7 @@ def _torchvision_names() -> frozenset[str]:
     return frozenset(torchvision.models.list_models())
 
 
-def library_of(name: str, weights: str = "auto") -> tuple[str, str]:
+def library_of(name: str, weights: str = WEIGHTS) -> tuple[str, str]:
     """'resnet50' -> ('torchvision', 'resnet50'); 'timm/resnet50' forces timm; a name both libraries know goes to
     timm when `weights` is one of timm's pretrained tags for it; unknown names fail."""
     if name.startswith("timm/"):
@@ -100,7 +101,7 @@ def resolve_weights(library: str, arch: str, weights: str) -> str:
     twins of its ViT-B/16 and ConvNeXt-T), else `default`; `paper` -> the paper's weights."""
     base = arch.partition(".")[0]
     paper = PAPER_WEIGHTS.get((library, base))
-    if weights == "auto":
+    if weights == WEIGHTS:
         return paper or (TIMM_IN1K.get(base) if library == "timm" else None) or "default"
     if weights == "paper":
         if paper is not None:
@@ -132,10 +133,13 @@ def published_top1(weights_id: str) -> float | None:
     return None
 
 
-def load_model(name: str, weights: str = "auto", seed: int = 0, image_size: int | None = None,
+def load_model(name: str, weights: str = WEIGHTS, seed: int = 0, image_size: int | None = None,
                num_classes: int | None = None) -> LoadedModel:
     """Build `name` with the chosen weights, in eval mode, with its own eval preprocessing.
-    `num_classes` sets the head's width for `weights="none"` (cost measurement of a fine-tuned model)."""
+    `num_classes` sets the head's width for `weights="none"` (cost measurement of a fine-tuned model); an
+    `image_size` no crop can take is refused before the network is built."""
+    if image_size is not None:
+        check_field("image_size", image_size)
     library, arch = library_of(name, weights)
     weights = resolve_weights(library, arch, weights)
     path = _weights_path(weights)

@@ -25,9 +25,8 @@ import numpy as np
 import torch
 
 from featstore.errors import FeatstoreError
-from featstore.schema import FIELDS
+from featstore.schema import STORE_DTYPES
 
-STORE_DTYPES = FIELDS["store_dtype"].choices
 FLOAT16_MAX = 65504.0
 FLOAT16_TINY = 2.0**-14  # the smallest normal float16: below it, values lose precision, then flush to zero
 HEADROOM = 64.0  # real images reach further than a blank one
@@ -39,7 +38,7 @@ def choose_dtype(policy: str, values: torch.Tensor) -> str:
     copy of it (`featstore.nets.extraction.noisy_pair`)."""
     if policy not in STORE_DTYPES:
         raise FeatstoreError(f"store_dtype={policy!r}: use one of {', '.join(STORE_DTYPES)}")
-    if policy != "auto":
+    if policy != STORE_DTYPES[0]:
         return policy
     values = values.double()
     peak = float(values.abs().max()) if values.numel() else 0.0
