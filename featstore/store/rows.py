@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import zarr
-from zarr.core.sync import sync
+
+from featstore.store.zarr_loop import sync
 
 
 def read_rows(arrays: Sequence[zarr.Array], start: int, stop: int, errors: bool = False) -> list:
