@@ -9,7 +9,6 @@ each write it runs `guard`, the lock check a build sets (`featstore.store.locati
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -27,7 +26,7 @@ from featstore.store.integrity import NO_CHECKSUM, STAT_COLUMNS, brief, checksum
 from featstore.store.location import StoreLocation
 from featstore.store.probes import PROBES
 from featstore.store.reader import HEAD, FeatureStore
-from featstore.store.zarr_loop import sync
+from featstore.store.zarr_loop import sync, together
 
 
 @dataclass
@@ -118,14 +117,10 @@ class StoreWriter(FeatureStore):
         vg = g.create_group(view["name"], attributes=view)
         ag = vg.create_group("anchors")
 
-        async def arrays() -> None:  # every array's metadata at once (each a write; on object storage a PUT)
-            widths = [(ag, a.name, a.dim, a.dtype) for a in anchors] + [(vg, "logits", max(num_classes, 1),
-                                                                         logits_dtype)]
-            await asyncio.gather(*[group._async_group.create_array(name, shape=(n, dim), chunks=(chunk_rows, dim),
-                                                                   dtype=dtype, fill_value=np.nan)
-                                   for group, name, dim, dtype in widths])
-
-        sync(arrays())
+        # every array's metadata at once (each a write; on object storage a PUT)
+        widths = [(ag, a.name, a.dim, a.dtype) for a in anchors] + [(vg, "logits", max(num_classes, 1), logits_dtype)]
+        together([group._async_group.create_array(name, shape=(n, dim), chunks=(chunk_rows, dim), dtype=dtype,
+                                                  fill_value=np.nan) for group, name, dim, dtype in widths])
         vg.create_array("skipped", shape=(n,), chunks=(chunk_rows,), dtype="bool", fill_value=False)
         vg.create_array("threads", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="int16", fill_value=0)
         _create_checksums(vg, math.ceil(n / chunk_rows), anchors)
@@ -206,14 +201,11 @@ class StoreWriter(FeatureStore):
             guard()  # checked before each PUT, not only at the commit point: a build paused past its lease's
             await target.async_array.setitem((slice(start, stop),), value)  # expiry never writes over the new holder's
 
-        async def write_all() -> None:  # every array at once (each a PUT on object storage), then the bitmap
-            await asyncio.gather(*[write(t, v) for t, v in writes])
-
         sums = np.asarray([checksum(np.asarray(v, dtype=t.dtype)) for t, v in zip(targets.values, values,
                                                                                   strict=True)],
                           dtype=np.uint64)  # the values as they decode, each in its array's type
         guard()
-        sync(write_all())
+        together([write(t, v) for t, v in writes])  # every array at once (each a PUT on object storage)
         guard()
         if targets.threads is not None:
             targets.threads[data.chunk] = data.threads

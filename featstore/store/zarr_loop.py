@@ -10,6 +10,25 @@ Zarr 3 has no public function for this: its own synchronous API (`zarr.api.synch
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
 from zarr.core.sync import sync
 
-__all__ = ["sync"]
+__all__ = ["sync", "together"]
+
+
+def together(calls: Sequence[Coroutine[Any, Any, Any]], errors: bool = False) -> list:
+    """Run `calls` at once on Zarr's loop and wait for every one to end; then raise the first failure (with
+    `errors`, return each failure in its place). None is left running when this returns or raises, so a refusal
+    never leaves a request in flight (a native call of the object store's client) at interpreter shutdown."""
+
+    async def gathered() -> list:
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    outcomes = sync(gathered())
+    failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+    if failed is not None and not errors:
+        raise failed
+    return outcomes
