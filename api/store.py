@@ -114,12 +114,12 @@ class ModelData:
     def class_names(self) -> list[str]:
         """The name of each class as the store records it, indexed by label: the class folders' names in sorted
         order, or ImageNet-1k's 1000 WNIDs where `label_space` is 'imagenet-1k' (labels are its indices)."""
-        return [str(name) for name in self._fs.image_rows.attrs().get("class_names") or []]
+        return [str(name) for name in self._fs.image_attrs().get("class_names") or []]
 
     @property
     def label_space(self) -> str:
         """'folder-rank' (labels rank the class folders) or 'imagenet-1k' (labels are ImageNet-1k indices)."""
-        return str(self._fs.image_rows.attrs().get("label_space", "folder-rank"))
+        return str(self._fs.image_attrs().get("label_space", "folder-rank"))
 
     def anchor(self, which: str | int) -> Anchor:
         """An anchor by name or index; anything else is an error listing the valid ones."""

@@ -836,24 +836,8 @@ def cka(store: str, model: str, db: Path, view: str, unbiased: bool, threads: in
                f"({result.n_images} images, {result.passes} pass(es) over the store) into {db}")
 
 
-BACKGROUND_THREADS = ("featstore-lease", "featstore-collector")  # a build's threads that can sit in native calls
-
-
 def main() -> None:
-    """The `featstore` process. After a refusal, where a build's lease renewer or chunk collector is still alive (in
-    a native call retrying against an object store that went away), interpreter shutdown can crash under it (SIGSEGV
-    seen on a loaded machine after the one-line error): the streams are flushed and the process ends at once."""
-    import threading
-
-    try:
-        cli(prog_name="featstore")
-    except SystemExit as e:
-        if e.code not in (0, None) and any(t.name in BACKGROUND_THREADS and t.is_alive()
-                                           for t in threading.enumerate()):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(e.code if isinstance(e.code, int) else 1)
-        raise
+    cli(prog_name="featstore")
 
 
 if __name__ == "__main__":

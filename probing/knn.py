@@ -49,7 +49,7 @@ import torch
 from featstore.errors import FeatstoreError
 from featstore.probing.base import AnchorContext, FittedProbe, Plan, ProbeGroup, ProbeVariant, register
 from featstore.schema import Int, Text
-from featstore.store.location import StoreLocation, StorePath
+from featstore.store.location import StoreLocation, StoreLocationValue
 from featstore.store.reader import FeatureStore
 
 METRICS = ("cosine", "euclidean")
@@ -70,8 +70,8 @@ class Knn(ProbeVariant):
         "leave_out": Text("self", choices=LEAVE_OUT, help="self: a train row is left out of its own neighbours; "
                                                           "none: it votes for itself"),
         "tile": Int(8192, ge=1, help="references scored at a time (memory: a query block x tile scores)"),
-        "refs": StorePath("", help="a store of the same model whose rows vote (Baldock et al.: the "
-                                           "network's training images); empty: the probe-train split"),
+        "refs": StoreLocationValue("", help="a store of the same model whose rows vote (Baldock et al.: the "
+                                            "network's training images); empty: the probe-train split"),
     }
 
     identity_params = ("metric", "ties")

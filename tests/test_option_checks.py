@@ -14,7 +14,7 @@ from synthetic import class_clusters, write_feature_store
 from featstore.errors import FeatstoreError
 from featstore.probing.base import VARIANTS, get_variant
 from featstore.schema import Number, Text
-from featstore.store.location import StorePath
+from featstore.store.location import StoreLocationValue
 from featstore.threads import cores
 
 from conftest import fails, run_cli
@@ -90,7 +90,8 @@ def test_every_registered_variant_declares_each_parameter_with_its_range():
         assert set(variant.params) == set(cls.parameters), name
         for key, value in cls.parameters.items():
             assert value.check(value.default) == value.default, (name, key)
-            if isinstance(value, StorePath):  # a location, free-form: an unreachable scheme or a number is refused
+            # a store location, free-form: an unreachable scheme or a number is refused
+            if isinstance(value, StoreLocationValue):
                 outside = ["gopher://host/store", 1]
             elif isinstance(value, Text):
                 assert value.choices, f"{name}:{key} declares no choices"

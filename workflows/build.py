@@ -326,10 +326,11 @@ def _run_chunks(job: BuildJob, store: StoreWriter, views: list[View], done: dict
     dtypes = [a.dtype for a in anchors] + [job.config.logits_dtype]
     names = [f"anchor {a.name!r} of {job.key}" for a in anchors] + [f"the logits of {job.key}"]
     check = checks_labels(job.config.weights_id, job.config.num_classes)
-    pipeline = ChunkPipeline(store, job.key, names, dtypes, lambda row, view: f"{images.paths[row]} (view {view})",
-                             keep_first=check)
     autocast = _autocast(job)
     bar = _progress(job, sum(len(b) for b in batches), views)
+    # its collector thread starts here and is joined by `close` below, before anything is raised
+    pipeline = ChunkPipeline(store, job.key, names, dtypes, lambda row, view: f"{images.paths[row]} (view {view})",
+                             keep_first=check)
     current, threads = None, 0
     cpu = time.thread_time()
     try:

@@ -229,7 +229,7 @@ def probe_job(cfg: ProbeConfig) -> ProbeResult:
     key, views, train_view, variant, data = job.key, job.views, job.train_view, job.variant, job.data
     for v in dict.fromkeys([train_view, *views]):
         check_complete(store, key, v)
-    store.check_writable(key)
+    store.location.check_writable(key)
     if cfg.cross_fit > len(data.valid) // 2:
         raise FeatstoreError(f"cross_fit={cfg.cross_fit}: the store has {len(data.valid)} usable images, so at "
                              f"most {len(data.valid) // 2} folds (each fold must hold out at least 2 images)")

@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 import zarr
+import zarr.buffer
 import zarr.storage
-from zarr.core.sync import sync
 
 from featstore.errors import FeatstoreError, FeatstoreWarning
 from featstore.schema import Value
 from featstore.store.locks import locked
+from featstore.store.zarr_loop import sync
 
 if TYPE_CHECKING:  # obstore is imported only for object-store URLs: a local store needs none of it
     from featstore.store.leases import Lease
@@ -177,7 +178,7 @@ class StoreLocation:
         store = self.zarr_store()
         probe = f"{key}/.featstore-write-test-{uuid.uuid4().hex}"
         try:
-            sync(store.set(probe, zarr.core.buffer.default_buffer_prototype().buffer.from_bytes(b"")))
+            sync(store.set(probe, zarr.buffer.default_buffer_prototype().buffer.from_bytes(b"")))
             sync(store.delete(probe))
         except Exception as e:
             why = getattr(e, "strerror", None) or _brief(e)
@@ -226,7 +227,7 @@ def _brief(error: BaseException) -> str:
 
 
 @dataclass(frozen=True)
-class StorePath(Value):
+class StoreLocationValue(Value):
     """A store location as `--store` takes it (a folder, file:// or an object-store URL: `StoreLocation.parse`),
     or "" for none."""
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from featstore.errors import FeatstoreError
 from featstore.images.datasets import ImageSet
-from featstore.store.image_table import UNFINISHED
-from featstore.store.integrity import changed_images, image_stats
+from featstore.store.integrity import UNFINISHED, changed_images, image_stats
 from featstore.store.writer import StoreWriter
 
 

@@ -3,12 +3,12 @@ similarity measures read a chunk's arrays with."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 import numpy as np
 import zarr
-from zarr.core.sync import sync
+
+from featstore.store.zarr_loop import together
 
 
 def read_rows(arrays: Sequence[zarr.Array], start: int, stop: int, errors: bool = False) -> list:
@@ -16,12 +16,8 @@ def read_rows(arrays: Sequence[zarr.Array], start: int, stop: int, errors: bool 
     storage answers each after a round trip; local disk decodes them in parallel). `errors=True` returns a
     failed read's exception in its place instead of raising it."""
 
-    async def all_at_once() -> list:
-        return await asyncio.gather(*[a.async_array.getitem((slice(start, stop),)) for a in arrays],
-                                    return_exceptions=errors)
-
-    return [b if isinstance(b, BaseException) else np.asarray(b) for b in sync(all_at_once())]
-
+    blocks = together([a.async_array.getitem((slice(start, stop),)) for a in arrays], errors=errors)
+    return [b if isinstance(b, BaseException) else np.asarray(b) for b in blocks]
 
 def decodes(array: zarr.Array, index: int) -> bool:
     """Whether entry `index` of a 1-d array can be read (a damaged chunk file cannot)."""

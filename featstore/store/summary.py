@@ -1,7 +1,7 @@
 """What a store holds, as one typed, frozen record (`StoreInfo`): its images, and per model the network, the
-anchors, each view's completeness and damage, the probes kept. `FeatureStore.info()` makes it (`summarize`, one
-reading of the metadata); `featstore info` prints it, and `to_dict()` is its JSON (`featstore info --format
-json`). Reads metadata only: no torch, no feature values.
+anchors, each view's completeness and damage, the probes kept. `FeatureStore.info()` makes it, reading the
+metadata once (no torch, no feature values); `featstore info` prints it, and `to_dict()` is its JSON
+(`featstore info --format json`).
 
 A part that cannot be read is a `Damaged` in its place, saying what the integrity check says first.
 """
@@ -10,17 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-
-from featstore.errors import FeatstoreError
 from featstore.images.preprocessing import Preprocessing
-from featstore.store.verification import StoreCheck
-
-if TYPE_CHECKING:
-    from featstore.store.reading import StoreReading
-
 
 # the model families whose token anchors are read at their class token (`cls`): a store records `cls` for every
 # model, tokens or none, so the name says whether it was read
@@ -136,54 +128,7 @@ class StoreInfo:
                 "models": {key: m.to_dict() for key, m in self.models.items()}}
 
 
-def summarize(store: StoreReading) -> StoreInfo:
-    """The store's `StoreInfo`, every metadata file read once (`one_reading`)."""
-    checks = StoreCheck(store)
-    with store.one_reading():
-        images: ImagesInfo | Damaged | None = None
-        damage = store.image_rows.damage()
-        if damage:  # what `verify` would say first, in place of what cannot be read
-            images = Damaged(str(damage[0]))
-        elif store.image_rows.complete():
-            a = store.image_rows.attrs()
-            images = ImagesInfo(a.get("count"), store.image_rows.classes_present(), a.get("source"),
-                                a.get("label_space", "folder-rank"), _present_class_names(store, a))
-        models: dict[str, ModelInfo | Damaged] = {}
-        for key in store.models():
-            try:
-                models[key] = _model_info(store, checks, key)
-            except FeatstoreError as e:
-                models[key] = Damaged(str(e))
-        ranks = store.image_rows.rank_labels([m.num_classes for m in models.values() if isinstance(m, ModelInfo)])
-        if ranks is not None:  # a store whose every accuracy is wrong is refused, not summarised as sound
-            raise FeatstoreError(f"store {store.location}: {ranks.what}; {ranks.repair}")
-        return StoreInfo(str(store.location), images, models)
-
-
-def _model_info(store: StoreReading, checks: StoreCheck, key: str) -> ModelInfo:
-    attrs = store.model_attrs(key)
-    cfg = store.config(key)
-    views: dict[str, ViewInfo | Damaged] = {}
-    for v in store.views(key):
-        damage = checks.view_arrays(key, v)
-        if damage:
-            views[v] = Damaged(str(damage[0]))
-            continue
-        if "done" not in store.root[key][v]:
-            continue
-        done = store.done(key, v)
-        views[v] = ViewInfo(int(done.sum()), int(done.size), int(store.read_skipped(key, v).sum()),
-                            tuple(store.threads_used(key, v)),
-                            tuple(sorted({p.chunk for p in checks.view_chunks(key, v, deep=False)})))
-    with store.damage_is_one_line(f"{key}/probes"):
-        probes = sorted(store.listed(f"{key}/probes")) if "probes" in store.listed(key) else []
-    return ModelInfo(cfg.model, cfg.weights_id, _published_top1(cfg.weights_id), cfg.preprocessing, cfg.token_pool,
-                     cfg.num_classes, cfg.chunk_rows,
-                     tuple(AnchorInfo(a.index, a.name, a.module, a.dim) for a in cfg.anchors), views, tuple(probes),
-                     attrs.get("versions", {}), tuple(store.foreign(key)))
-
-
-def _published_top1(weights_id: str) -> float | None:
+def published_top1_of(weights_id: str) -> float | None:
     """The published top-1 of a library's weights; only those load the library (its weight table), so that
     `featstore info` on a store of other weights reads metadata alone."""
     if not weights_id.startswith(("torchvision:", "timm:")):
@@ -192,9 +137,3 @@ def _published_top1(weights_id: str) -> float | None:
 
     return published_top1(weights_id)
 
-
-def _present_class_names(store: StoreReading, attrs: dict) -> tuple[str, ...]:
-    """The recorded names of the classes the images carry, in label order (none where the store records none)."""
-    names = attrs.get("class_names") or []
-    present = np.unique(store.root["images"]["label"][:]) if names else []
-    return tuple(str(names[i]) for i in present if 0 <= i < len(names))

@@ -1,6 +1,7 @@
 """The store's writer (internal): what builds, repairs and probes change in a store. `StoreWriter` is the reader
 (`featstore.store.reader.FeatureStore`) opened for writing, with the methods that create groups, commit chunks,
-undo them and keep probes; `fs.open_store` never hands one out.
+undo them, keep the head and keep probes (their layout: `featstore.store.probes`); `fs.open_store` never hands one
+out.
 
 `commit_chunk` is the one function that writes a chunk and then marks it done (every writer calls it); before
 each write it runs `guard`, the lock check a build sets (`featstore.store.location.StoreLocation.writer_lock`).
@@ -8,7 +9,6 @@ each write it runs `guard`, the lock check a build sets (`featstore.store.locati
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -17,16 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from zarr.core.sync import sync
 
 from featstore.errors import FeatstoreError
 from featstore.images.datasets import ImageSet
 from featstore.nets.anchors import Anchor
-from featstore.store import probes
 from featstore.store.config import StoreConfig
 from featstore.store.integrity import NO_CHECKSUM, STAT_COLUMNS, brief, checksum, text_checksum
 from featstore.store.location import StoreLocation
+from featstore.store.probes import PROBES
 from featstore.store.reader import HEAD, FeatureStore
+from featstore.store.zarr_loop import sync, together
 
 
 @dataclass
@@ -117,14 +117,10 @@ class StoreWriter(FeatureStore):
         vg = g.create_group(view["name"], attributes=view)
         ag = vg.create_group("anchors")
 
-        async def arrays() -> None:  # every array's metadata at once (each a write; on object storage a PUT)
-            widths = [(ag, a.name, a.dim, a.dtype) for a in anchors] + [(vg, "logits", max(num_classes, 1),
-                                                                         logits_dtype)]
-            await asyncio.gather(*[group._async_group.create_array(name, shape=(n, dim), chunks=(chunk_rows, dim),
-                                                                   dtype=dtype, fill_value=np.nan)
-                                   for group, name, dim, dtype in widths])
-
-        sync(arrays())
+        # every array's metadata at once (each a write; on object storage a PUT)
+        widths = [(ag, a.name, a.dim, a.dtype) for a in anchors] + [(vg, "logits", max(num_classes, 1), logits_dtype)]
+        together([group._async_group.create_array(name, shape=(n, dim), chunks=(chunk_rows, dim), dtype=dtype,
+                                                  fill_value=np.nan) for group, name, dim, dtype in widths])
         vg.create_array("skipped", shape=(n,), chunks=(chunk_rows,), dtype="bool", fill_value=False)
         vg.create_array("threads", shape=(math.ceil(n / chunk_rows),), chunks=(1,), dtype="int16", fill_value=0)
         _create_checksums(vg, math.ceil(n / chunk_rows), anchors)
@@ -143,8 +139,6 @@ class StoreWriter(FeatureStore):
 
     def delete(self, path: str) -> None:
         """Remove a group or array and everything under it, without reading its metadata (which may be garbage)."""
-        from zarr.core.sync import sync
-
         with self._targets_lock:
             self._targets.clear()
         sync(self.root.store.delete_dir(path))
@@ -207,14 +201,11 @@ class StoreWriter(FeatureStore):
             guard()  # checked before each PUT, not only at the commit point: a build paused past its lease's
             await target.async_array.setitem((slice(start, stop),), value)  # expiry never writes over the new holder's
 
-        async def write_all() -> None:  # every array at once (each a PUT on object storage), then the bitmap
-            await asyncio.gather(*[write(t, v) for t, v in writes])
-
         sums = np.asarray([checksum(np.asarray(v, dtype=t.dtype)) for t, v in zip(targets.values, values,
                                                                                   strict=True)],
                           dtype=np.uint64)  # the values as they decode, each in its array's type
         guard()
-        sync(write_all())
+        together([write(t, v) for t, v in writes])  # every array at once (each a PUT on object storage)
         guard()
         if targets.threads is not None:
             targets.threads[data.chunk] = data.threads
@@ -241,22 +232,43 @@ class StoreWriter(FeatureStore):
 
     def write_probe(self, key: str, name: str, anchor: str, arrays: dict[str, np.ndarray], attrs: dict,
                     version: str, owner: dict | None = None) -> None:
-        """Save what one anchor's probe keeps under <model>/probes/<name>/<version>/ (`probes.write_probe`, where
-        the layout is; `read_probe` reads it back)."""
-        probes.write_probe(self, key, name, anchor, arrays, attrs, version, owner)
-
-    def check_writable(self, key: str) -> None:
-        """Fail now, not after training, when probes cannot be saved under <model>/ (a read-only store)."""
-        self.location.check_writable(key)
+        """Save what one anchor's probe keeps, one array per name with folds first, under
+        <model>/probes/<name>/<version>/<anchor>/: bool stays bool, uint8 (a pickle's bytes) stays bytes, every other
+        array is float32. Nothing reads them until `make_probe_current` names that version. `owner` (the database and
+        split whose runs name the version) goes into the version group's attrs."""
+        probe = self.root[key].require_group(PROBES).require_group(name)
+        if version not in probe:  # with its owner in one write: a version is never left without one
+            probe.create_group(version, attributes=owner or {})
+        vg = probe[version]
+        if owner and dict(vg.attrs) != owner:
+            vg.attrs.put(owner)
+        g = vg.require_group(anchor)
+        for array, values in arrays.items():
+            dtype = "bool" if values.dtype == bool else "uint8" if values.dtype == np.uint8 else "float32"
+            g.create_array(array, shape=values.shape, chunks=values.shape, dtype=dtype, overwrite=True)[:] = values
+        g.attrs.put(attrs)
 
     def make_probe_current(self, key: str, name: str, version: str, retired: Sequence[str] = ()) -> None:
-        """Point <model>/probes/<name> at `version`, then drop the `retired` versions (`probes.make_probe_current`)."""
-        probes.make_probe_current(self, key, name, version, retired)
+        """Point <model>/probes/<name> at `version` (one attrs file, written atomically), then drop the `retired`
+        versions: those the committing database named before and names no more. Called after the database committed
+        the rows of that version, so a failure before leaves the old pair. Versions other jobs wrote (other
+        databases, other views of the one-job-per-view pattern) are never touched: each job's version name is its
+        own."""
+        g = self.root[key][PROBES][name]
+        g.attrs["current"] = version
+        present = {k for k, _ in g.groups()}
+        for other in retired:
+            if other != version and other in present:
+                del g[other]
 
     def discard_probe_version(self, key: str, name: str, version: str) -> None:
         """Remove a version that never became current (its database transaction failed)."""
-        probes.discard_probe_version(self, key, name, version)
-
+        try:
+            g = self.root[key][PROBES][name]
+        except KeyError:
+            return
+        if version in g and g.attrs.get("current") != version:
+            del g[version]
 
 def _create_image_content(g: zarr.Group, n: int, chunk_rows: int) -> None:
     """Each image's file content checksum as the build's loader read it (0: not recorded), one chunk per view

@@ -1,0 +1,71 @@
+"""A write or read of several arrays at once that fails in one of them raises only once every other request of it
+has ended: nothing of it is left running on Zarr's event loop (on object storage, a native call of the client) when
+the refusal reaches the user and the interpreter shuts down. Checked by making one array's request fail at once
+while the others are still under way, and counting the others that had ended when the call raised."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from synthetic import class_clusters, write_feature_store
+
+from featstore.store.rows import read_rows
+from featstore.store.writer import ChunkData, StoreWriter
+
+N, CHUNK, DIMS = 24, 8, [3, 5, 4]
+
+
+class Gone(OSError):
+    """The failure of the one array whose request fails."""
+
+
+@pytest.fixture
+def store(tmp_path):
+    feats, labels = class_clusters(N, 2, DIMS, seed=4)
+    return write_feature_store(tmp_path / "s.zarr", feats, labels, 2, chunk_rows=CHUNK)
+
+
+def _patch(monkeypatch, async_array_type: type, method: str, failing: str) -> list[str]:
+    real = getattr(async_array_type, method)
+    ended: list[str] = []
+
+    async def slow_or_gone(self, *args, **kwargs):
+        if self.path.endswith(failing):
+            raise Gone(f"{self.path}: the store stopped answering")
+        await asyncio.sleep(0.3)
+        result = await real(self, *args, **kwargs)
+        ended.append(self.path)
+        return result
+
+    monkeypatch.setattr(async_array_type, method, slow_or_gone)
+    return ended
+
+
+def test_a_commit_that_fails_in_one_array_raises_after_every_other_write_ended(store, monkeypatch):
+    writer = StoreWriter(store)
+    group = writer.view_group("synthetic", "clean")
+    anchors = [f"anchors/{a.name}" for a in writer.anchors("synthetic")]
+    ended = _patch(monkeypatch, type(group["logits"].async_array), "setitem", "logits")
+    rng = np.random.default_rng(0)
+    data = ChunkData(1, [rng.normal(size=(CHUNK, d)).astype(np.float16) for d in DIMS],
+                     np.zeros((CHUNK, 2), dtype=np.float16), np.zeros(CHUNK, dtype=bool))
+    writer.undo_chunks("synthetic", "clean", [1])
+    with pytest.raises(Gone):
+        writer.commit_chunk("synthetic", "clean", data)
+    # the anchors' and the skipped flags' writes (all but the logits') had ended when the commit raised
+    assert sorted(ended) == sorted(f"synthetic/clean/{a}" for a in [*anchors, "skipped"])
+    assert not writer.done("synthetic", "clean")[1]  # and the chunk was not marked done
+
+
+def test_a_read_of_rows_that_fails_in_one_array_raises_after_every_other_read_ended(store, monkeypatch):
+    writer = StoreWriter(store)
+    group = writer.view_group("synthetic", "clean")
+    arrays = [group["anchors"][f"anchor{i:02d}"] for i in range(len(DIMS))] + [group["logits"]]
+    ended = _patch(monkeypatch, type(group["logits"].async_array), "getitem", "logits")
+    with pytest.raises(Gone):
+        read_rows(arrays, 0, CHUNK)
+    assert sorted(ended) == sorted(a.path for a in arrays[:-1])
+    blocks = read_rows(arrays, 0, CHUNK, errors=True)  # each failure in its place, the rest as stored
+    assert isinstance(blocks[-1], Gone) and [b.shape for b in blocks[:-1]] == [(CHUNK, d) for d in DIMS]
