@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 
 from featstore.analytics.queries import Db, check_scope, open_read_only, query
+from featstore.analytics.robustness import bootstrap_counts
 from featstore.errors import FeatstoreError
 from featstore.schema import (
     CALIBRATION_BINNINGS,
@@ -200,7 +201,6 @@ def calibration_intervals(images: pl.DataFrame, bins: int, binning: str = CALIBR
     width = len(anchors)
     hit = frame["hit"].to_numpy().astype(np.float64).reshape(width, n)
     conf = frame["conf"].to_numpy().astype(np.float64).reshape(width, n)
-    rng = np.random.default_rng(seed)
     ece = np.empty((replicates, width))
     mce = np.empty((replicates, width))
     if binning == "mass":  # bins are runs of the sorted resample: sums over them are differences of prefix sums
@@ -213,8 +213,9 @@ def calibration_intervals(images: pl.DataFrame, bins: int, binning: str = CALIBR
         keys = (np.arange(width)[:, None] * bins + frame["bin"].to_numpy().reshape(width, n) - 1).ravel()
         by_hit = keys * 2 + hit.ravel().astype(np.int64)  # (anchor, bin, hit): sizes and hits from one count
         conf_flat = conf.ravel()
+    rows = (row for block in bootstrap_counts(seed, n, replicates) for row in block)
     for b in range(replicates):
-        counts = np.bincount(rng.integers(0, n, n), minlength=n)
+        counts = next(rows).astype(np.int64)
         if binning == "mass":
             copies = counts[order]
             cum = np.cumsum(copies, axis=1)

@@ -12,6 +12,7 @@ the interval covers refitting the probes too.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -107,9 +108,29 @@ BLOCK = 64  # bootstrap replicates drawn and weighed at once: a block x images m
 
 def _image_counts(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
     """`size` replicates' draws of n image indices (the stream of `size` calls of `integers(0, n, n)`) as a
-    replicates x images matrix of how often each image was drawn."""
-    draws = rng.integers(0, n, (size, n))
-    return np.stack([np.bincount(row, minlength=n) for row in draws]).astype(np.float64)  # one row stays in cache
+    replicates x images matrix of how often each image was drawn (the smallest unsigned type that holds them)."""
+    counts = np.stack([np.bincount(row, minlength=n) for row in rng.integers(0, n, (size, n))])  # a row in cache
+    return counts.astype(np.min_scalar_type(int(counts.max(initial=0))))
+
+
+def bootstrap_counts(seed: int, n: int, replicates: int) -> list[np.ndarray]:
+    """The image counts of `replicates` bootstrap draws of n images from `numpy.random.default_rng(seed)` (one
+    `integers(0, n, n)` call each, in order), in blocks of BLOCK replicates x images: the same for every figure
+    resampled with that seed over n images, so made once (the robustness intervals per model, view and k, and
+    calibration's per run, share them)."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        return _draw_counts(seed, n, replicates)
+    return _cached_counts(int(seed), n, replicates)
+
+
+def _draw_counts(seed, n: int, replicates: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [_image_counts(rng, n, min(BLOCK, replicates - start)) for start in range(0, replicates, BLOCK)]
+
+
+@functools.lru_cache(maxsize=2)  # 1,000 replicates of 50,000 images: 50 MB each
+def _cached_counts(seed: int, n: int, replicates: int) -> list[np.ndarray]:
+    return _draw_counts(seed, n, replicates)
 
 
 def _intervals(bands: pl.DataFrame, replicates: int, seed: int, level: float, refits: bool) -> pl.DataFrame:
@@ -152,14 +173,13 @@ def _intervals(bands: pl.DataFrame, replicates: int, seed: int, level: float, re
 
     if refits:  # a seed drawn per group after each replicate's images: one replicate at a time
         for b in range(replicates):
-            weights = _image_counts(rng, n, 1)
+            weights = _image_counts(rng, n, 1).astype(np.float64)
             pick = rng.integers(0, sizes)
             weigh(slice(b, b + 1), weights, per_runs([runs.index(groups[g][pick[g]]) for g in group_of]))
     else:  # every replicate has the same runs: blocks of replicates weighed at once
         summed = per_runs([runs.index(groups[g][0]) for g in group_of])
-        for start in range(0, replicates, BLOCK):
-            stop = min(replicates, start + BLOCK)
-            weigh(slice(start, stop), _image_counts(rng, n, stop - start), summed)
+        for start, counts in zip(range(0, replicates, BLOCK), bootstrap_counts(seed, n, replicates), strict=True):
+            weigh(slice(start, start + len(counts)), counts.astype(np.float64), summed)
     quantiles = [(1 - level) / 2, (1 + level) / 2]
     low, high = np.quantile(fractions, quantiles, axis=0)
     spread = (np.quantile(agreement, quantiles, axis=0) if len(voters) > 1
