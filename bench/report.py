@@ -3,8 +3,8 @@
 Two databases: the demo's (`featstore demo`: 1,200 images, 8 runs) and the same with every image repeated
 `--repeat` times (40: 48,000 images, 4.6 M prediction rows, ImageNet val's size), made here by copying each
 image's rows under new ids (`repeat_images`). Each report is written by a fresh process of each code (this checkout's
-and `--base`, a checkout of the older code with its own venv, e.g. `git worktree add /tmp/base COMMIT`), one after
-the other; wall time and peak memory (the child's max RSS) are measured. The new page is then opened in headless
+and `--base`, a checkout of the older code with its own venv, e.g. `git worktree add /tmp/base COMMIT`; its
+`.venv/bin/python` must import that checkout's featstore, not another's editable install), one after the other; wall time and peak memory (the child's max RSS) are measured. The new page is then opened in headless
 Chromium (as tests/test_report_browser.py opens it) and timed until every plot is drawn; the old page until its
 images are decoded. Prints each figure new and old with their ratio, the targets, and the load average.
 
