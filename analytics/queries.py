@@ -528,13 +528,14 @@ def compare(db: Db, runs: Sequence[str] | None = None, k: int = K, min_conf: flo
         args = [runs, k, check_min_conf(min_conf), check_scope(scope)]
         tail = "(?, k := ?, min_conf := ?, scope := ?)"
         picked = "(?, k := ?, min_conf := ?, per_pair := ?, scope := ?)"
+        ranking = query(con, f"SELECT * FROM definition_ranking{tail}", args)  # definition_agreement's rows too
         return Comparison(runs, query(con, f"SELECT * FROM definition_summary{tail}", args),
-                          query(con, f"SELECT * FROM definition_agreement{tail}", args),
+                          ranking.drop("early_late_decided").sort("a", "b", maintain_order=True),
                           query(con, f"SELECT * FROM definition_crosstab{tail}", args),
                           query(con, f"SELECT * FROM definition_disagreements{picked}", [*args[:3], per_pair, args[3]]),
                           query(con, f"SELECT * FROM definition_decided_disagreements{picked}",
                                 [*args[:3], per_pair, args[3]]),
-                          query(con, f"SELECT * FROM definition_ranking{tail}", args),
+                          ranking,
                           query(con, "SELECT * FROM prediction_depth_summary(?, scope := ?)", [runs, args[3]]))
     finally:
         if con is not db:

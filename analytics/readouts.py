@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 
 from featstore.analytics.queries import Db, check_scope, open_read_only, query
+from featstore.analytics.robustness import bootstrap_counts
 from featstore.errors import FeatstoreError
 from featstore.schema import (
     CALIBRATION_BINNINGS,
@@ -27,6 +28,7 @@ from featstore.schema import (
 BY_SHARES = ("correct_by", "wasteful_by", "destructive_by")  # per anchor: each gets _null, _null_lo, _null_hi, _p
 RUN_SHARES = ("wasteful", "destructive")  # over the run (the by-shares at anchor T - 1): the same four columns
 _BLOCK = 64  # permutations compared against the prediction matrix at once
+_TABLE_CELLS = 1 << 24  # images x classes of overthinking's lookup table (int32) past which draws compare instead
 
 
 def first_correct(db: Db, run_id: str, scope: str = SCOPE) -> pl.DataFrame:
@@ -126,14 +128,33 @@ def _group_null(firsts: np.ndarray, labels: np.ndarray, draws: int,
     observed = np.cumsum((firsts == labels[:, None]).sum(axis=0))
     classes, counts = np.unique(labels, return_counts=True)
     where = np.clip(np.searchsorted(classes, firsts), 0, len(classes) - 1)
-    weight = np.where(classes[where] == firsts, counts[where], 0)  # how many of the group's labels each cell matches
+    matched = classes[where] == firsts
+    weight = np.where(matched, counts[where], 0)  # how many of the group's labels each cell matches
     expected = np.cumsum(weight.sum(axis=0)) / size
+    at = _match_anchors(where, matched, len(classes)) if size * len(classes) <= _TABLE_CELLS else None
+    label_class = np.searchsorted(classes, labels)
     for start in range(0, draws, _BLOCK):
         stop = min(draws, start + _BLOCK)
-        shuffled = np.stack([labels[rng.permutation(size)] for _ in range(start, stop)])
-        hits = (firsts[None, :, :] == shuffled[:, :, None]).sum(axis=1)
+        orders = np.stack([rng.permutation(size) for _ in range(start, stop)])
+        if at is None:
+            hits = (firsts[None, :, :] == labels[orders][:, :, None]).sum(axis=1)
+        else:  # the anchor each image matches its drawn label at (width: none), counted per draw
+            cells = at[np.arange(size), label_class[orders]].astype(np.int64)
+            cells += (np.arange(stop - start) * (width + 1))[:, None]
+            hits = np.bincount(cells.ravel(), minlength=(stop - start) * (width + 1)).reshape(-1, width + 1)[:, :width]
         drawn[start:stop] = np.cumsum(hits, axis=1)
     return observed, expected, drawn
+
+
+def _match_anchors(where: np.ndarray, matched: np.ndarray, classes: int) -> np.ndarray:
+    """Images x the group's classes: the anchor at which each image's timeline first predicts the class (the
+    width of the timeline where it never does), from each cell's class index `where` where `matched`; a draw's
+    hits are then one lookup per image."""
+    size, width = where.shape
+    at = np.full((size, classes), width, dtype=np.int32)
+    rows, anchors = np.nonzero(matched)
+    at[rows, where[rows, anchors]] = anchors
+    return at
 
 
 def calibration(db: Db, run_id: str, bins: int = CALIBRATION_BINS, scope: str = SCOPE,
@@ -181,7 +202,6 @@ def calibration_intervals(images: pl.DataFrame, bins: int, binning: str = CALIBR
     width = len(anchors)
     hit = frame["hit"].to_numpy().astype(np.float64).reshape(width, n)
     conf = frame["conf"].to_numpy().astype(np.float64).reshape(width, n)
-    rng = np.random.default_rng(seed)
     ece = np.empty((replicates, width))
     mce = np.empty((replicates, width))
     if binning == "mass":  # bins are runs of the sorted resample: sums over them are differences of prefix sums
@@ -192,8 +212,11 @@ def calibration_intervals(images: pl.DataFrame, bins: int, binning: str = CALIBR
         size = np.broadcast_to(np.diff(edges).astype(np.float64), (width, bins))
     else:
         keys = (np.arange(width)[:, None] * bins + frame["bin"].to_numpy().reshape(width, n) - 1).ravel()
+        by_hit = keys * 2 + hit.ravel().astype(np.int64)  # (anchor, bin, hit): sizes and hits from one count
+        conf_flat = conf.ravel()
+    rows = (row for block in bootstrap_counts(seed, n, replicates) for row in block)
     for b in range(replicates):
-        counts = np.bincount(rng.integers(0, n, n), minlength=n)
+        counts = next(rows).astype(np.int64)
         if binning == "mass":
             copies = counts[order]
             cum = np.cumsum(copies, axis=1)
@@ -201,9 +224,9 @@ def calibration_intervals(images: pl.DataFrame, bins: int, binning: str = CALIBR
             confs = np.diff(_prefix_sums(cum, conf, copies, edges), axis=1)
         else:
             weights = np.tile(counts, width).astype(np.float64)
-            size = np.bincount(keys, weights=weights, minlength=width * bins).reshape(width, bins)
-            hits = np.bincount(keys, weights=hit.ravel() * weights, minlength=width * bins).reshape(width, bins)
-            confs = np.bincount(keys, weights=conf.ravel() * weights, minlength=width * bins).reshape(width, bins)
+            split = np.bincount(by_hit, weights=weights, minlength=width * bins * 2).reshape(width, bins, 2)
+            size, hits = split.sum(axis=2), split[:, :, 1]  # whole numbers: exact
+            confs = np.bincount(keys, weights=conf_flat * weights, minlength=width * bins).reshape(width, bins)
         gap = np.abs(hits - confs)
         ece[b] = gap.sum(axis=1) / n
         bin_gap = np.divide(gap, size, out=np.zeros_like(gap), where=size > 0)

@@ -12,6 +12,7 @@ the interval covers refitting the probes too.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -77,23 +78,60 @@ def fleiss_kappa(counts: np.ndarray, weights: np.ndarray | None = None) -> float
     """Fleiss' kappa of `counts` (images x categories: how many of the m raters put each image in each category;
     every row sums to m >= 2), each image counted `weights` times (a bootstrap draw); NaN where every vote is in one
     category (chance agreement 1)."""
-    weights = np.ones(len(counts)) if weights is None else weights
-    return _weighted_kappa(counts, _image_agreement(counts), weights)
+    weights = np.ones(len(counts)) if weights is None else np.asarray(weights, dtype=np.float64)
+    return float(_weighted_kappa(counts, _agreeing_pairs(counts), weights))
 
 
-def _image_agreement(counts: np.ndarray) -> np.ndarray:
-    """Each image's share of agreeing rater pairs: the part of Fleiss' kappa that no bootstrap weight changes."""
-    m = counts[0].sum()
-    return ((counts * counts).sum(axis=1) - m) / (m * (m - 1))
+def _agreeing_pairs(counts: np.ndarray) -> np.ndarray:
+    """Each image's count of agreeing ordered rater pairs (sum of squares - m), a whole number: the part of Fleiss'
+    kappa that no bootstrap weight changes."""
+    return ((counts * counts).sum(axis=1) - counts[0].sum()).astype(np.float64)
 
 
-def _weighted_kappa(counts: np.ndarray, per_image: np.ndarray, weights: np.ndarray) -> float:
-    m = counts[0].sum()
-    total = weights.sum()
-    observed = weights @ per_image / total
-    shares = weights @ counts / (total * m)
-    expected = float(shares @ shares)
-    return float("nan") if expected >= 1 else (observed - expected) / (1 - expected)
+def _weighted_kappa(counts: np.ndarray, pairs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Fleiss' kappa under each row of `weights` (replicates x images, or one row)."""
+    return _kappa(weights @ pairs, weights @ counts.astype(np.float64), weights.sum(axis=-1), counts[0].sum())
+
+
+def _kappa(pairs: np.ndarray, votes: np.ndarray, total: np.ndarray, m: int) -> np.ndarray:
+    """Fleiss' kappa from its weighted sums over the images: agreeing rater pairs, votes per category (last axis)
+    and the images' total weight. With whole-number weights every sum is of whole numbers, exact in float64, so the
+    figure does not depend on the order BLAS adds in."""
+    observed = pairs / (m * (m - 1)) / total
+    shares = votes / (total * m)[..., None]
+    expected = (shares * shares).sum(axis=-1)
+    with np.errstate(all="ignore"):
+        return np.where(expected >= 1, np.nan, (observed - expected) / (1 - expected))
+
+
+BLOCK = 64  # bootstrap replicates drawn and weighed at once: a block x images matrix of counts
+
+
+def _image_counts(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
+    """`size` replicates' draws of n image indices (the stream of `size` calls of `integers(0, n, n)`) as a
+    replicates x images matrix of how often each image was drawn (the smallest unsigned type that holds them)."""
+    counts = np.stack([np.bincount(row, minlength=n) for row in rng.integers(0, n, (size, n))])  # a row in cache
+    return counts.astype(np.min_scalar_type(int(counts.max(initial=0))))
+
+
+def bootstrap_counts(seed: int, n: int, replicates: int) -> list[np.ndarray]:
+    """The image counts of `replicates` bootstrap draws of n images from `numpy.random.default_rng(seed)` (one
+    `integers(0, n, n)` call each, in order), in blocks of BLOCK replicates x images: the same for every figure
+    resampled with that seed over n images, so made once (the robustness intervals per model, view and k, and
+    calibration's per run, share them)."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        return _draw_counts(seed, n, replicates)
+    return _cached_counts(int(seed), n, replicates)
+
+
+def _draw_counts(seed, n: int, replicates: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [_image_counts(rng, n, min(BLOCK, replicates - start)) for start in range(0, replicates, BLOCK)]
+
+
+@functools.lru_cache(maxsize=2)  # 1,000 replicates of 50,000 images: 50 MB each
+def _cached_counts(seed: int, n: int, replicates: int) -> list[np.ndarray]:
+    return _draw_counts(seed, n, replicates)
 
 
 def _intervals(bands: pl.DataFrame, replicates: int, seed: int, level: float, refits: bool) -> pl.DataFrame:
@@ -114,25 +152,35 @@ def _intervals(bands: pl.DataFrame, replicates: int, seed: int, level: float, re
     rng = np.random.default_rng(seed)
     fractions = np.empty((replicates, len(runs), len(FRACTIONS)))
     agreement = np.full((replicates, len(AGREEMENT)), np.nan)
-    fixed: dict[tuple, tuple] = {}  # without refits every replicate has the same runs: their arrays made once
 
-    def per_runs(column: list[int]) -> tuple:
-        if len(voters) < 2:
-            return indicators[:, column], None, None, None
-        votes = np.stack([(codes[:, [column[v] for v in voters]] == c).sum(axis=1) for c in range(len(BANDS))],
-                         axis=1)
-        return indicators[:, column], votes, votes.max(axis=1) == len(voters), _image_agreement(votes)
-
-    for b in range(replicates):
-        weights = np.bincount(rng.integers(0, n, n), minlength=n).astype(float)
-        pick = rng.integers(0, sizes) if refits else np.zeros(len(groups), int)
-        column = [runs.index(groups[g][pick[g]]) for g in group_of]  # the run that stands for each run here
-        if not refits and tuple(column) not in fixed:
-            fixed[tuple(column)] = per_runs(column)
-        chosen, votes, holds, per_image = per_runs(column) if refits else fixed[tuple(column)]
-        fractions[b] = np.einsum("i,irf->rf", weights, chosen) / n
+    def per_runs(column: list[int]) -> np.ndarray:
+        """Images x what a replicate sums: each run's fraction indicators, then, with two voters or more, whether
+        the band holds, the agreeing vote pairs and the votes per band."""
+        parts = [indicators[:, column].reshape(n, -1)]
         if len(voters) > 1:
-            agreement[b] = weights @ holds / n, _weighted_kappa(votes, per_image, weights)
+            votes = np.stack([(codes[:, [column[v] for v in voters]] == c).sum(axis=1) for c in range(len(BANDS))],
+                             axis=1)
+            parts += [(votes.max(axis=1) == len(voters))[:, None], _agreeing_pairs(votes)[:, None], votes]
+        return np.hstack(parts).astype(np.float64)
+
+    def weigh(rows: slice, weights: np.ndarray, summed: np.ndarray) -> None:
+        sums = weights @ summed  # whole numbers: exact whatever the order of the additions
+        width = len(runs) * len(FRACTIONS)
+        fractions[rows] = sums[:, :width].reshape(-1, len(runs), len(FRACTIONS)) / n
+        if len(voters) > 1:
+            agreement[rows, 0] = sums[:, width] / n
+            agreement[rows, 1] = _kappa(sums[:, width + 1], sums[:, width + 2:], np.full(len(sums), float(n)),
+                                        len(voters))
+
+    if refits:  # a seed drawn per group after each replicate's images: one replicate at a time
+        for b in range(replicates):
+            weights = _image_counts(rng, n, 1).astype(np.float64)
+            pick = rng.integers(0, sizes)
+            weigh(slice(b, b + 1), weights, per_runs([runs.index(groups[g][pick[g]]) for g in group_of]))
+    else:  # every replicate has the same runs: blocks of replicates weighed at once
+        summed = per_runs([runs.index(groups[g][0]) for g in group_of])
+        for start, counts in zip(range(0, replicates, BLOCK), bootstrap_counts(seed, n, replicates), strict=True):
+            weigh(slice(start, start + len(counts)), counts.astype(np.float64), summed)
     quantiles = [(1 - level) / 2, (1 + level) / 2]
     low, high = np.quantile(fractions, quantiles, axis=0)
     spread = (np.quantile(agreement, quantiles, axis=0) if len(voters) > 1

@@ -1,12 +1,13 @@
-"""Benchmark `featstore report` against the code before it drew its plots in the browser, in the same run.
+"""Benchmark `featstore report` against an older checkout (`--base`), in the same run.
 
-Two databases: the demo's (`featstore demo`: 1,200 images, 8 runs) and the same with every image repeated
-`--repeat` times (40: 48,000 images, 4.6 M prediction rows, ImageNet val's size), made here by copying each
-image's rows under new ids (`repeat_images`). Each report is written by a fresh process of each code (this checkout's
-and `--base`, a checkout of the older code with its own venv, e.g. `git worktree add /tmp/base COMMIT`), one after
-the other; wall time and peak memory (the child's max RSS) are measured. The new page is then opened in headless
-Chromium (as tests/test_report_browser.py opens it) and timed until every plot is drawn; the old page until its
-images are decoded. Prints each figure new and old with their ratio, the targets, and the load average.
+Two databases: the demo's (`featstore demo`: 1,200 images, 8 runs) and the same with every image repeated `--repeat`
+times (40: 48,000 images, 4.6 M prediction rows, ImageNet val's size), made here by copying each image's rows under
+new ids (`repeat_images`). Each report is written by a fresh process of each code (this checkout's and `--base`, a
+checkout of the older code with its own venv, e.g. `git worktree add /tmp/base COMMIT`; its `.venv/bin/python` must
+import that checkout's featstore, not another's editable install), one after the other; wall time, CPU time and peak
+memory (the child's max RSS) are measured. The new page is then opened in headless Chromium (as
+tests/test_report_browser.py opens it) and timed until every plot is drawn; the old page until its images are
+decoded. Prints each figure new and old with their ratio, the targets, and the load average.
 
     python bench/report.py --demo DEMO/layouts/featstore.duckdb --base /tmp/base [--repeat 40] [--only demo]
 """
@@ -52,8 +53,9 @@ def repeat_images(source: Path, out: Path, times: int) -> Path:
     return out
 
 
-def timed_report(python: Path, db: Path, out: Path) -> tuple[float, float]:
-    """Wall seconds and peak MB of one fresh process writing the report of `db` into `out`."""
+def timed_report(python: Path, db: Path, out: Path) -> tuple[float, float, float]:
+    """Wall seconds, peak MB and CPU seconds (user + system: what a busy machine inflates least) of one fresh process
+    writing the report of `db` into `out`."""
     code = "import sys; from featstore.analytics.report import write_report; write_report(sys.argv[1], sys.argv[2])"
     start = time.perf_counter()
     proc = subprocess.Popen([str(python), "-c", code, str(db), str(out)], cwd=tempfile.gettempdir(),
@@ -62,7 +64,7 @@ def timed_report(python: Path, db: Path, out: Path) -> tuple[float, float]:
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status):
         sys.exit(f"{python} failed on {db}")
-    return seconds, usage.ru_maxrss / 1024
+    return seconds, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def browser_seconds(page: Path) -> tuple[float, float] | None:
@@ -113,17 +115,17 @@ def main() -> None:
     for name, db in dbs.items():
         figures = {}
         for code, python in codes.items():
-            seconds, mb = timed_report(python, db, work / f"{name}-{code}")
+            seconds, mb, cpu_s = timed_report(python, db, work / f"{name}-{code}")
             opened, cpu = browser_seconds(work / f"{name}-{code}" / "report.html") or (None, None)
             size = (work / f"{name}-{code}" / "report.html").stat().st_size / 1e6
-            figures[code] = (seconds, mb, opened, cpu)
-            print(f"{name} {code}: {seconds:.1f} s, {mb:.0f} MB, page {size:.1f} MB, opened in "
+            figures[code] = (seconds, mb, opened, cpu, cpu_s)
+            print(f"{name} {code}: {seconds:.1f} s ({cpu_s:.1f} s of CPU), {mb:.0f} MB, page {size:.1f} MB, opened in "
                   f"{'-' if opened is None else f'{opened:.2f} s ({cpu:.2f} s of renderer CPU)'} "
                   f"(load {os.getloadavg()[0]:.1f})", flush=True)
         limit_s, limit_mb = TARGETS[name]
         for i, (what, unit, limit) in enumerate((("report", "s", limit_s), ("peak memory", "MB", limit_mb),
                                                  ("page opened, plots drawn", "s", BROWSER_TARGET),
-                                                 ("its renderer CPU", "s", None))):
+                                                 ("its renderer CPU", "s", None), ("report's CPU", "s", None))):
             old, new = figures["old"][i], figures["new"][i]
             if old is None or new is None:
                 continue

@@ -14,7 +14,7 @@ WITH layers AS (
     FROM prediction_depths(scope) WHERE list_contains(runs, run_id)
     UNION ALL
     SELECT 'joint', 'joint(' || k || ', ' || min_conf || ')', run_id, image_id, layer, t
-    FROM decision_layers(k, scope, min_conf := min_conf) WHERE min_conf > 0 AND list_contains(runs, run_id))
+    FROM decision_layers(k, scope, min_conf := min_conf, of_runs := runs) WHERE min_conf > 0)
 SELECT name || ' ' || run_id AS definition, kind, run_id, image_id, layer, t,
        CASE WHEN kind = 'depth' AND layer > t THEN 'unsettled' ELSE decision_band(layer, t) END AS band
 FROM layers;

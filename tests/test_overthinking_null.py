@@ -138,7 +138,9 @@ def random_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("seed", [0, 7])
-def test_every_figure_matches_a_plain_permutation_loop(random_run, seed):
+@pytest.mark.parametrize("table_cells", [1 << 24, 0])  # each draw's hits by one lookup per image, or by comparing
+def test_every_figure_matches_a_plain_permutation_loop(random_run, seed, table_cells, monkeypatch):
+    monkeypatch.setattr(r, "_TABLE_CELLS", table_cells)
     db, preds, labels, head_right = random_run
     draws, n, t = 300, len(labels), preds.shape[1] - 1
     got = r.overthinking(db, RUN, draws=draws, seed=seed)

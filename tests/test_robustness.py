@@ -372,3 +372,16 @@ def test_a_late_share_that_can_only_be_never_stable_is_flagged_everywhere_it_pri
     assert len(rows) == summary.height and all(row[7].startswith(("l*", "joint")) for row in rows), text
     assert all(row[5].endswith("*") == flagged for row in rows), text
     assert ("late = never stable" in text) == flagged
+
+
+@pytest.mark.parametrize(("n", "replicates"), [(301, 130), (7, 3)])
+def test_bootstrap_counts_are_a_plain_loop_of_draws(n, replicates):
+    """The image counts every bootstrap shares (the robustness intervals', calibration's) are those of one
+    generator's `integers(0, n, n)` calls in order, block boundaries and a second (remembered) call alike."""
+    rng = np.random.default_rng(11)
+    expected = np.zeros((replicates, n), dtype=int)
+    for b in range(replicates):
+        for i in rng.integers(0, n, n):
+            expected[b, i] += 1
+    for _ in range(2):
+        assert np.array_equal(np.vstack(rb.bootstrap_counts(11, n, replicates)), expected)
