@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from featstore.analytics.rows import Rows
 from featstore.errors import FeatstoreError, FeatstoreTypeError
 from featstore.schema import CSS_DISTANCES, JOINT_MIN_CONF, PER_PAIR, TOP_N
 
@@ -28,6 +29,15 @@ class Sweep:
 
     table: pl.DataFrame
     shown: pl.DataFrame
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class SweepRows:
+    """A k-sweep as `featstore timeline` prints it, in plain rows (`Rows`: read without Arrow or Polars), and the
+    caveats of windows at which no stable l* can be late."""
+
+    shown: Rows
     notes: list[str]
 
 
@@ -73,7 +83,7 @@ class Results:
     a probe job can write between two queries)."""
 
     def __init__(self, db: str | Path | Sequence[str | Path]):
-        from featstore.analytics.queries import open_read_only
+        from featstore.analytics.reading import open_read_only
         from featstore.analytics.selection import databases
 
         paths = databases(db)  # absolute: the handle reads (and reports beside) the same files whatever cwd later
@@ -92,6 +102,23 @@ class Results:
         from featstore.analytics.queries import stream
 
         return stream(self.db, _statement(query), params)
+
+    def stream_rows(self, query: str, params: Sequence | dict | None = None) -> Iterator[Rows | pl.DataFrame]:
+        """As `stream`, but a result whose every column is a number, text or a boolean comes as `Rows` (Python
+        values, read without importing Arrow or Polars: `featstore sql` answers at once)."""
+        from featstore.analytics.reading import stream
+
+        batches = stream(self.db, _statement(query), params, plain=True)
+        try:
+            for batch in batches:
+                if isinstance(batch, Rows):
+                    yield batch
+                else:
+                    import polars as pl
+
+                    yield pl.from_arrow(batch)
+        finally:
+            batches.close()
 
     @property
     def runs(self) -> pl.DataFrame:
@@ -153,6 +180,20 @@ class Results:
         frame = k_sweep(self.db, ks, scope, fraction(min_conf, "min_conf"), run_ids(runs), band)
         notes = self.notes(ks or sorted(set(frame["k"])), frame["run_id"].to_list()) if band == "paper" else []
         return Sweep(frame, frame.drop("model", "view", "probe"), notes)
+
+    def k_sweep_rows(self, ks: Ks = None, scope: str = "auto", min_conf: float = 0.0, runs: Runs = None,
+                     band: str = "paper") -> SweepRows:
+        """`k_sweep`'s `shown` and `notes` as plain rows, read on one connection without Arrow or Polars
+        (`featstore timeline`)."""
+        from featstore.analytics.bands import late_notes
+        from featstore.analytics.reading import k_sweep_rows
+        from featstore.analytics.selection import fraction, run_ids, windows
+
+        ks = windows(ks)
+        shown, lasts = k_sweep_rows(self.db, ks, scope, fraction(min_conf, "min_conf"), run_ids(runs), band)
+        k_at = shown.columns.index("k")
+        notes = late_notes(lasts, ks or sorted({row[k_at] for row in shown.rows})) if band == "paper" else []
+        return SweepRows(shown, notes)
 
     def spread(self, ks: Ks = None, scope: str = "auto", runs: Runs = None, min_conf: float = 0.0,
                refits: bool = False) -> Sweep:

@@ -8,12 +8,14 @@ import json
 import os
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from featstore.api import ImageSource, ModelSpec, RunOptions, split_options
+from featstore.api.results import Rows
 from featstore.cli.options import (
     DB_PATH,
     as_said,
@@ -23,6 +25,7 @@ from featstore.cli.options import (
     options,
     run_options,
 )
+from featstore.cli.tables import frame_text, table_text
 from featstore.errors import FeatstoreError, FeatstoreWarning, Interrupted, RunReplaced, interrupted, storage_failure
 
 if TYPE_CHECKING:
@@ -242,17 +245,12 @@ def probe(**given) -> None:
 
 def print_frame(frame, fmt: str = "table", full: bool = False) -> None:
     """csv (nested columns as JSON text), json, or a table; `full` shows whole lists and strings."""
-    import polars as pl
-
     if fmt == "csv":
         click.echo(csv_ready(frame).write_csv(), nl=False)
     elif fmt == "json":
         click.echo(json_ready(frame).write_json())
     else:
-        wide = {"fmt_table_cell_list_len": -1, "fmt_str_lengths": 10_000} if full else {"fmt_str_lengths": 80}
-        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=240 if not full else 10_000,
-                       tbl_hide_dataframe_shape=True, float_precision=4, **wide):
-            click.echo(frame)
+        click.echo(frame_text(frame, full))
 
 
 def csv_ready(frame):
@@ -316,7 +314,8 @@ def sql(dbs: tuple[Path, ...], statement: str, fmt: str, full: bool) -> None:
     from featstore.api import connect
 
     try:
-        print_stream(connect(list(dbs)).stream(statement), fmt, full)
+        results = connect(list(dbs))
+        print_stream(results.stream_rows(statement) if fmt == "table" else results.stream(statement), fmt, full)
     except BaseException as e:  # KeyboardInterrupt is no Exception
         if not interrupted(e):
             raise
@@ -329,9 +328,9 @@ TABLE_ROWS = 10_000  # with --full (csv and json print every row)
 
 
 def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
-    """Print a result as it streams in, holding one batch at a time: csv and json row by row as `print_frame`
-    would print the whole frame; the table format shows the first SHOWN_ROWS rows (TABLE_ROWS with `full`) and
-    counts the others."""
+    """Print a result as it streams in (Polars frames, or for the table format plain `Rows`), holding one batch at a
+    time: csv and json row by row as `print_frame` would print the whole frame; the table format shows the first
+    SHOWN_ROWS rows (TABLE_ROWS with `full`) and counts the others."""
     first, limit = next(frames), TABLE_ROWS if full else SHOWN_ROWS
     if fmt == "csv":
         click.echo(csv_ready(first).write_csv(), nl=False)
@@ -350,17 +349,24 @@ def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
             if room > 0:
                 shown.append(frame.head(room))
             more += frame.height - min(max(room, 0), frame.height)
-        import polars as pl
-
-        head = pl.concat(shown)
+        head = _joined(shown)
         if head.height > limit:
             more += head.height - limit
             head = head.head(limit)
-        print_frame(head, full=full)
+        click.echo(table_text(head, full) if isinstance(head, Rows) else frame_text(head, full))
         if more:
             see = "--format csv or json prints every row" if full else \
                 f"--full shows up to {TABLE_ROWS:,}; --format csv or json prints every row"
             click.echo(f"… {more:,} more row(s) not shown; {see}", err=True)
+
+
+def _joined(batches: list):
+    """Batches of one result as one: `Rows` joined row by row, Polars frames concatenated."""
+    if isinstance(batches[0], Rows):
+        return replace(batches[0], rows=[row for batch in batches for row in batch.rows])
+    import polars as pl
+
+    return pl.concat(batches)
 
 
 @cli.command()
@@ -430,6 +436,9 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
                    "kappa = Fleiss' kappa of those votes (0 = chance), chance = the share independent votes would "
                    "agree on; - = one family, nothing to agree")
         print_frame(sweep.shown, full=True)
+    elif fmt == "table":  # plain rows: printed without importing Arrow or Polars
+        sweep = results.k_sweep_rows(ks, scope, min_conf, run_id, band)
+        click.echo(table_text(sweep.shown))
     else:
         sweep = results.k_sweep(ks, scope, min_conf, run_id, band)
         print_frame(sweep.shown, fmt)
