@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from featstore.api import ImageSource, ModelSpec, RunOptions, split_options
+from featstore.api.jobs import check_build_choices
 from featstore.api.results import Rows
 from featstore.cli.options import (
     DB_PATH,
@@ -186,6 +187,7 @@ def build(**given) -> None:
     """Extract pooled anchor activations (and logits) of MODEL over DATA into STORE; resumable."""
     (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
     images.check_exists()  # before torch and the model load
+    check_build_choices(rest["views"], rest["anchors"], rest["taps"])
     from featstore.api import BuildConfig
     from featstore.api import build as run_build
 
