@@ -13,12 +13,12 @@ from dataclasses import dataclass, replace
 import duckdb
 import polars as pl
 
-from featstore.analytics import reading
+from featstore.analytics import read_only
 from featstore.analytics.bands import BandLimits, band_limits  # noqa: F401 (read from here by the report)
 from featstore.analytics.comparison_text import Comparison
 from featstore.analytics.db import connect
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
-from featstore.analytics.reading import (  # noqa: F401 (read from here by other modules)
+from featstore.analytics.read_only import (  # noqa: F401 (read from here by other modules)
     DEFAULT_KS,
     READ_WAIT_S,
     STREAM_ROWS,
@@ -56,9 +56,9 @@ def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFra
 def stream(db: Db, sql: str, params: Sequence | dict | None = None,
            batch_rows: int = STREAM_ROWS) -> Iterator[pl.DataFrame]:
     """The result of one read-only SQL statement as Polars frames of at most `batch_rows` rows, in order (at least
-    one frame, empty for an empty result): `reading.stream`'s batches (closing this early, or Ctrl-C, cancels the
+    one frame, empty for an empty result): `read_only.stream`'s batches (closing this early, or Ctrl-C, cancels the
     query)."""
-    batches = reading.stream(db, sql, params, batch_rows)
+    batches = read_only.stream(db, sql, params, batch_rows)
     try:
         for batch in batches:
             yield pl.from_arrow(batch)

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from featstore.analytics.reading import Db, stability_windows
+from featstore.analytics.read_only import Db, stability_windows
 from featstore.errors import FeatstoreError, FeatstoreTypeError
 from featstore.schema import shown
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from featstore.analytics.rows import Rows
+from featstore.analytics.plain_rows import Rows
 from featstore.errors import FeatstoreError, FeatstoreTypeError
 from featstore.schema import CSS_DISTANCES, JOINT_MIN_CONF, PER_PAIR, TOP_N
 
@@ -83,7 +83,7 @@ class Results:
     a probe job can write between two queries)."""
 
     def __init__(self, db: str | Path | Sequence[str | Path]):
-        from featstore.analytics.reading import open_read_only
+        from featstore.analytics.read_only import open_read_only
         from featstore.analytics.selection import databases
 
         paths = databases(db)  # absolute: the handle reads (and reports beside) the same files whatever cwd later
@@ -106,7 +106,7 @@ class Results:
     def stream_rows(self, query: str, params: Sequence | dict | None = None) -> Iterator[Rows | pl.DataFrame]:
         """As `stream`, but a result whose every column is a number, text or a boolean comes as `Rows` (Python
         values, read without importing Arrow or Polars: `featstore sql` answers at once)."""
-        from featstore.analytics.reading import stream
+        from featstore.analytics.read_only import stream
 
         batches = stream(self.db, _statement(query), params, plain=True)
         try:
@@ -186,7 +186,7 @@ class Results:
         """`k_sweep`'s `shown` and `notes` as plain rows, read on one connection without Arrow or Polars
         (`featstore timeline`)."""
         from featstore.analytics.bands import late_notes
-        from featstore.analytics.reading import k_sweep_rows
+        from featstore.analytics.read_only import k_sweep_rows
         from featstore.analytics.selection import fraction, run_ids, windows
 
         ks = windows(ks)

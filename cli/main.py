@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING
 import click
 
 from featstore.api import ImageSource, ModelSpec, RunOptions, split_options
-from featstore.api.jobs import check_build_choices
-from featstore.api.results import Rows
 from featstore.cli.options import (
     DB_PATH,
     as_said,
@@ -187,6 +185,8 @@ def build(**given) -> None:
     """Extract pooled anchor activations (and logits) of MODEL over DATA into STORE; resumable."""
     (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
     images.check_exists()  # before torch and the model load
+    from featstore.api.jobs import check_build_choices
+
     check_build_choices(rest["views"], rest["anchors"], rest["taps"])
     from featstore.api import BuildConfig
     from featstore.api import build as run_build
@@ -333,6 +333,8 @@ def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
     """Print a result as it streams in (Polars frames, or for the table format plain `Rows`), holding one batch at a
     time: csv and json row by row as `print_frame` would print the whole frame; the table format shows the first
     SHOWN_ROWS rows (TABLE_ROWS with `full`) and counts the others."""
+    from featstore.api.results import Rows
+
     first, limit = next(frames), TABLE_ROWS if full else SHOWN_ROWS
     if fmt == "csv":
         click.echo(csv_ready(first).write_csv(), nl=False)
@@ -364,6 +366,8 @@ def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
 
 def _joined(batches: list):
     """Batches of one result as one: `Rows` joined row by row, Polars frames concatenated."""
+    from featstore.api.results import Rows
+
     if isinstance(batches[0], Rows):
         return replace(batches[0], rows=[row for batch in batches for row in batch.rows])
     import polars as pl

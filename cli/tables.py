@@ -17,7 +17,7 @@ FLOAT_DECIMALS = 4  # decimals of every float cell
 TEXT_CHARS, FULL_TEXT_CHARS = 80, 10_000  # a text cell (or column name) is cut to this many characters, then '…'
 WIDTH_CHARS, FULL_WIDTH_CHARS = 240, 10_000  # a wider table is wrapped by Polars
 FIXED_BELOW = 1e12  # Polars writes larger floats in scientific notation (1.0000e14): those go through Polars
-# the dtype Polars names under each plain DuckDB type (analytics/rows.py PLAIN_TYPES)
+# the dtype Polars names under each plain DuckDB type (analytics/plain_rows.py PLAIN_TYPES)
 DTYPES = {"BOOLEAN": "bool", "TINYINT": "i8", "SMALLINT": "i16", "INTEGER": "i32", "BIGINT": "i64",
           "UTINYINT": "u8", "USMALLINT": "u16", "UINTEGER": "u32", "UBIGINT": "u64", "FLOAT": "f32", "DOUBLE": "f64",
           "VARCHAR": "str"}

@@ -18,7 +18,7 @@ import duckdb
 
 from featstore.analytics.bands import BANDS
 from featstore.analytics.db import MACROS, connect, connect_several, schema_tables
-from featstore.analytics.rows import PLAIN_TYPES, Rows
+from featstore.analytics.plain_rows import PLAIN_TYPES, Rows
 from featstore.analytics.scopes import SCOPES
 from featstore.errors import FeatstoreError
 
