@@ -24,7 +24,6 @@ from featstore.cli.options import (
     options,
     run_options,
 )
-from featstore.cli.tables import frame_text, table_text
 from featstore.errors import FeatstoreError, FeatstoreWarning, Interrupted, RunReplaced, interrupted, storage_failure
 
 if TYPE_CHECKING:
@@ -252,6 +251,8 @@ def print_frame(frame, fmt: str = "table", full: bool = False) -> None:
     elif fmt == "json":
         click.echo(json_ready(frame).write_json())
     else:
+        from featstore.cli.tables import frame_text
+
         click.echo(frame_text(frame, full))
 
 
@@ -314,10 +315,11 @@ def _plain(value, single: bool):
 def sql(dbs: tuple[Path, ...], statement: str, fmt: str, full: bool) -> None:
     """Run STATEMENT on the database(s), read-only (macros: decision_summary(k), decision_layers(k), …)."""
     from featstore.api import connect
+    from featstore.api.results import stream_rows
 
-    try:
-        results = connect(list(dbs))
-        print_stream(results.stream_rows(statement) if fmt == "table" else results.stream(statement), fmt, full)
+    try:  # the table format opens the database once, and reads plain results without Arrow or Polars
+        print_stream(stream_rows(list(dbs), statement) if fmt == "table" else connect(list(dbs)).stream(statement),
+                     fmt, full)
     except BaseException as e:  # KeyboardInterrupt is no Exception
         if not interrupted(e):
             raise
@@ -334,6 +336,7 @@ def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
     time: csv and json row by row as `print_frame` would print the whole frame; the table format shows the first
     SHOWN_ROWS rows (TABLE_ROWS with `full`) and counts the others."""
     from featstore.api.results import Rows
+    from featstore.cli.tables import frame_text, table_text
 
     first, limit = next(frames), TABLE_ROWS if full else SHOWN_ROWS
     if fmt == "csv":
@@ -421,6 +424,15 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
         raise FeatstoreError("--spread and --image exclude each other: the sweep's spread, or one image's timeline")
     if refits and not spread:
         raise FeatstoreError("--refits needs --spread: it widens the spread's intervals to the probe seeds")
+    if fmt == "table" and image_id is None and not spread:  # one open, plain rows: no Arrow or Polars imported
+        from featstore.api.results import k_sweep_rows
+        from featstore.cli.tables import table_text
+
+        sweep = k_sweep_rows(db, ks, scope, min_conf, run_id, band)
+        click.echo(table_text(sweep.shown))
+        for note in sweep.notes:
+            click.echo(f"note: {note}")
+        return
     results = connect(db)
     if image_id is not None:
         shown = results.image_timeline(image_id, ks, run_id)
@@ -442,9 +454,6 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
                    "kappa = Fleiss' kappa of those votes (0 = chance), chance = the share independent votes would "
                    "agree on; - = one family, nothing to agree")
         print_frame(sweep.shown, full=True)
-    elif fmt == "table":  # plain rows: printed without importing Arrow or Polars
-        sweep = results.k_sweep_rows(ks, scope, min_conf, run_id, band)
-        click.echo(table_text(sweep.shown))
     else:
         sweep = results.k_sweep(ks, scope, min_conf, run_id, band)
         print_frame(sweep.shown, fmt)
