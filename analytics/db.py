@@ -20,14 +20,31 @@ from contextlib import contextmanager
 from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
-import numpy as np
-import pyarrow as pa
 
 from featstore.analytics.interrupts import interruptible
 from featstore.errors import FeatstoreError
-from featstore.records import CircuitRun, DatasetInfo, GateScores, ModelCost, ModelSource, RunRows, ZooRow
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from featstore.records import CircuitRun, DatasetInfo, GateScores, ModelCost, ModelSource, RunRows, ZooRow
+
+RECORDS = ("CircuitRun", "DatasetInfo", "GateScores", "ModelCost", "ModelSource", "RunRows", "ZooRow")
+
+
+def __getattr__(name: str) -> object:
+    """The records the writes take (featstore.records, with numpy), imported on first use: reading a database
+    imports neither."""
+    if name in RECORDS:
+        from featstore import records
+
+        return getattr(records, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _DEFINITION = re.compile(r"CREATE OR REPLACE (MACRO|VIEW) (\w+)")
 
@@ -529,6 +546,8 @@ def _insert_records(con: duckdb.DuckDBPyConnection, table: str, records: Sequenc
                     **extra: object) -> None:
     """Insert dataclass records by column name: each field a column (dicts as JSON), plus constant `extra`
     columns (the key a record of a child table leaves to its parent)."""
+    import pyarrow as pa
+
     if not records:
         return
     names = [f.name for f in fields(records[0])]
@@ -568,6 +587,8 @@ def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo)
 def model_source(con: duckdb.DuckDBPyConnection, model: str) -> ModelSource | None:
     """The store a model's rows in this database come from (None: the database holds no rows of it). A database
     written before sources were recorded tells what its anchors table and its runs' weights say."""
+    from featstore.records import ModelSource
+
     rows = con.execute("SELECT model, store, images, weights_id, anchors FROM model_sources WHERE model = ?",
                        [model]).fetchall()  # read to the end: a half-read result blocks the connection's next query
     if rows:
@@ -620,6 +641,9 @@ def _set_meta(con: duckdb.DuckDBPyConnection, items: dict[str, str]) -> None:
 
 def register_images(con: duckdb.DuckDBPyConnection, info: DatasetInfo, image_id: np.ndarray, path: np.ndarray,
                     label: np.ndarray, split: np.ndarray, class_names: list[str] | None = None) -> None:
+    import numpy as np
+    import pyarrow as pa
+
     names = [class_names[y] if class_names and 0 <= y < len(class_names) else None for y in label.tolist()]
     table = pa.table({"dataset": pa.array([info.fingerprint] * len(image_id)), "image_id": image_id,
                       "path": pa.array(path.tolist(), pa.string()), "label": label.astype(np.int32),
@@ -643,6 +667,8 @@ def record_image_source(db: str | Path, root: str | Path, class_names: list[str]
 
 def register_anchors(con: duckdb.DuckDBPyConnection, model: str, anchors: Sequence) -> None:
     """The anchors of a model (featstore.nets.anchors.Anchor records), replacing an earlier list."""
+    import pyarrow as pa
+
     table = pa.table({"model": [model] * len(anchors), "anchor": [a.index for a in anchors],
                       "name": [a.name for a in anchors], "module": [a.module for a in anchors],
                       "dim": [a.dim for a in anchors], "depth_frac": [a.depth_frac for a in anchors],
@@ -655,6 +681,9 @@ def register_anchors(con: duckdb.DuckDBPyConnection, model: str, anchors: Sequen
 
 def replace_model_outputs(con: duckdb.DuckDBPyConnection, model: str, view: str, image_id: np.ndarray,
                           pred: np.ndarray, conf: np.ndarray) -> None:
+    import numpy as np
+    import pyarrow as pa
+
     table = pa.table({"model": pa.array([model] * len(image_id)), "view": pa.array([view] * len(image_id)),
                       "image_id": image_id, "pred": pred.astype(np.int32), "conf": conf.astype(np.float32)})
     with transaction(con):
@@ -664,6 +693,8 @@ def replace_model_outputs(con: duckdb.DuckDBPyConnection, model: str, view: str,
 
 def replace_costs(con: duckdb.DuckDBPyConnection, model: str, cost: ModelCost) -> None:
     """Store one measurement, replacing an earlier one of the same model, device and batch size."""
+    import pyarrow as pa
+
     key = {"model": model, "device": cost.device, "batch_size": cost.batch_size}
     measured_at = datetime.now()
     with transaction(con):
@@ -677,6 +708,9 @@ def replace_costs(con: duckdb.DuckDBPyConnection, model: str, cost: ModelCost) -
 def write_circuit(con: duckdb.DuckDBPyConnection, run: CircuitRun, edges: list[tuple[str, str, int, int]],
                   scores: np.ndarray) -> None:
     """Replace one circuit run and its edge scores (fixed edge order) in a single transaction."""
+    import numpy as np
+    import pyarrow as pa
+
     n = len(edges)
     table = pa.table({"run_id": pa.array([run.run_id] * n), "edge": np.arange(n, dtype=np.int32),
                       "src": pa.array([e[0] for e in edges]), "dst": pa.array([e[1] for e in edges]),
@@ -692,6 +726,8 @@ def write_circuit(con: duckdb.DuckDBPyConnection, run: CircuitRun, edges: list[t
 
 def read_edges(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[list[str], list[str], np.ndarray]:
     """One circuit run's edges (src, dst names) and scores in the fixed edge order."""
+    import numpy as np
+
     rows = con.execute("SELECT src, dst, score FROM edges WHERE run_id = ? ORDER BY edge", [run_id]).fetchall()
     return [r[0] for r in rows], [r[1] for r in rows], np.array([r[2] for r in rows], dtype=float)
 
@@ -700,6 +736,8 @@ def replace_graph_css(con: duckdb.DuckDBPyConnection, pairs: list[tuple[str, str
                       rows: list[tuple]) -> None:
     """Replace the stored graph distances of these (ID, OOD) pairs at this top_n; rows are (id_run, ood_run,
     distance, top_n, value, n_edges)."""
+    import pyarrow as pa
+
     columns = ("id_run", "ood_run", "distance", "top_n", "value", "n_edges")
     with transaction(con):
         con.executemany("DELETE FROM css_graph WHERE id_run = ? AND ood_run = ? AND top_n = ?",
@@ -725,6 +763,9 @@ def write_runs(con: duckdb.DuckDBPyConnection, runs: Sequence[RunRows]) -> None:
 
 
 def _replace_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
+    import numpy as np
+    import pyarrow as pa
+
     n, a = rows.pred.shape
     run_id = rows.run.run_id
     predictions = pa.table({
@@ -754,6 +795,9 @@ def _replace_run(con: duckdb.DuckDBPyConnection, rows: RunRows) -> None:
 
 def write_gate(con: duckdb.DuckDBPyConnection, scores: GateScores) -> None:
     """Replace one run's learned exit gate and its scores in a single transaction."""
+    import numpy as np
+    import pyarrow as pa
+
     n, a = scores.score.shape
     run_id = scores.gate.run_id
     table = pa.table({"run_id": pa.array([run_id] * (n * a)),
@@ -773,6 +817,9 @@ def replace_anchor_cka(con: duckdb.DuckDBPyConnection, model: str, view: str, es
     """Keep one CKA matrix of a model's anchors (`featstore cka`), every ordered pair (a, b) so that a query
     filters by either side (NaN, an anchor without variance, as NULL), replacing the same model, view and
     estimator's."""
+    import numpy as np
+    import pyarrow as pa
+
     size = len(matrix)
     a, b = np.divmod(np.arange(size * size), size)
     values = np.asarray(matrix, dtype=np.float64).ravel()

@@ -6,69 +6,34 @@ name returns, so Python, `featstore sql` and any DuckDB client see the same numb
 
 from __future__ import annotations
 
-import difflib
-import functools
-import numbers
-import queue
-import re
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import NamedTuple
 
 import duckdb
 import polars as pl
-import pyarrow as pa
 
+from featstore.analytics import read_only
+from featstore.analytics.bands import BandLimits, band_limits  # noqa: F401 (read from here by the report)
 from featstore.analytics.comparison_text import Comparison
-from featstore.analytics.db import MACROS, connect, connect_several, in_memory, schema_tables
+from featstore.analytics.db import connect
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
+from featstore.analytics.read_only import (  # noqa: F401 (read from here by other modules)
+    READ_WAIT_S,
+    STREAM_ROWS,
+    Db,
+    _one_statement,
+    _printable,
+    _sql_error,
+    check_band,
+    check_min_conf,
+    check_scope,
+    known_runs,
+    open_read_only,
+    stability_windows,
+    sweep_statement,
+)
 from featstore.errors import FeatstoreError
-from featstore.schema import BAND, JOINT_MIN_CONF, KS, MIN_CONF, PER_PAIR, SCOPE, K, check_field
-
-Db = str | Path | Sequence[str | Path] | duckdb.DuckDBPyConnection  # a database, several, or an open connection
-READ_WAIT_S = 30.0  # a probe holds the write lock only for its final transaction: wait that out
-
-
-def open_read_only(db: str | Path | Sequence[str | Path]) -> duckdb.DuckDBPyConnection:
-    """A sealed read-only connection to one database, or to several as if they were one (`connect_several`)."""
-    if isinstance(db, str | Path):
-        return connect(db, read_only=True, wait_s=READ_WAIT_S)
-    if len(db) == 1:
-        return connect(db[0], read_only=True, wait_s=READ_WAIT_S)
-    return connect_several(db)
-
-
-def _one_statement(sql: str) -> None:
-    """Exactly one statement: text such as `SELECT 1; DETACH ...` is refused before anything runs."""
-    try:
-        count = len(duckdb.extract_statements(sql))
-    except duckdb.Error as e:
-        raise FeatstoreError(f"SQL error: {str(e).splitlines()[0]}") from e
-    if count != 1:
-        raise FeatstoreError(f"give exactly one SQL statement (got {count}); run several with one call each")
-
-
-def _sql_error(e: duckdb.Error) -> FeatstoreError:
-    first = str(e).splitlines()[0]
-    if any(m in first.lower() for m in ("read-only", "disabled", "locked", "cannot attach")):
-        return FeatstoreError(f"queries open the database read-only and reach no other file, extension or "
-                              f"setting ({first}); featstore probe is what writes")
-    missing = re.match(r"Catalog Error: (.+?) with name (\w+) does not exist!", first)
-    if missing:
-        return FeatstoreError(f"SQL error: no {missing.group(1).lower()} named {missing.group(2)}"
-                              f"{_nearest_name(missing.group(2), str(e))}")
-    return FeatstoreError(f"SQL error: {first}")
-
-
-def _nearest_name(name: str, said: str) -> str:
-    """'; did you mean X?' of a misspelled name: the nearest of featstore's macros, views and tables and of what
-    DuckDB itself suggests (a table's misspelling may be of a table macro); and where featstore's macros are
-    listed."""
-    suggested = re.findall(r'Did you mean "([^"]+)"', said)
-    close = difflib.get_close_matches(name.lower(), [*MACROS, *schema_tables(), *suggested], n=1, cutoff=0.6)
-    return (f"; did you mean {close[0]}?" if close else "") + " (featstore's macros: docs/analytics.md)"
+from featstore.schema import BAND, JOINT_MIN_CONF, MIN_CONF, PER_PAIR, SCOPE, K, check_field
 
 
 def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFrame:
@@ -86,151 +51,17 @@ def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFra
             con.close()
 
 
-def _as_text_type(kind: duckdb.sqltypes.DuckDBPyType) -> str | None:
-    """The SQL type to cast a column of `kind` to so that every format can print it, or None when it prints as it
-    is: INTERVAL (which Arrow's Polars cannot import) and BIT (whose Arrow bytes are DuckDB's internal padding and
-    bits) become DuckDB's own text, '3 days', '101', at any depth of lists, arrays, structs and maps."""
-    name = kind.id
-    if name in ("interval", "bit"):
-        return "VARCHAR"
-    if name not in ("list", "array", "struct", "map", "union"):
-        return None
-    children = [(field, child, _as_text_type(child) if not isinstance(child, int) else None)
-                for field, child in kind.children]
-    if not any(new for _, _, new in children):
-        return None
-    given = {field: new or str(child) for field, child, new in children}
-    if name == "list":
-        return f"{given['child']}[]"
-    if name == "array":
-        return f"{given['child']}[{dict((f, c) for f, c, _ in children)['size']}]"
-    if name == "map":
-        return f"MAP({given['key']}, {given['value']})"
-    if name == "struct":
-        return "STRUCT(" + ", ".join(f"{_quoted(field)} {text}" for field, text in given.items()) + ")"
-    return "VARCHAR"  # a union: its text
-
-
-def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _printable(relation: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:
-    """`relation` with the columns no output format can print (`_as_text_type`) cast to text, by position, under
-    their own names; itself when there are none."""
-    casts = [_as_text_type(kind) for kind in relation.types]
-    if not any(casts):
-        return relation
-    return relation.project(", ".join(f"#{i + 1}{f'::{cast}' if cast else ''} AS {_quoted(name)}"
-                                      for i, (name, cast) in enumerate(zip(relation.columns, casts, strict=True))))
-
-
-STREAM_ROWS = 65_536  # rows per batch `stream` hands over: the memory it holds, whatever the result's size
-
-
 def stream(db: Db, sql: str, params: Sequence | dict | None = None,
            batch_rows: int = STREAM_ROWS) -> Iterator[pl.DataFrame]:
     """The result of one read-only SQL statement as Polars frames of at most `batch_rows` rows, in order (at least
-    one frame, empty for an empty result), so that memory stays bounded at any row count.
-
-    DuckDB runs the query in a worker thread and this generator waits for its batches in the calling thread:
-    a KeyboardInterrupt (Ctrl-C) there, or closing the generator early, cancels the query at once
-    (`interrupt`) instead of waiting for it to finish, and the interrupt propagates."""
-    _one_statement(sql)
-    con = db if isinstance(db, duckdb.DuckDBPyConnection) else open_read_only(db)
-    batches: queue.Queue = queue.Queue(maxsize=2)  # the producer waits while the consumer prints
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            if stop.is_set():
-                return
-            relation = con.sql(sql, params=params or None)
-            if relation is None:  # a statement without a result
-                batches.put(pa.table({}))
-                return
-            reader = _printable(relation).to_arrow_reader(batch_rows)  # pulls the result batch by batch
-            batches.put(reader.schema)
-            for batch in reader:
-                while not stop.is_set():
-                    try:
-                        batches.put(batch, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            batches.put(None)
-        except BaseException as e:  # handed to the caller's thread
-            batches.put(e)
-
-    worker = threading.Thread(target=produce, name="featstore-sql", daemon=True)
-    worker.start()
+    one frame, empty for an empty result): `read_only.stream`'s batches (closing this early, or Ctrl-C, cancels the
+    query)."""
+    batches = read_only.stream(db, sql, params, batch_rows)
     try:
-        schema, sent = None, False
-        while True:
-            try:
-                item = batches.get(timeout=0.1)  # a wait Ctrl-C can interrupt
-            except queue.Empty:
-                continue
-            if isinstance(item, BaseException):
-                raise _sql_error(item) if isinstance(item, duckdb.Error) else item
-            if isinstance(item, pa.Table):
-                yield pl.from_arrow(item)
-                return
-            if isinstance(item, pa.Schema):
-                schema = item
-                continue
-            if item is None:
-                if not sent:
-                    yield pl.from_arrow(schema.empty_table())
-                return
-            sent = True
-            yield pl.from_arrow(item)
+        for batch in batches:
+            yield pl.from_arrow(batch)
     finally:
-        stop.set()
-        while worker.is_alive():
-            con.interrupt()  # cancels a running (or just starting) query: the worker ends with an InterruptException
-            try:
-                batches.get(timeout=0.1)  # a producer blocked on a full queue sees `stop`
-            except queue.Empty:
-                pass
-        if con is not db:
-            con.close()
-
-
-def check_scope(scope: str) -> str:
-    """A scope the macros know (`FIELDS["scope"]`); any other word would silently select no image at all."""
-    return check_field("scope", scope)
-
-
-def stability_windows(db: Db, ks: Sequence[int] | None = None, runs: Sequence[str] | None = None) -> list[int]:
-    """The k values to show: as asked, or by default 1..4 as far as the runs have anchors. k counts anchors
-    after the first, so a k below 1, or at or beyond every run's anchor count, selects nothing (blank layers) and
-    is refused: the one rule of every command and macro call that takes k. `runs`: only these runs count."""
-    most = query(db, "SELECT max(n_anchors) AS a FROM runs WHERE ?::VARCHAR[] IS NULL OR list_contains(?, run_id)",
-                 [runs, runs])["a"][0]
-    if isinstance(ks, str) or (ks is not None and not (len(ks) and all(
-            isinstance(k, numbers.Integral) and not isinstance(k, bool) for k in ks))):
-        raise FeatstoreError(f"k={ks!r}: give stability windows as integers (one, or a list)")
-    if ks is None or list(ks) == list(KS):  # the default: trimmed to what the runs have
-        return [k for k in KS if most is None or k < most] or [1]
-    where = f"run {runs[0]!r} has" if runs and len(runs) == 1 else "the runs in the database have at most"
-    if min(ks) < 1 or (most is not None and max(ks) >= most):
-        bad = min(ks) if min(ks) < 1 else max(ks)
-        raise FeatstoreError(f"k={bad}: {where} {most} anchors, so k (anchors after the first that must agree) "
-                             f"must be from 1 to {(most or 2) - 1}")
-    return sorted(ks)
-
-
-def check_band(band: str) -> str:
-    """A band the sweep knows (`FIELDS["band"]`); any other word is refused in one line before the query."""
-    return check_field("band", band)
-
-
-def check_min_conf(min_conf: float) -> float:
-    """The joint criterion's confidence threshold θ (`FIELDS["min_conf"]`): 0 (stability alone) up to 1."""
-    return check_field("min_conf", min_conf)
+        batches.close()
 
 
 def _per_k(macro: str, db: Db, k: int, scope: str, min_conf: float) -> pl.DataFrame:
@@ -258,11 +89,7 @@ def k_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = SCOPE, min_con
     check_scope(scope)
     check_band(band)
     chosen = known_runs(db, runs) if runs else None
-    ks = stability_windows(db, ks)
-    frame = query(db, "SELECT * FROM decision_sweep(?, scope := ?, min_conf := ?, band := ?)",
-                  [max(ks), scope, check_min_conf(min_conf), band])
-    frame = frame.filter(pl.col("k").is_in(list(ks)))
-    return frame if chosen is None else frame.filter(pl.col("run_id").is_in(chosen))
+    return query(db, *sweep_statement(stability_windows(db, ks), scope, min_conf, chosen, band))
 
 
 def decision_mass(db: Db, k: int, scope: str = SCOPE, min_conf: float = MIN_CONF) -> pl.DataFrame:
@@ -314,23 +141,6 @@ def decision_examples(db: Db, k: int = K, per_side: int = 4, scope: str = SCOPE,
                       min_conf: float = MIN_CONF) -> pl.DataFrame:
     return query(db, "SELECT * FROM decision_examples(?, per_side := ?, scope := ?, min_conf := ?)",
                  [k, per_side, scope, check_min_conf(min_conf)])
-
-
-class BandLimits(NamedTuple):
-    last_early: int | None  # the last anchor decision_band calls early (None: none is)
-    first_late: int  # the first anchor it calls late
-
-
-@functools.lru_cache(maxsize=256)
-def band_limits(t: int) -> BandLimits:
-    """Where the early and late bands of anchors 0..t begin and end (sql/band_limits.sql), for the figures and
-    notes that show them: read from decision_band itself, so that no band bound is written a second time in
-    Python. Needs no database (an in-memory DuckDB)."""
-    con = in_memory("decision_band", "band_limits")
-    try:
-        return BandLimits(*con.execute("SELECT last_early, first_late FROM band_limits(?)", [t]).fetchall()[0])
-    finally:
-        con.close()
 
 
 def anchor_names(db: Db, model: str) -> list[str]:
@@ -495,16 +305,6 @@ def tap_decision_layers(db: Db, run_id: str, tap: str, k: int, scope: str = SCOP
                         min_conf: float = MIN_CONF) -> pl.DataFrame:
     return query(db, "SELECT * FROM tap_decision_layers(?, ?, ?, scope := ?, min_conf := ?)",
                  [run_id, tap, k, check_scope(scope), check_min_conf(min_conf)])
-
-
-def known_runs(db: Db, runs: Sequence[str]) -> list[str]:
-    """The runs as given, once each, every one of them in the database (else the --run error naming it)."""
-    known = query(db, "SELECT run_id FROM runs")["run_id"].to_list()
-    missing = [r for r in runs if r not in known]
-    if missing:
-        raise FeatstoreError(f"`runs`: no run {missing[0]!r} in the database; list them with featstore sql "
-                             f"\"SELECT run_id FROM runs\"")
-    return list(dict.fromkeys(runs))
 
 
 def comparison_runs(db: Db, runs: Sequence[str] | None = None) -> list[str]:

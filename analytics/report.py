@@ -16,13 +16,14 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from featstore.analytics import queries
+from featstore.analytics.bands import late_caveat, late_notes
 from featstore.analytics.db import connect, connect_several
 from featstore.analytics.exit_policies import DEFAULT_POLICIES
 from featstore.analytics.report_figures import PAGE_PX, _Figures, _slug, _table
@@ -84,23 +85,6 @@ def _readouts(context: ReportContext) -> str:
 
 
 SECTION_RENDERERS: list[Callable[[ReportContext], str]] = [_readouts]
-
-
-def late_caveat(t: int, k: int) -> str:
-    """Why 'late' can mean 'never stable': a stable l*(k) is at most T - k, and late starts at 0.7T; '' when some
-    stable l* can be late."""
-    late_start = q.band_limits(t).first_late
-    if t - k >= late_start:
-        return ""
-    return (f"at k = {k} with {t + 1} anchors no stable l* can be late (a stable l* is at most T - k = {t - k}, late "
-            f"starts at anchor {late_start}, the first at or past 0.7T): late = never stable")
-
-
-def late_notes(ts: Iterable[int], ks: Iterable[int]) -> list[str]:
-    """Every distinct `late_caveat` of these last anchors T and windows k, in order: the notes a sweep printed or
-    shown in the paper's band carries (`timeline`, the demo, the report's tables)."""
-    ks = list(ks)
-    return [note for note in dict.fromkeys(late_caveat(t, k) for t in ts for k in ks) if note]
 
 
 def check_figures(figures: str | None) -> str | None:

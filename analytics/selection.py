@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import numbers
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-import numpy as np
-
-from featstore.analytics.queries import Db, query, runs, stability_windows
+from featstore.analytics.read_only import Db, stability_windows
 from featstore.errors import FeatstoreError, FeatstoreTypeError
 from featstore.schema import K, shown
 
@@ -24,15 +23,22 @@ def _integer(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _numpy(value: object, kind: str) -> bool:
+    """Whether `value` is numpy's `kind` ('ndarray', 'generic'); read without importing numpy (a process that made
+    a numpy value has imported it), so that reading a command's arguments costs no numpy import."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, getattr(np, kind))
+
+
 def plain(value: T) -> T:
     """A numpy scalar as the Python number it holds (DuckDB binds no numpy scalar); anything else as it is."""
-    return value.item() if isinstance(value, np.generic) else value
+    return value.item() if _numpy(value, "generic") else value
 
 
 def _items(given: object) -> list | None:
     """The items of a list, tuple, set or array a caller gave (an array's as Python's numbers); None for a
     single value, a string among them (a string is a value, never its letters)."""
-    given = given.tolist() if isinstance(given, np.ndarray) else given
+    given = given.tolist() if _numpy(given, "ndarray") else given
     if isinstance(given, str | bytes | os.PathLike) or not isinstance(given, Iterable):
         return None
     return list(given)
@@ -44,7 +50,7 @@ def integers(given: object, field: str, what: str) -> list[int] | None:
     range is the caller's to check."""
     if given is None:
         return None
-    if _integer(given) or (isinstance(given, np.ndarray) and given.ndim == 0 and _integer(given.tolist())):
+    if _integer(given) or (_numpy(given, "ndarray") and given.ndim == 0 and _integer(given.tolist())):
         return [int(given)]
     items = _items(given)
     if items == []:
@@ -80,7 +86,7 @@ def fractions(given: object, field: str) -> list[float] | None:
 
 def image_id(value: object) -> int:
     """An image id as a caller gives it (numpy's integers too, as `model.image_ids` holds them) -> an int."""
-    if isinstance(value, np.ndarray) and value.ndim == 0:
+    if _numpy(value, "ndarray") and value.ndim == 0:
         value = value.tolist()
     if not _integer(value):
         raise FeatstoreTypeError(f"image_id={shown(value)}: give an image id, an integer (the `images` table "
@@ -138,6 +144,8 @@ def only_run(db: Db, given: str | None) -> str:
         if not isinstance(given, str):
             raise FeatstoreTypeError(f"run={shown(given)}: give a run id (.runs lists them)")
         return given
+    from featstore.analytics.queries import runs
+
     have = runs(db)["run_id"].to_list()
     if not have:
         raise FeatstoreError(f"`run`: {db} holds no probe run; run featstore probe first")
@@ -166,6 +174,7 @@ def runs_written(db: str | Path) -> dict[str, str]:
     yet). Read without waiting for a lock: a database another process writes is refused at once (a probe job would
     refuse it too), not after `featstore sql`'s wait for a probe's final transaction."""
     from featstore.analytics.db import connect
+    from featstore.analytics.queries import runs
 
     if not Path(db).is_file():
         return {}
@@ -182,6 +191,8 @@ def probe_summary(db: Db, run_id: str):
     the database does not hold is one line naming it, not an empty table."""
     if not isinstance(run_id, str):
         raise FeatstoreTypeError(f"run={shown(run_id)}: give a run id (.runs lists them)")
+    from featstore.analytics.queries import query, runs
+
     summary = query(db, "SELECT * FROM probe_summary(?)", [run_id])
     if summary.is_empty() and run_id not in runs(db)["run_id"].to_list():
         raise FeatstoreError(f"run {run_id!r}: no such run in the database (.runs lists them)")

@@ -32,6 +32,16 @@ def _config_or_fields(kind: str, config: Any, given: dict[str, Any]) -> None:
                              f"dataclasses.replace(config, ...) to change some")
 
 
+def check_build_choices(views: str, anchors: str | None = None, taps: str | None = None) -> None:
+    """Refuse, before torch loads, what a build refuses that needs no model: an unknown view, `taps` with
+    `anchors`, an anchor list that names one twice, puts `input` after another or has fewer than two."""
+    from featstore.images.views import parse_views
+    from featstore.nets.anchors import check_anchor_choice
+
+    parse_views(views)
+    check_anchor_choice(anchors, taps)
+
+
 def build(config: BuildConfig | None = None, /, **fields: Any) -> BuildResult:
     """Build (or resume) one model's views in a store: `featstore build`. Give a `BuildConfig`, or its fields
     (model=ModelSpec(...), images=ImageSource(...), store=..., run=RunOptions(...), ...), not both."""

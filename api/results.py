@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from featstore.analytics.exit_policies import DEFAULT_POLICIES
+from featstore.analytics.plain_rows import Rows
 from featstore.errors import FeatstoreError, FeatstoreTypeError
 from featstore.schema import BAND, CSS_DISTANCES, JOINT_MIN_CONF, MIN_CONF, PER_PAIR, SCOPE, TOP_N
 
@@ -30,6 +31,15 @@ class Sweep:
 
     table: pl.DataFrame
     shown: pl.DataFrame
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class SweepRows:
+    """A k-sweep as `featstore timeline` prints it, in plain rows (`Rows`: read without Arrow or Polars), and the
+    caveats of windows at which no stable l* can be late."""
+
+    shown: Rows
     notes: list[str]
 
 
@@ -75,11 +85,9 @@ class Results:
     a probe job can write between two queries)."""
 
     def __init__(self, db: str | Path | Sequence[str | Path]):
-        from featstore.analytics.queries import open_read_only
-        from featstore.analytics.selection import databases
+        from featstore.analytics.read_only import open_read_only
 
-        paths = databases(db)  # absolute: the handle reads (and reports beside) the same files whatever cwd later
-        self.db = paths[0] if isinstance(db, str | Path) else paths
+        self.db = _read_paths(db)
         open_read_only(self.db).close()  # a missing or foreign file is an error now
 
     def sql(self, query: str, params: Sequence | dict | None = None) -> pl.DataFrame:
@@ -94,6 +102,11 @@ class Results:
         from featstore.analytics.queries import stream
 
         return stream(self.db, _statement(query), params)
+
+    def stream_rows(self, query: str, params: Sequence | dict | None = None) -> Iterator[Rows | pl.DataFrame]:
+        """As `stream`, but a result whose every column is a number, text or a boolean comes as `Rows` (Python
+        values, read without importing Arrow or Polars: `featstore sql` answers at once)."""
+        return stream_rows(self.db, query, params)
 
     @property
     def runs(self) -> pl.DataFrame:
@@ -155,6 +168,12 @@ class Results:
         frame = k_sweep(self.db, ks, scope, fraction(min_conf, "min_conf"), run_ids(runs), band)
         notes = self.notes(ks or sorted(set(frame["k"])), frame["run_id"].to_list()) if band == "paper" else []
         return Sweep(frame, frame.drop("model", "view", "probe"), notes)
+
+    def k_sweep_rows(self, ks: Ks = None, scope: str = SCOPE, min_conf: float = MIN_CONF, runs: Runs = None,
+                     band: str = BAND) -> SweepRows:
+        """`k_sweep`'s `shown` and `notes` as plain rows, read on one connection without Arrow or Polars
+        (`featstore timeline`)."""
+        return k_sweep_rows(self.db, ks, scope, min_conf, runs, band)
 
     def spread(self, ks: Ks = None, scope: str = SCOPE, runs: Runs = None, min_conf: float = MIN_CONF,
                refits: bool = False) -> Sweep:
@@ -280,6 +299,48 @@ def _statement(query: object) -> str:
     if not isinstance(query, str):
         raise FeatstoreTypeError(f"query={query!r}: give one SQL statement, a string")
     return query
+
+
+def _read_paths(db: str | Path | Sequence[str | Path]) -> Path | list[Path]:
+    """The database(s) as absolute paths (read, and reported beside, as the same files whatever the working folder
+    later): one path, or a list of them as given."""
+    from featstore.analytics.selection import databases
+
+    paths = databases(db)
+    return paths[0] if isinstance(db, str | Path) else paths
+
+
+def stream_rows(db: str | Path | Sequence[str | Path], query: str,
+                params: Sequence | dict | None = None) -> Iterator[Rows | pl.DataFrame]:
+    """`connect(db).stream_rows(query)` opening the database once (`featstore sql`): a result whose every column is
+    a number, text or a boolean as `Rows`, any other as Polars frames; closing it early, or Ctrl-C, cancels it."""
+    from featstore.analytics.read_only import stream
+
+    batches = stream(_read_paths(db), _statement(query), params, plain=True)
+    try:
+        for batch in batches:
+            if isinstance(batch, Rows):
+                yield batch
+            else:
+                import polars as pl
+
+                yield pl.from_arrow(batch)
+    finally:
+        batches.close()
+
+
+def k_sweep_rows(db: str | Path | Sequence[str | Path], ks: Ks = None, scope: str = SCOPE, min_conf: float = MIN_CONF,
+                 runs: Runs = None, band: str = BAND) -> SweepRows:
+    """`connect(db).k_sweep_rows(...)` opening the database once (`featstore timeline`)."""
+    from featstore.analytics.bands import late_notes
+    from featstore.analytics.read_only import k_sweep_rows as sweep_rows
+    from featstore.analytics.selection import fraction, run_ids, windows
+
+    ks = windows(ks)
+    shown, lasts = sweep_rows(_read_paths(db), ks, scope, fraction(min_conf, "min_conf"), run_ids(runs), band)
+    k_at = shown.columns.index("k")
+    notes = late_notes(lasts, ks or sorted({row[k_at] for row in shown.rows})) if band == "paper" else []
+    return SweepRows(shown, notes)
 
 
 def connect(db: str | Path | Sequence[str | Path]) -> Results:

@@ -52,6 +52,8 @@ def commands(featstore: Path, db: Path, scratch: Path) -> dict[str, list[str]]:
                                              str(scratch / "missing"), "--store", str(scratch / "store")],
         "probe refused (no --store)": [str(featstore), "probe", "--store", str(scratch / "missing.zarr"), "--model",
                                        "resnet18", "--db", str(scratch / "p.duckdb")],
+        "build refused (unknown --views)": [str(featstore), "build", "--model", "resnet18", "--data", str(scratch),
+                                            "--views", "fog-9", "--store", str(scratch / "store")],
     }
 
 

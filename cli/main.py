@@ -9,6 +9,7 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -186,6 +187,9 @@ def build(**given) -> None:
     (model, images, run), rest = split_options(given, ModelSpec, ImageSource, RunOptions)
     images.check_exists()  # before torch and the model load
     from featstore.api.jobs import build as run_build
+    from featstore.api.jobs import check_build_choices
+
+    check_build_choices(rest["views"], rest["anchors"], rest["taps"])
 
     result = run_build(model=model, images=images, run=run, **rest)
     if result.repaired:
@@ -243,17 +247,14 @@ def probe(**given) -> None:
 
 def print_frame(frame, fmt: str = "table", full: bool = False) -> None:
     """csv (nested columns as JSON text), json, or a table; `full` shows whole lists and strings."""
-    import polars as pl
-
     if fmt == "csv":
         click.echo(csv_ready(frame).write_csv(), nl=False)
     elif fmt == "json":
         click.echo(json_ready(frame).write_json())
     else:
-        wide = {"fmt_table_cell_list_len": -1, "fmt_str_lengths": 10_000} if full else {"fmt_str_lengths": 80}
-        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=240 if not full else 10_000,
-                       tbl_hide_dataframe_shape=True, float_precision=4, **wide):
-            click.echo(frame)
+        from featstore.cli.tables import frame_text
+
+        click.echo(frame_text(frame, full))
 
 
 def csv_ready(frame):
@@ -314,10 +315,11 @@ def _plain(value, single: bool):
 @user_errors
 def sql(dbs: tuple[Path, ...], statement: str, fmt: str, full: bool) -> None:
     """Run STATEMENT on the database(s), read-only (macros: decision_summary(k), decision_layers(k), …)."""
-    from featstore.api.results import connect
+    from featstore.api.results import connect, stream_rows
 
-    try:
-        print_stream(connect(list(dbs)).stream(statement), fmt, full)
+    try:  # the table format opens the database once, and reads plain results without Arrow or Polars
+        print_stream(stream_rows(list(dbs), statement) if fmt == "table" else connect(list(dbs)).stream(statement),
+                     fmt, full)
     except BaseException as e:  # KeyboardInterrupt is no Exception
         if not interrupted(e):
             raise
@@ -330,9 +332,12 @@ TABLE_ROWS = 10_000  # with --full (csv and json print every row)
 
 
 def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
-    """Print a result as it streams in, holding one batch at a time: csv and json row by row as `print_frame`
-    would print the whole frame; the table format shows the first SHOWN_ROWS rows (TABLE_ROWS with `full`) and
-    counts the others."""
+    """Print a result as it streams in (Polars frames, or for the table format plain `Rows`), holding one batch at a
+    time: csv and json row by row as `print_frame` would print the whole frame; the table format shows the first
+    SHOWN_ROWS rows (TABLE_ROWS with `full`) and counts the others."""
+    from featstore.api.results import Rows
+    from featstore.cli.tables import frame_text, table_text
+
     first, limit = next(frames), TABLE_ROWS if full else SHOWN_ROWS
     if fmt == "csv":
         click.echo(csv_ready(first).write_csv(), nl=False)
@@ -351,17 +356,26 @@ def print_stream(frames, fmt: str = "table", full: bool = False) -> None:
             if room > 0:
                 shown.append(frame.head(room))
             more += frame.height - min(max(room, 0), frame.height)
-        import polars as pl
-
-        head = pl.concat(shown)
+        head = _joined(shown)
         if head.height > limit:
             more += head.height - limit
             head = head.head(limit)
-        print_frame(head, full=full)
+        click.echo(table_text(head, full) if isinstance(head, Rows) else frame_text(head, full))
         if more:
             see = "--format csv or json prints every row" if full else \
                 f"--full shows up to {TABLE_ROWS:,}; --format csv or json prints every row"
             click.echo(f"… {more:,} more row(s) not shown; {see}", err=True)
+
+
+def _joined(batches: list):
+    """Batches of one result as one: `Rows` joined row by row, Polars frames concatenated."""
+    from featstore.api.results import Rows
+
+    if isinstance(batches[0], Rows):
+        return replace(batches[0], rows=[row for batch in batches for row in batch.rows])
+    import polars as pl
+
+    return pl.concat(batches)
 
 
 @cli.command()
@@ -410,6 +424,15 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
         raise FeatstoreError("--spread and --image exclude each other: the sweep's spread, or one image's timeline")
     if refits and not spread:
         raise FeatstoreError("--refits needs --spread: it widens the spread's intervals to the probe seeds")
+    if fmt == "table" and image_id is None and not spread:  # one open, plain rows: no Arrow or Polars imported
+        from featstore.api.results import k_sweep_rows
+        from featstore.cli.tables import table_text
+
+        sweep = k_sweep_rows(db, ks, scope, min_conf, run_id, band)
+        click.echo(table_text(sweep.shown))
+        for note in sweep.notes:
+            click.echo(f"note: {note}")
+        return
     results = connect(db)
     if image_id is not None:
         shown = results.image_timeline(image_id, ks, run_id)

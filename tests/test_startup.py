@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from featstore.analytics import db as fsdb
 from featstore.cli.main import cli
@@ -119,3 +120,98 @@ def test_a_misspelled_model_is_answered_with_each_name_once():
     known = sorted({*torchvision.models.list_models(), *timm.list_models()})
     assert len(offered) == len(set(offered)) and "resnet18" in offered
     assert set(offered) <= set(known) and len(offered) == 4
+
+
+HEAVY = ("polars", "pyarrow", "torch")
+
+
+def answered_without(args: list[str]) -> tuple[str, list[str]]:
+    """Run the CLI in a fresh Python: what it printed, and which of HEAVY it imported (it must exit 0)."""
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom featstore.cli.main import cli\n"
+            f"r = CliRunner().invoke(cli, {args!r})\n"
+            f"print(r.exit_code, sorted(m for m in {HEAVY!r} if m in sys.modules))\nprint(r.output, end='')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    status, said = done.stdout.split("\n", 1)
+    assert status.startswith("0 "), done.stdout + done.stderr
+    return said, eval(status[2:])
+
+
+def polars_table(frame) -> str:
+    """Polars' own table of `frame` under the settings the CLI prints with (set here, not read from the CLI)."""
+    import polars as pl
+
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=240, tbl_hide_dataframe_shape=True, float_precision=4,
+                   fmt_str_lengths=80):
+        return str(frame)
+
+
+@pytest.fixture(scope="module")
+def toy_db(tmp_path_factory):
+    """A database of one hand-written run: 30 images, 6 anchors, a prediction that settles at a drawn anchor."""
+    import numpy as np
+    from synthetic import run_rows, toy_database
+
+    path = tmp_path_factory.mktemp("startup") / "f.duckdb"
+    toy = toy_database(path, 30, 6, seed=5)
+    settle = toy.rng.integers(0, 6, 30)
+    preds = np.where(np.arange(6)[None, :] >= settle[:, None], toy.head[:, None], (toy.head[:, None] + 1) % 3)
+    conf = toy.rng.random(preds.shape).astype(np.float32)
+    fsdb.write_runs(toy.con, [run_rows({"run_id": "m/clean/linear", "model": "m", "view": "clean"}, np.arange(30),
+                                       preds, conf)])
+    toy.con.close()
+    return path
+
+
+QUERIES = ["SELECT 1",
+           "SELECT image_id, anchor, pred, conf, conf::DOUBLE * -1e3 AS scaled, NULL::VARCHAR AS missing, "
+           "pred = 1 AS one, 'nan'::DOUBLE AS nan FROM predictions ORDER BY image_id, anchor",
+           "SELECT repeat('x', 79 + range::INT) AS text, range::TINYINT AS i, (range * 1e12)::DOUBLE AS big "
+           "FROM range(4)",
+           "SELECT " + ", ".join(f"repeat('w', 30) AS column_{i}" for i in range(8)),  # wider than the table width
+           "SELECT 'café' AS name", "SELECT 1 AS a WHERE false"]
+
+
+def test_sql_prints_polars_own_table_without_importing_polars_arrow_or_torch(toy_db):
+    """The table `featstore sql` prints is Polars' own text of the result (its first 40 rows, the rest counted):
+    NULLs, floats of both widths, NaN, text cut at 80 characters, no rows; a result of numbers, text and booleans
+    is printed without importing Polars, Arrow or torch, one that only Polars can say as it does (text beyond
+    ASCII, floats it writes in scientific notation, a table wider than its width) through Polars."""
+    con = duckdb.connect(str(toy_db), read_only=True)
+    try:
+        frames = [con.sql(query).pl() for query in QUERIES]
+    finally:
+        con.close()
+    for query, frame in zip(QUERIES, frames, strict=True):
+        said, imported = answered_without(["sql", "--db", str(toy_db), query])
+        more = "" if frame.height <= 40 else (f"… {frame.height - 40:,} more row(s) not shown; --full shows up to "
+                                              "10,000; --format csv or json prints every row\n")
+        assert said == polars_table(frame.head(40)) + "\n" + more, query
+        plain = "café" not in query and "column_7" not in query and "big" not in query
+        assert imported == [] if plain else set(imported) <= {"polars", "pyarrow"}, (query, imported)
+
+
+def test_timeline_prints_the_sweep_without_importing_polars_arrow_or_torch(toy_db):
+    """`featstore timeline`'s table is the k-sweep as Polars prints it (read here through DuckDB and Polars); the
+    command imports neither."""
+    said, imported = answered_without(["timeline", "--db", str(toy_db)])
+    assert imported == []
+    con = fsdb.connect(toy_db, read_only=True)
+    try:
+        frame = con.sql("SELECT * EXCLUDE (model, view, probe) FROM decision_sweep(4) WHERE k <= 4").pl()
+    finally:
+        con.close()
+    assert said.startswith(polars_table(frame) + "\n")
+    assert frame.height == 4 and frame["k"].to_list() == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("given, line", [
+    (["--views", "clean,fog-9"], "unknown view 'fog-9': use clean or one of"),
+    (["--anchors", "layer1,layer1"], "--anchors lists a name twice: layer1,layer1"),
+    (["--anchors", "layer2,input"], "--anchors lists input at place 2"),
+    (["--anchors", "layer1", "--taps", "all"], "--taps and --anchors exclude each other"),
+])
+def test_a_bad_view_or_anchor_list_is_refused_before_torch_loads(tmp_path, given, line):
+    said = refused_without_torch("build", "--model", "resnet18", "--data", tmp_path, "--store", tmp_path / "s.zarr",
+                                 *given)
+    assert said.startswith(f"featstore: error: {line}")
+    assert not (tmp_path / "s.zarr").exists()

@@ -29,7 +29,7 @@ from featstore.errors import FeatstoreError
 from featstore.images.datasets import ImageSet, labels_for_head
 from featstore.images.tensor_input import decoder_name, input_batches, resolve_decode
 from featstore.images.views import View, parse_views, with_generator
-from featstore.nets.anchors import tap_anchor_names
+from featstore.nets.anchors import check_anchor_choice, tap_anchor_names
 from featstore.nets.depth import anchor_names_for
 from featstore.nets.extraction import Tapper, default_token_pool, describe_anchors, head_arrays
 from featstore.nets.head_norm import head_reading
@@ -156,8 +156,7 @@ def _build(cfg: BuildConfig, ranks: Ranks, device: torch.device, precision: str,
     model_seconds = time.perf_counter() - loading
     memory_format = preferred_memory_format(loaded.module)
     model = loaded.module.to(device, memory_format=memory_format)
-    if cfg.taps and cfg.anchors:
-        raise FeatstoreError("`taps` and `anchors` exclude each other: taps define the anchors")
+    check_anchor_choice(cfg.anchors, cfg.taps)
     sample = loaded.preprocessing.normalize(torch.zeros(1, 3, loaded.preprocessing.crop, loaded.preprocessing.crop))
     sample = sample.to(device).contiguous(memory_format=memory_format)
     # module taps pool over all tokens (docs/design.md §3); other token anchors read the CLS token where there is one

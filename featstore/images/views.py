@@ -23,11 +23,13 @@ import hashlib
 import zlib
 from dataclasses import dataclass
 from functools import cache
-
-import torch
+from typing import TYPE_CHECKING
 
 from featstore.errors import FeatstoreError
 from featstore.schema import comma_list
+
+if TYPE_CHECKING:
+    import torch
 
 VIEW_GENERATOR = 3  # how new views are made (recorded per view): 3 draws noise with 32-bit hashing, 2 with
 VIEW_GENERATORS = (1, 2, 3)  # SplitMix64; 1 (views made before 2, which record none) from torch.Generator draws
@@ -69,6 +71,8 @@ class View:
 
     def apply_batch(self, images: torch.Tensor, image_ids: list[int]) -> torch.Tensor:
         """uint8 [B,3,H,W] on any device -> the view of each image, computed on that device."""
+        import torch
+
         if self.corruption is None:
             return images
         noise = None
@@ -83,6 +87,8 @@ class View:
 
     def noise(self, image_id: int, shape: tuple[int, ...]) -> torch.Tensor:
         """Generator 1's standard normal draw: a CPU generator seeded by (view, image id)."""
+        import torch
+
         gen = torch.Generator().manual_seed(zlib.crc32(f"{self.name}:{image_id}".encode()))
         return torch.randn(shape, generator=gen)
 
@@ -124,6 +130,8 @@ def _mix64(z: torch.Tensor) -> torch.Tensor:
 def _quantile_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 knots Phi^-1(j / 2^20) (j = 0 at 0.5 / 2^20) for j < 2^20, and each knot's step to the next; made
     once on the CPU in float64, symmetric about 0, then checked against the digest this code was written with."""
+    import torch
+
     n = 1 << QUANTILE_BITS
     u = (torch.arange(n // 2 + 1, dtype=torch.float64) / n).clamp_(min=0.5 / n)
     lower = torch.special.ndtri(u)
@@ -144,6 +152,8 @@ def gaussian_field(view: str, image_ids: list[int], shape: tuple[int, ...], devi
     Value i of image `id` hashes the counter key(view, id) + i * gamma with SplitMix64; its top 20 bits pick a
     quantile interval, the next 24 where in it (linear between the knots): the normal distribution within 1e-6 in
     probability, cut at +-4.9 (a share of 1e-6 of a normal draw lies beyond)."""
+    import torch
+
     view_key = int.from_bytes(hashlib.blake2b(f"featstore-noise:{view}".encode(), digest_size=8).digest(), "little")
     ids = torch.tensor(image_ids, dtype=torch.int64, device=device)
     keys = _mix64(ids * _int64(_GAMMA) ^ _int64(view_key))
@@ -176,6 +186,8 @@ def _int32(value: int) -> int:
 
 def _lowbias32_(x: torch.Tensor, scratch: torch.Tensor) -> None:
     """x <- lowbias32(x), in place over int32 (products wrap; each right shift is made logical by its mask)."""
+    import torch
+
     for shift, multiplier in _LOWBIAS32:
         torch.bitwise_right_shift(x, shift, out=scratch)
         x.bitwise_xor_(scratch.bitwise_and_((1 << (32 - shift)) - 1))
@@ -188,6 +200,8 @@ def _quantile32_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor
     """float32 knots Phi^-1(v / 2^32) at v = 2^e (1 + j / 128) (octave e = 0..30, j = 0..127; the last, v = 2^31,
     is 0), and each knot's step to the next scaled by 2^-16 (a whole fraction's weight): made once on the CPU in
     float64, then checked against the digest this code was written with."""
+    import torch
+
     k = torch.arange((31 << OCTAVE_BITS) + 1, dtype=torch.float64)
     octave = torch.div(k, 1 << OCTAVE_BITS, rounding_mode="floor")
     v = torch.exp2(octave) * (1 + (k - octave * (1 << OCTAVE_BITS)) / (1 << OCTAVE_BITS))  # exact in float64
@@ -217,6 +231,8 @@ def normal_from_bits_(bits: torch.Tensor, out: torch.Tensor, index: torch.Tensor
     Bit 31 is the side of the median; v = bits 1..30 with bit 0 set (odd, 1 <= v < 2^31) is the distance to the
     tail, v / 2^32 in probability. float32(v) (correctly rounded) has exponent e and mantissa m: the top 7 bits of
     m pick the interval [2^e (1 + j/128), 2^e (1 + (j+1)/128)), the 16 below them where in it (linear)."""
+    import torch
+
     torch.bitwise_or(bits, 1, out=index).bitwise_and_(0x7FFFFFFF)
     values.copy_(index)  # int32 -> float32, rounded to nearest even
     float_bits = values.view(torch.int32)
@@ -234,6 +250,8 @@ def gaussian_field32(view: str, image_ids: list[int], shape: tuple[int, ...], de
     """float32 [B, *shape] standard normal values (generator 3), each a function of (view, image id, index) only:
     value i of an image is the normal transform of lowbias32(lowbias32(i ^ k0) ^ k1), (k0, k1) its keys. Made in
     blocks of whole images (or of one image's values, where it is larger than a block) with in-place ops."""
+    import torch
+
     count = 1
     for side in shape:
         count *= side
@@ -259,6 +277,8 @@ def gaussian_field32(view: str, image_ids: list[int], shape: tuple[int, ...], de
 
 def _gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
     """Separable Gaussian, truncated at 4 sigma, edges replicated: what ImageNet-C's skimage call does."""
+    import torch
+
     radius = int(4.0 * sigma + 0.5)
     t = torch.arange(-radius, radius + 1, dtype=torch.float64)
     kernel = torch.exp(-0.5 * (t / sigma) ** 2)
@@ -272,6 +292,8 @@ def _gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
 
 def _add_hsv_value(x: torch.Tensor, delta: float) -> torch.Tensor:
     """Add `delta` to HSV value keeping hue and saturation: RGB scales linearly with V at fixed H, S."""
+    import torch
+
     value = x.amax(dim=-3, keepdim=True)
     new_value = (value + delta).clamp(0.0, 1.0)
     scaled = x * (new_value / value.clamp_min(1e-12))

@@ -68,6 +68,7 @@ INPUT_SUFFIX = ".input"  # `X.input`: what enters module X (`<head>.input` is wh
 # `anchors`; a model module named `input` is read as this anchor, not as the module.
 INPUT_ANCHOR = "input"
 INPUT_GRID = 8
+DEFAULT_ANCHORS = "default"  # in `anchors`: the model's default anchors at that place (`input,default`)
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,16 @@ def check_anchor_names(names: list[str]) -> list[str]:
     if len(names) < 2:
         raise FeatstoreError("need at least 2 anchors: a decision timeline has a start and an end")
     return names
+
+
+def check_anchor_choice(anchors: str | None, taps: str | None) -> None:
+    """What of `anchors` and `taps` can be refused without the model (before torch loads): both given, or a list
+    without `default` that `check_anchor_names` refuses (names that the model lacks are known once it loads)."""
+    if taps and anchors:
+        raise FeatstoreError("`taps` and `anchors` exclude each other: taps define the anchors")
+    names = comma_list(anchors) if anchors else []
+    if names and DEFAULT_ANCHORS not in names:
+        check_anchor_names(names)
 
 
 def tap_anchor_names(model: nn.Module, taps: str) -> list[str]:

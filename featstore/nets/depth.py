@@ -20,12 +20,11 @@ import torch
 from torch import nn
 
 from featstore.errors import FeatstoreError
-from featstore.nets.anchors import INPUT_SUFFIX, check_anchor_names, preset_for
+from featstore.nets.anchors import DEFAULT_ANCHORS, INPUT_SUFFIX, check_anchor_names, preset_for
 from featstore.nets.extraction import is_channels_last, noisy_pair
 from featstore.schema import comma_list
 
 DEFAULT_COUNT = 12
-DEFAULT_ANCHORS = "default"  # in `anchors`: the model's default anchors at that place (`input,default`)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,106 @@
+"""The table text the CLI prints: Polars' own table under the CLI's settings, and the same text written directly for a
+result of plain rows (`Rows`: numbers, text, booleans), so that `featstore sql` and `timeline` answer without
+importing Arrow or Polars. Where the direct text could differ from Polars' (text beyond printable ASCII, floats
+Polars writes in scientific notation, a table wider than the width Polars wraps at), Polars prints it."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from featstore.api.results import Rows
+
+FLOAT_DECIMALS = 4  # decimals of every float cell
+TEXT_CHARS, FULL_TEXT_CHARS = 80, 10_000  # a text cell (or column name) is cut to this many characters, then '…'
+WIDTH_CHARS, FULL_WIDTH_CHARS = 240, 10_000  # a wider table is wrapped by Polars
+FIXED_BELOW = 1e12  # Polars writes larger floats in scientific notation (1.0000e14): those go through Polars
+# the dtype Polars names under each plain DuckDB type (analytics/plain_rows.py PLAIN_TYPES)
+DTYPES = {"BOOLEAN": "bool", "TINYINT": "i8", "SMALLINT": "i16", "INTEGER": "i32", "BIGINT": "i64",
+          "UTINYINT": "u8", "USMALLINT": "u16", "UINTEGER": "u32", "UBIGINT": "u64", "FLOAT": "f32", "DOUBLE": "f64",
+          "VARCHAR": "str"}
+
+
+def polars_settings(full: bool) -> dict[str, object]:
+    """pl.Config's settings of the table format; `full` shows whole lists and strings."""
+    wide = {"fmt_table_cell_list_len": -1, "fmt_str_lengths": FULL_TEXT_CHARS} if full else \
+        {"fmt_str_lengths": TEXT_CHARS}
+    return {"tbl_rows": -1, "tbl_cols": -1, "tbl_width_chars": FULL_WIDTH_CHARS if full else WIDTH_CHARS,
+            "tbl_hide_dataframe_shape": True, "float_precision": FLOAT_DECIMALS, **wide}
+
+
+def frame_text(frame: pl.DataFrame, full: bool = False) -> str:
+    """Polars' table of `frame` under the CLI's settings."""
+    import polars as pl
+
+    with pl.Config(**polars_settings(full)):
+        return str(frame)
+
+
+def _text(value: str, chars: int) -> str | None:
+    if not (value.isascii() and value.isprintable()):
+        return None
+    return value if len(value) <= chars else value[:chars] + "…"
+
+
+def _cell(value: object, chars: int) -> str | None:
+    """One cell as Polars writes it, or None where this cannot be sure to write it the same."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return f"{value:.{FLOAT_DECIMALS}f}" if abs(value) < FIXED_BELOW else None
+    if isinstance(value, str):
+        return _text(value, chars)
+    return None
+
+
+def rows_text(rows: Rows, full: bool = False) -> str | None:
+    """The table Polars prints of `rows` (as `frame_text`), written without Polars; None where it could differ."""
+    chars = FULL_TEXT_CHARS if full else TEXT_CHARS
+    if not rows.columns or len(set(rows.columns)) != len(rows.columns) or not set(rows.types) <= DTYPES.keys():
+        return None
+    header = [[_text(name, chars) for name in rows.columns], ["---"] * len(rows.columns),
+              [DTYPES[t] for t in rows.types]]
+    body = [[_cell(value, chars) for value in row] for row in rows.rows]
+    lines = header + body
+    if any(cell is None for line in lines for cell in line):
+        return None
+    widths = [max(len(line[i]) for line in lines) for i in range(len(rows.columns))]
+    if 1 + sum(w + 3 for w in widths) > (FULL_WIDTH_CHARS if full else WIDTH_CHARS):
+        return None
+
+    def rule(left: str, line: str, join: str, right: str) -> str:
+        return left + join.join(line * (w + 2) for w in widths) + right
+
+    def row(cells: list[str]) -> str:
+        return "│" + "┆".join(f" {cell:<{w}} " for cell, w in zip(cells, widths, strict=True)) + "│"
+
+    return "\n".join([rule("┌", "─", "┬", "┐"), *map(row, header), rule("╞", "═", "╪", "╡"), *map(row, body),
+                      rule("└", "─", "┴", "┘")])
+
+
+def as_frame(rows: Rows) -> pl.DataFrame:
+    """`rows` as the Polars frame DuckDB would have handed over (the same dtypes)."""
+    import polars as pl
+
+    dtypes = {"BOOLEAN": pl.Boolean, "TINYINT": pl.Int8, "SMALLINT": pl.Int16, "INTEGER": pl.Int32,
+              "BIGINT": pl.Int64, "UTINYINT": pl.UInt8, "USMALLINT": pl.UInt16, "UINTEGER": pl.UInt32,
+              "UBIGINT": pl.UInt64, "FLOAT": pl.Float32, "DOUBLE": pl.Float64, "VARCHAR": pl.String}
+    return pl.DataFrame(rows.rows, schema={c: dtypes[t] for c, t in zip(rows.columns, rows.types, strict=True)},
+                        orient="row")
+
+
+def table_text(rows: Rows, full: bool = False) -> str:
+    """The table of `rows`: written directly where that is Polars' own text, else by Polars."""
+    text = rows_text(rows, full)
+    return frame_text(as_frame(rows), full) if text is None else text
