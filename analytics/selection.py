@@ -14,6 +14,7 @@ import numpy as np
 
 from featstore.analytics.queries import Db, query, runs, stability_windows
 from featstore.errors import FeatstoreError, FeatstoreTypeError
+from featstore.records import RunIdentity
 from featstore.schema import shown
 
 ONE_WINDOW = 2  # the window a one-window part shows when several are asked for (the default list among them)
@@ -123,7 +124,7 @@ def run_ids(given: str | Sequence[str] | None) -> list[str] | None:
         return items or None
     chosen: list[str] = []
     for piece in (r.strip() for r in given.split(",")):
-        if chosen and piece and ("/" not in piece or "=" in piece.partition("/")[0]):
+        if chosen and piece and not RunIdentity.begins_run_id(piece):
             chosen[-1] += "," + piece
         elif piece:
             chosen.append(piece)

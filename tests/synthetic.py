@@ -132,16 +132,20 @@ def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np
 
 def run_rows(run: dict, image_id, pred, conf, fold=None):
     """One probe run's rows from the plain fields a test writes by hand (defaults for the rest: a linear probe
-    trained on clean, no cross-fit, seed 0)."""
-    from featstore.records import ProbeRun, RunRows
+    trained on clean, no cross-fit, seed 0). Identity keys a test puts in params, as older featstores kept them
+    there, become the identity's (probe_id) or the row's (probe_version); a run id given must be the identity's."""
+    from featstore.records import ProbeRun, RunIdentity, RunRows
 
     pred, conf = np.asarray(pred), np.asarray(conf)
     fields = {"train_view": "clean", "probe": "linear", "params": {}, "cross_fit": 0, "seed": 0, "store": "-", **run}
-    params = fields["params"]  # the identity a test records in params (as older featstores kept it) in its columns
-    fields = {"probe_id": params.get("probe_id", fields["probe"]), "probe_name": params.get("probe_name"),
-              "probe_version": params.get("probe_version"), "streamed": bool(params.get("streamed", False)), **fields}
-    return RunRows(ProbeRun(**fields, n_images=pred.shape[0], n_anchors=pred.shape[1]), np.asarray(image_id), pred,
-                   conf, fold)
+    params = dict(fields["params"])
+    probe_id, version = params.pop("probe_id", fields["probe"]), params.pop("probe_version", None)
+    identity = RunIdentity(fields["model"], fields["view"], probe_id, fields["train_view"], fields["cross_fit"],
+                           fields["seed"], bool(params.pop("streamed", False)))
+    assert params.pop("probe_name", identity.probe_name) == identity.probe_name, identity
+    assert fields.get("run_id", identity.run_id) == identity.run_id, (fields["run_id"], identity.run_id)
+    return RunRows(ProbeRun(identity, fields["probe"], params, pred.shape[0], pred.shape[1], fields["store"],
+                            version, fields.get("C")), np.asarray(image_id), pred, conf, fold)
 
 
 def _probe_group(store, key: str, name: str, anchor: str):

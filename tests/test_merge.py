@@ -119,10 +119,10 @@ def test_refusals_leave_the_target_as_it_was(parallel, tmp_path):
     out = run_cli("merge", "--db", target, again, "--replace").output
     assert "replaced 1 result(s)" in out
     con = duckdb.connect(str(target), read_only=True)
-    version = con.execute("SELECT params->>'probe_version' FROM runs WHERE run_id LIKE 'synthetic/clean/%'").fetchall()
+    version = con.execute("SELECT probe_version FROM runs WHERE run_id LIKE 'synthetic/clean/%'").fetchall()
     con.close()
     con = duckdb.connect(str(again), read_only=True)
-    assert version == con.execute("SELECT params->>'probe_version' FROM runs").fetchall()
+    assert version == con.execute("SELECT probe_version FROM runs").fetchall()
     con.close()
 
 
