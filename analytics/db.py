@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from featstore.records import CircuitRun, DatasetInfo, GateScores, ModelCost, ModelSource, RunRows, ZooRow
 
-RECORDS = ("CircuitRun", "DatasetInfo", "GateScores", "ModelCost", "ModelSource", "RunRows", "ZooRow")
+RECORDS = ("CircuitRun", "DatasetInfo", "GateScores", "ModelCost", "ModelSource", "ProbeRun", "RunRows", "ZooRow")
 
 
 def __getattr__(name: str) -> object:
@@ -326,20 +326,27 @@ def _check_shadowing(con: duckdb.DuckDBPyConnection, path: Path) -> None:
 
 # the columns migrate_runs.sql gives the tables of a file an older featstore wrote
 MIGRATED_COLUMNS = {"runs": ("probe_id", "probe_name", "probe_version", "streamed", "c"), "probe_fits": ("c",)}
+# the keys of a run's identity that an older featstore wrote into runs.params too (migrate_runs.sql takes them out)
+IDENTITY_KEYS = ("probe_id", "probe_name", "probe_version", "streamed")
 
 
 def _migrated_runs(con: duckdb.DuckDBPyConnection, database: str | None = None) -> list[str]:
-    """A read-only file whose `runs` or `probe_fits` predates a typed column of this version (MIGRATED_COLUMNS)
-    gets TEMP copies of both, migrated as a write connection would migrate the file (sql/migrate_runs.sql), which the
-    macros read in their place. `database`: the attached database (default: the connection's own). Returns the
-    tables copied (none when the file's tables have every column, or it has no runs table)."""
+    """A read-only file whose `runs` or `probe_fits` predates a typed column of this version (MIGRATED_COLUMNS), or
+    whose runs' params still hold identity keys (IDENTITY_KEYS), gets TEMP copies of both, migrated as a write
+    connection would migrate the file (sql/migrate_runs.sql), which the macros read in their place. `database`: the
+    attached database (default: the connection's own). Returns the tables copied (none when the file's tables are
+    this version's, or it has no runs table)."""
     database = database or con.execute("SELECT current_database()").fetchone()[0]
     held = {}
     for table in MIGRATED_COLUMNS:
         held[table] = {c.lower() for (c,) in con.execute(
             "SELECT column_name FROM duckdb_columns() WHERE database_name = ? AND schema_name = 'main' AND "
             "table_name = ?", [database, table]).fetchall()}
-    if not held["runs"] or all(set(MIGRATED_COLUMNS[t]) <= held[t] for t in MIGRATED_COLUMNS if held[t]):
+    if not held["runs"]:
+        return []
+    if all(set(MIGRATED_COLUMNS[t]) <= held[t] for t in MIGRATED_COLUMNS if held[t]) and not con.execute(
+            f'SELECT 1 FROM "{database}".main.runs WHERE list_has_any(json_keys(params), ?) LIMIT 1',
+            [list(IDENTITY_KEYS)]).fetchall():
         return []
     for table in MIGRATED_COLUMNS:
         if held[table]:
@@ -544,14 +551,18 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, data: pa.Table) -> None:
 
 def _insert_records(con: duckdb.DuckDBPyConnection, table: str, records: Sequence[object],
                     **extra: object) -> None:
-    """Insert dataclass records by column name: each field a column (dicts as JSON), plus constant `extra`
-    columns (the key a record of a child table leaves to its parent)."""
+    """Insert dataclass records by column name: each field a column (dicts as JSON), or the columns a record
+    spells itself (`ProbeRun.columns`: its identity's parts), plus constant `extra` columns (the key a record of a
+    child table leaves to its parent)."""
     import pyarrow as pa
+
+    from featstore.records import ProbeRun
 
     if not records:
         return
-    names = [f.name for f in fields(records[0])]
-    columns = {name: [_column_value(getattr(r, name)) for r in records] for name in names}
+    rows = [r.columns() if isinstance(r, ProbeRun) else {f.name: getattr(r, f.name) for f in fields(r)}
+            for r in records]
+    columns = {name: [_column_value(row[name]) for row in rows] for name in rows[0]}
     columns.update({name: [value] * len(records) for name, value in extra.items()})
     _insert(con, table, pa.table(columns))
 

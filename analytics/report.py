@@ -756,37 +756,33 @@ def _definitions(figs, con, model: str, runs: list[str], k: int, min_conf: float
     return "".join(parts)
 
 
-# a run's recorded params that name its probes rather than say what they compute: the store name (which holds the
-# seed) and the weights version (new at every fit)
-NOT_IDENTITY = ("probe_name", "probe_version")
-
-
 def probe_identity(params: str | dict | None) -> dict:
-    """A run's recorded parameters less its probes' name and version: what two runs of one probe share whatever
-    their seed, so that a second seed is found by what it computes."""
-    values = json.loads(params) if isinstance(params, str) else dict(params or {})
-    return {k: v for k, v in values.items() if k not in NOT_IDENTITY}
+    """A run's recorded parameters (the variant's and the job's settings; the seed, the probes' name and version
+    are columns of its own): what two runs of one probe share whatever their seed, so that a second seed is found
+    by what it computes."""
+    return json.loads(params) if isinstance(params, str) else dict(params or {})
 
 
 def _same_family(reference: dict, other: dict) -> bool:
-    """Runs of one probe, parameters, split and training view: they can differ only in their probe seed."""
+    """Runs of one probe, parameters, split, training view and way of training (streamed or not): they can differ
+    only in their probe seed."""
     return (other["probe"] == reference["probe"] and other["cross_fit"] == reference["cross_fit"]
-            and other["train_view"] == reference["train_view"]
+            and other["train_view"] == reference["train_view"] and other["streamed"] == reference["streamed"]
             and probe_identity(other["params"]) == probe_identity(reference["params"]))
 
 
 def _changed_params(reference: dict, other: dict) -> str:
-    """The parameters whose values differ, each named with both values ('C 0.1 (reference 0)'); probe_id, the
-    canonical name that spells the changed ones, is left out."""
+    """The parameters whose values differ, each named with both values ('C 0.1 (reference 0)')."""
     a, b = probe_identity(reference["params"]), probe_identity(other["params"])
-    keys = sorted(k for k in a.keys() | b.keys() if k != "probe_id" and a.get(k) != b.get(k))
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     return ", ".join(f"{k} {b.get(k, 'unset')} (reference {a.get(k, 'unset')})" for k in keys)
 
 
-def seed_dependence(probe: str, params: dict) -> tuple[bool | None, str]:
-    """Whether a second probe seed can change a run's predictions, and why (measured by probing twice, see
-    docs/design.md §5); None for a variant, or a knn with references from another store, not measured."""
-    sgd = bool(params.get("streamed")) or params.get("full_batch", 1) == 0
+def seed_dependence(probe: str, params: dict, streamed: bool = False) -> tuple[bool | None, str]:
+    """Whether a second probe seed can change a run's predictions (`params`: its recorded parameters; `streamed`:
+    whether its rows were streamed), and why (measured by probing twice, see docs/design.md §5); None for a
+    variant, or a knn with references from another store, not measured."""
+    sgd = bool(streamed) or params.get("full_batch", 1) == 0
     if probe == "knn":
         if params.get("refs"):
             return None, ""
@@ -814,7 +810,7 @@ def _seed_advice(runs: pl.DataFrame, reference: dict) -> tuple[list[str], str]:
     for family in families:
         if any(_same_family(family, r) and r["seed"] != family["seed"] for r in runs.iter_rows(named=True)):
             continue
-        depends, why = seed_dependence(family["probe"], probe_identity(family["params"]))
+        depends, why = seed_dependence(family["probe"], probe_identity(family["params"]), family["streamed"])
         variant = family["probe_id"]
         if depends:
             lines.append(f"no second seed of <code>{html.escape(family['run_id'])}</code>, whose results depend on "
@@ -831,6 +827,8 @@ def _differs(reference: dict, other: dict) -> str:
     same_family = other["probe"] == reference["probe"]  # another family's params say nothing beside its name
     parts = [f"probe {other['probe']}" if not same_family else "",
              _changed_params(reference, other) if same_family else "",
+             ("streamed" if other["streamed"] else "not streamed") if other["streamed"] != reference["streamed"]
+             else "",
              f"trained on {other['train_view']}" if other["train_view"] != reference["train_view"] else "",
              (f"cross-fit {other['cross_fit']}" if other["cross_fit"] else "single split")
              if other["cross_fit"] != reference["cross_fit"] else "",

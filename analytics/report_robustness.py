@@ -13,6 +13,7 @@ import polars as pl
 from featstore.analytics import queries as q
 from featstore.analytics import robustness as rb
 from featstore.analytics.report_figures import _slug, _table
+from featstore.records import RunIdentity
 
 SHOWN = ("f_early", "f_mid", "f_late", "never_stable")  # the fractions a row shows with their intervals
 
@@ -28,7 +29,8 @@ def _with_interval(name: str, digits: int = 3) -> pl.Expr:
 
 def _set_name(sweep: pl.DataFrame) -> pl.Expr:
     """'4 families (one vote each: head-probe, knn, linear, paper) of 6 runs': what a set row's figures count."""
-    names = pl.col("probe_set").list.eval(pl.element().str.split("/").list.get(2)).list.join("; ")
+    names = pl.col("probe_set").map_elements(lambda runs: "; ".join(RunIdentity.parse(r).probe_id for r in runs),
+                                             return_dtype=pl.String)
     families = pl.format("{} famil{}", "families", pl.when(pl.col("families") == 1).then(pl.lit("y"))
                          .otherwise(pl.lit("ies")))
     return pl.format("set: {} (votes: {}) of {} run{}", families, names, "probes",
@@ -106,7 +108,7 @@ def _headline(sweep: pl.DataFrame, k: int, model: str, caveat: str = "") -> str:
                 f"{f', with {others} near-duplicate run(s)' if others else ''}), so no "
                 f"agreement between probes is measured; land another family (<code>featstore probe --variant "
                 f"knn</code>, <code>--variant paper</code>) to see how much of its timeline the probe decides.</p>")
-    voters = "; ".join(html.escape(run.split("/", 2)[-1]) for run in r["probe_set"])
+    voters = "; ".join(html.escape(RunIdentity.parse(run).label) for run in r["probe_set"])
     return (f"<p class='headline'>{html.escape(model)}, k = {k}: of the {r['n']} images every run counts, "
             f"{_share(r['band_holds'])} [{_share(r['band_holds_lo'])}, {_share(r['band_holds_hi'])}] fall in the "
             f"same early/mid/late band under all {r['families']} probe families ({voters}; one vote each, "
@@ -143,7 +145,7 @@ def _figure(figs, sweep: pl.DataFrame, model: str) -> str:
         for i, run_id in enumerate(runs):
             rows = sweep.filter(pl.col("run_id") == run_id).sort("k")
             _errorbar(ax, rows, name, [k + (i - (len(runs) - 1) / 2) * 0.06 for k in rows["k"].to_list()],
-                      label=run_id.split("/", 2)[-1])
+                      label=RunIdentity.parse(run_id).label)
     agreement = sweep.group_by("k").first().sort("k")
     ks = agreement["k"].to_list()
     if agreement["families"].max() > 1:

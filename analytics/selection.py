@@ -128,9 +128,11 @@ def run_ids(given: str | Sequence[str] | None) -> list[str] | None:
         if items is None or not all(isinstance(r, str) for r in items):
             raise FeatstoreTypeError(f"runs={shown(given)}: give run ids, a list of them or a comma list")
         return items or None
+    from featstore.records import RunIdentity  # with numpy: only a comma list of runs needs it
+
     chosen: list[str] = []
     for piece in (r.strip() for r in given.split(",")):
-        if chosen and piece and ("/" not in piece or "=" in piece.partition("/")[0]):
+        if chosen and piece and not RunIdentity.begins_run_id(piece):
             chosen[-1] += "," + piece
         elif piece:
             chosen.append(piece)

@@ -83,14 +83,14 @@ def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path |
     name, version, recorded, digests = _probe_name(data.key, run), None, None, {}
     if db is not None:
         results = Results(db)
-        rows = results.sql("SELECT probe, params FROM runs WHERE run_id = ?", [run])
+        rows = results.sql("SELECT probe, params, probe_name, probe_version FROM runs WHERE run_id = ?", [run])
         if not len(rows):
             raise FeatstoreError(f"database {db} has no run {run!r}")
-        params = json.loads(rows["params"][0])
-        if params.get("probe_name", name) != name:
-            raise FeatstoreError(f"database {db}: its row of run {run!r} names probes {params['probe_name']!r} where "
+        held = rows["probe_name"][0]
+        if held is not None and held != name:
+            raise FeatstoreError(f"database {db}: its row of run {run!r} names probes {held!r} where "
                                  f"run {run!r} names {name!r} (the name its id spells); load_probe reads no other")
-        recorded, version = (rows["probe"][0], params), params.get("probe_version")
+        recorded, version = (rows["probe"][0], json.loads(rows["params"][0])), rows["probe_version"][0]
         digests = _recorded_digests(results, run)
     if version is not None and not (isinstance(version, str) and GROUP_NAME.fullmatch(version)):
         raise FeatstoreError(f"database {db}: {version!r} is no stored-weights version of run {run!r} (a name of "

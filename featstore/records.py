@@ -1,9 +1,9 @@
 """The results featstore persists, as typed records: what the jobs hand to `featstore.analytics.db`.
 
 Each record's fields are the columns of its table (sql/schema.sql), so the writer inserts them by name and a new
-column is one new field. This module imports neither torch nor DuckDB: the jobs that make these records and the
-database layer that writes them both depend on it, and it on nothing but the shared defaults
-(`featstore.schema`).
+column is one new field; a probe run composes its `RunIdentity`, whose parts `ProbeRun.columns` spells out. This
+module imports neither torch nor DuckDB: the jobs that make these records and the database layer that writes them
+both depend on it, and it on nothing but the shared defaults and rules (`featstore.schema`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datetime import datetime
 import numpy as np
 
 from featstore.errors import FeatstoreError
-from featstore.schema import VAL_FRAC
+from featstore.schema import VAL_FRAC, check_field
 
 
 def _now() -> datetime:
@@ -95,7 +95,8 @@ class RunIdentity:
     """What names a probe run: every parameter that changes its results. It makes the run id
     ('resnet50/gaussian_noise-1/linear:max_epochs=12/train=clean/cf5/seed1/streamed') and the name its probes are
     stored under in the store ('linear:max_epochs=12-cf5-seed1-streamed@clean', shared by every view the probes
-    predict), and parses both back (`parse`, `from_probe_name`): the one place either is spelled or read.
+    predict), and parses both back (`parse`, `from_probe_name`): the one place either is spelled or read, a circuit
+    run's id too (`circuit`). Its seed and cross-fit follow the rules `FIELDS` declares for them.
 
     `probe_id` is the variant's canonical id (`ProbeVariant.canonical_id`: its label and every changed parameter);
     `streamed` says the probes trained on shuffled chunks because the fit rows did not fit the memory budget (other
@@ -116,14 +117,25 @@ class RunIdentity:
                 raise FeatstoreError(f"{what}={value!r}: a run identity's {what} is a non-empty name without '/'"
                                      f"{'' if what == 'model' else ' or @'}")
         check_variant_end(self.probe_id)
-        for what in ("cross_fit", "seed"):
+        for what in ("cross_fit", "seed"):  # the rule the option, the config and the file of that name follow
             value = getattr(self, what)
-            if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer) or value < 0:
-                raise FeatstoreError(f"{what}={value!r}: a run identity's {what} is an integer >= 0")
-            object.__setattr__(self, what, int(value))
+            object.__setattr__(self, what, check_field(what, value.item() if isinstance(value, np.generic) else value))
         if not isinstance(self.streamed, bool | np.bool_):
             raise FeatstoreError(f"streamed={self.streamed!r}: a run identity's streamed is True or False")
         object.__setattr__(self, "streamed", bool(self.streamed))
+
+    @classmethod
+    def circuit(cls, model: str, image_set: str, ig_steps: int) -> RunIdentity:
+        """The identity of an EAP-IG circuit run of `model` on an image set: the attribution ('eap-ig<steps>') in
+        a variant's place, so its id is '<model>/<image set>/eap-ig<steps>'."""
+        return cls(model, image_set, f"eap-ig{check_field('ig_steps', ig_steps)}", image_set)
+
+    @staticmethod
+    def begins_run_id(text: str) -> bool:
+        """Whether `text` starts like a run id: a model key (never with '=') and a '/'. A piece of a comma list
+        that does not continues the id before it, whose variant spells several parameters."""
+        model, slash, _ = text.partition("/")
+        return bool(slash) and "=" not in model
 
     @property
     def run_id(self) -> str:
@@ -139,6 +151,12 @@ class RunIdentity:
         if self.streamed:
             rid += "/streamed"
         return rid
+
+    @property
+    def label(self) -> str:
+        """The run id less its model and view ('linear:C=0.5/cf5/seed1'): what tells apart the runs of one model
+        on one view."""
+        return self.run_id.split("/", 2)[2]
 
     @property
     def probe_name(self) -> str:
@@ -187,41 +205,34 @@ class RunIdentity:
 
 @dataclass(frozen=True)
 class ProbeRun:
-    """One row of `runs`: a set of probes' predictions of one view. Its identity (`RunIdentity`) fills the run id,
-    model, view, train view, cross-fit, seed, probe_id, probe_name and streamed columns; `C` is the L2 strength
-    the variant pins (`linear:C=0.5`), None where its search chooses one per anchor (`probe_fits.C`) or it has
-    none; `params` holds the variant's parameters and the job's settings (split seed, weights, versions)."""
+    """One row of `runs`: a set of probes' predictions of one view. Its `identity` fills the run id, model, view,
+    train view, cross-fit, seed, probe_id, probe_name and streamed columns (`columns`), and nothing else records
+    them; `params` holds the variant's own parameters (`ProbeVariant.params`) and the job's settings (split seed,
+    val fraction, weights, featstore's version); `C` is the L2 strength the variant pins (`linear:C=0.5`), None
+    where its search chooses one per anchor (`probe_fits.C`) or it has none."""
 
-    run_id: str
-    model: str
-    view: str
-    train_view: str
+    identity: RunIdentity
     probe: str  # the variant's name (its family)
     params: dict
-    cross_fit: int
-    seed: int
     n_images: int
     n_anchors: int
     store: str
-    probe_id: str
-    probe_name: str | None = None
     probe_version: str | None = None  # the stored weights' version
-    streamed: bool = False
     C: float | None = None
     created_at: datetime = field(default_factory=_now)
 
-    @classmethod
-    def of(cls, identity: RunIdentity, probe: str, params: dict, n_images: int, n_anchors: int, store: str,
-           probe_version: str | None, C: float | None) -> ProbeRun:
-        """The row of the run `identity` names."""
-        return cls(identity.run_id, identity.model, identity.view, identity.train_view, probe, params,
-                   identity.cross_fit, identity.seed, n_images, n_anchors, store, identity.probe_id,
-                   identity.probe_name, probe_version, identity.streamed, C)
-
     @property
-    def identity(self) -> RunIdentity:
-        return RunIdentity(self.model, self.view, self.probe_id, self.train_view, self.cross_fit, self.seed,
-                           self.streamed)
+    def run_id(self) -> str:
+        return self.identity.run_id
+
+    def columns(self) -> dict[str, object]:
+        """The row as `runs` holds it, column by column: the identity's parts and the names it makes."""
+        i = self.identity
+        return {"run_id": i.run_id, "model": i.model, "view": i.view, "train_view": i.train_view,
+                "probe": self.probe, "params": self.params, "cross_fit": i.cross_fit, "seed": i.seed,
+                "n_images": self.n_images, "n_anchors": self.n_anchors, "store": self.store,
+                "created_at": self.created_at, "probe_id": i.probe_id, "probe_name": i.probe_name,
+                "probe_version": self.probe_version, "streamed": i.streamed, "C": self.C}
 
 
 @dataclass(frozen=True)

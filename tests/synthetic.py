@@ -132,16 +132,28 @@ def write_feature_store(path: str | Path, features: list[np.ndarray], labels: np
 
 def run_rows(run: dict, image_id, pred, conf, fold=None):
     """One probe run's rows from the plain fields a test writes by hand (defaults for the rest: a linear probe
-    trained on clean, no cross-fit, seed 0)."""
-    from featstore.records import ProbeRun, RunRows
+    trained on clean, no cross-fit, seed 0; a run id given is read by `RunIdentity`, and what else the test gives
+    must agree with it). Identity keys a test puts in params, as older featstores kept them there, become the
+    identity's (probe_id, streamed; probe_name is the one it makes) or the row's (probe_version)."""
+    from featstore.records import ProbeRun, RunIdentity, RunRows
 
     pred, conf = np.asarray(pred), np.asarray(conf)
-    fields = {"train_view": "clean", "probe": "linear", "params": {}, "cross_fit": 0, "seed": 0, "store": "-", **run}
-    params = fields["params"]  # the identity a test records in params (as older featstores kept it) in its columns
-    fields = {"probe_id": params.get("probe_id", fields["probe"]), "probe_name": params.get("probe_name"),
-              "probe_version": params.get("probe_version"), "streamed": bool(params.get("streamed", False)), **fields}
-    return RunRows(ProbeRun(**fields, n_images=pred.shape[0], n_anchors=pred.shape[1]), np.asarray(image_id), pred,
-                   conf, fold)
+    params = dict(run.get("params", {}))
+    given = {k: v for k, v in run.items() if k in ("model", "view", "train_view", "cross_fit", "seed")}
+    if "probe_id" in params:
+        given["probe_id"] = params.pop("probe_id")
+    if "streamed" in params:
+        given["streamed"] = bool(params.pop("streamed"))
+    params.pop("probe_name", None)
+    version = params.pop("probe_version", None)
+    probe = run.get("probe", "linear")
+    if "run_id" in run:
+        identity = RunIdentity.parse(run["run_id"])
+        assert all(getattr(identity, k) == v for k, v in given.items()), (run["run_id"], given)
+    else:
+        identity = RunIdentity(**{"probe_id": probe, "train_view": "clean", **given})
+    return RunRows(ProbeRun(identity, probe, params, pred.shape[0], pred.shape[1], run.get("store", "-"), version,
+                            run.get("C")), np.asarray(image_id), pred, conf, fold)
 
 
 def _probe_group(store, key: str, name: str, anchor: str):

@@ -252,7 +252,7 @@ def test_every_depth_names_its_layer_0_and_the_rows_its_probes_learnt_from(tmp_p
     runs = {"m/clean/knn": ({"probe": "knn", "params": {"refs": ""}}, "the train split of view clean"),
             "m/clean/paper": ({"probe": "paper", "params": {"train_on_val": 1}},
                               "the train and val splits of view clean"),
-            "m/clean/linear/cv5": ({"cross_fit": 5}, "the other 4 of 5 cross-fit folds of view clean, less their "
+            "m/clean/linear/cf5": ({"cross_fit": 5}, "the other 4 of 5 cross-fit folds of view clean, less their "
                                                      "val rows"),
             "m/clean/knn:refs=x": ({"probe": "knn", "params": {"refs": "/data/train.zarr"}},
                                    "every row of view clean of store /data/train.zarr")}

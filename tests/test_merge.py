@@ -119,10 +119,10 @@ def test_refusals_leave_the_target_as_it_was(parallel, tmp_path):
     out = run_cli("merge", "--db", target, again, "--replace").output
     assert "replaced 1 result(s)" in out
     con = duckdb.connect(str(target), read_only=True)
-    version = con.execute("SELECT params->>'probe_version' FROM runs WHERE run_id LIKE 'synthetic/clean/%'").fetchall()
+    version = con.execute("SELECT probe_version FROM runs WHERE run_id LIKE 'synthetic/clean/%'").fetchall()
     con.close()
     con = duckdb.connect(str(again), read_only=True)
-    assert version == con.execute("SELECT params->>'probe_version' FROM runs").fetchall()
+    assert version == con.execute("SELECT probe_version FROM runs").fetchall()
     con.close()
 
 
@@ -229,10 +229,15 @@ def test_a_source_written_before_the_identity_columns_merges_as_the_same_runs(pa
     con = duckdb.connect(str(old))
     expected = con.execute(IDENTITY).fetchall()
     assert all(probe_id and name and version for _, probe_id, name, version in expected)
+    con.execute("UPDATE runs SET params = json_merge_patch(params, json_object('probe_id', probe_id, 'probe_name', "
+                "probe_name, 'probe_version', probe_version))")  # where an older featstore kept them
     for column in ("probe_id", "probe_name", "probe_version"):
         con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
     con.close()
     target = shutil.copyfile(root / "job0.duckdb", tmp_path / "target.duckdb")
+    con = duckdb.connect(str(target))  # params as DuckDB spells JSON, as the upgrade rewrites them
+    con.execute("UPDATE runs SET params = json(params)")
+    con.close()
     before = digest(target)
     run_cli("merge", "--db", target, old)
     assert digest(target) == before  # the same runs: nothing to fold in
@@ -240,4 +245,6 @@ def test_a_source_written_before_the_identity_columns_merges_as_the_same_runs(pa
     run_cli("merge", "--db", fresh, old)
     con = duckdb.connect(str(fresh), read_only=True)
     assert con.execute(IDENTITY).fetchall() == expected
+    assert con.execute("SELECT count(*) FROM runs WHERE list_has_any(json_keys(params), "
+                       "['probe_id', 'probe_name', 'probe_version'])").fetchone()[0] == 0  # the columns hold them
     con.close()

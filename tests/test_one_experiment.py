@@ -167,7 +167,7 @@ def versions(store, name="linear:tol=0.02@clean") -> set[str]:
 
 
 def run_versions(db) -> dict[str, str]:
-    return dict(rows(db, "SELECT run_id, params->>'probe_version' FROM runs"))
+    return dict(rows(db, "SELECT run_id, probe_version FROM runs"))
 
 
 def test_jobs_sharing_a_probe_name_keep_each_others_weights(tmp_path):

@@ -320,7 +320,7 @@ def test_runs_record_their_parameters(clusters, tmp_path):
     db = tmp_path / "f.duckdb"
     run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--seed", "0", "--no-progress")
     con = duckdb.connect(str(db), read_only=True)
-    params = json.loads(con.execute("SELECT params FROM runs").fetchone()[0])
-    assert params["probe_name"] == "linear@clean" and params["max_epochs"] == 200
+    name, params = con.execute("SELECT probe_name, params FROM runs").fetchone()
+    assert name == "linear@clean" and json.loads(params)["max_epochs"] == 200
     splits = dict(con.execute("SELECT split, count(*) FROM images GROUP BY split").fetchall())
     assert splits == {"train": 1512, "val": 168, "test": 720}

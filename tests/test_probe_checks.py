@@ -29,8 +29,8 @@ def small(tmp_path_factory):
     info = fsdb.DatasetInfo("x", "synthetic", str(store), 0)
     ids = np.arange(60)
     fsdb.register_images(con, info, ids, np.array([f"{i}.png" for i in ids]), labels, np.array(["test"] * 60))
-    run = {"run_id": "r", "model": "synthetic", "view": "clean", "train_view": "clean", "probe": "linear",
-           "params": {}, "cross_fit": 0, "seed": 0, "store": str(store)}
+    run = {"run_id": "synthetic/clean/linear", "model": "synthetic", "view": "clean", "train_view": "clean",
+           "probe": "linear", "params": {}, "cross_fit": 0, "seed": 0, "store": str(store)}
     pred = np.stack([np.roll(labels, 1), labels, labels], axis=1)
     fsdb.write_runs(con, [run_rows(run, ids, pred, np.full(pred.shape, 0.5))])
     con.close()
@@ -96,7 +96,8 @@ def test_timeline_and_report_refuse_what_selects_nothing(small, tmp_path, args, 
     assert len(out) == 2 and (row["k"], row["n"]) == ("2", "60")
     assert np.isclose(float(row["mean"]), 2 * (1 - agree)) and np.isclose(float(row["never_stable"]), 1 - agree)
     out = run_cli("timeline", "--db", db, "--format", "csv").stdout.splitlines()  # default k: 1,2 of 1..4
-    assert [row.split(",")[:3] for row in out[1:]] == [["r", "1", "60"], ["r", "2", "60"]]
+    assert [row.split(",")[:3] for row in out[1:]] == [["synthetic/clean/linear", "1", "60"],
+                                                       ["synthetic/clean/linear", "2", "60"]]
 
 
 def test_sql_reads_while_a_probe_trains(tmp_path):

@@ -65,9 +65,10 @@ def test_parameters_name_runs_and_reruns_replace_only_their_own(store, tmp_path)
     fs = FeatureStore(store)
     assert set(fs.info().models["synthetic"].probes) >= {
         "linear@clean", "linear:max_iterations=3@clean", "linear:max_iterations=3-seed1@clean", "projected8@clean"}
-    params = json.loads(rows(db, "SELECT params FROM runs WHERE run_id = 'synthetic/clean/linear:max_iterations=3'"
-                             )[0][0])
-    assert params["probe_id"] == "linear:max_iterations=3" and params["max_iterations"] == 3
+    probe_id, params = rows(db, "SELECT probe_id, params FROM runs WHERE run_id = "
+                                "'synthetic/clean/linear:max_iterations=3'")[0]
+    params = json.loads(params)
+    assert probe_id == "linear:max_iterations=3" and params["max_iterations"] == 3
     assert params["split_seed"] == 0
     short = read_probe(fs, "synthetic", "linear:max_iterations=3@clean", "anchor02")[0]
     default = read_probe(fs, "synthetic", "linear@clean", "anchor02")[0]
@@ -106,7 +107,7 @@ def _state(store, db):
     fs = FeatureStore(store)
     weights = [read_probe(fs, "synthetic", NAME, f"anchor{a:02d}")[0] for a in range(len(DIMS))]
     preds = rows(db, "SELECT image_id, anchor, pred FROM predictions ORDER BY ALL")
-    version = json.loads(rows(db, "SELECT params FROM runs")[0][0])["probe_version"]
+    version = rows(db, "SELECT probe_version FROM runs")[0][0]
     return weights, preds, version
 
 
@@ -278,8 +279,8 @@ def test_a_database_holds_each_runs_identity_and_strength_in_typed_columns(typed
     for run_id, *typed, name, version, c, params in runs:
         params = json.loads(params)
         assert dict(zip(IDENTITY, typed, strict=True)) == _by_hand(run_id), run_id
-        assert (name, version) == (params["probe_name"], params["probe_version"])
-        assert typed[IDENTITY.index("streamed")] == params["streamed"]
+        assert not {"probe_id", "probe_name", "probe_version", "streamed"} & params.keys()  # in columns only
+        assert name == RunIdentity.parse(run_id).probe_name and version
         variant = typed[IDENTITY.index("probe_id")]  # its parameters, read by hand: C as the variant string pins it
         pinned = dict(kv.split("=") for kv in variant.partition(":")[2].split(",") if kv).get("C")
         assert c == (float(pinned) if pinned else None), run_id
@@ -314,6 +315,8 @@ def test_an_older_database_is_upgraded_once_and_reads_the_same(typed_db, tmp_pat
     shutil.copy(db, old)
     con = duckdb.connect(str(old))
     con.execute("CREATE TABLE old_runs AS SELECT * EXCLUDE (probe_id, probe_name, probe_version, streamed, C) "
+                "REPLACE (json_merge_patch(params, json_object('probe_id', probe_id, 'probe_name', probe_name, "
+                "'probe_version', probe_version, 'streamed', streamed)) AS params) "
                 "FROM runs; DROP TABLE runs;" + OLD_RUNS + "; INSERT INTO runs SELECT * FROM old_runs; "
                 "DROP TABLE old_runs; CREATE TABLE old_fits AS SELECT * EXCLUDE (C) FROM probe_fits; "
                 "DROP TABLE probe_fits; ALTER TABLE old_fits RENAME TO probe_fits")

@@ -161,11 +161,11 @@ def test_gains_without_a_resid_tap_keep_their_rows(tmp_path):
     preds = np.ones((10, 6), dtype=int)
     for a in range(6):
         preds[: a + 1, a] = 0
-    run = {"run_id": "r", "model": "vit", "view": "clean", "train_view": "clean", "probe": "linear", "params": {},
-           "cross_fit": 0, "seed": 0, "store": "-"}
+    run = {"run_id": "vit/clean/linear", "model": "vit", "view": "clean", "train_view": "clean", "probe": "linear",
+           "params": {}, "cross_fit": 0, "seed": 0, "store": "-"}
     fsdb.write_runs(con, [run_rows(run, np.arange(10), preds, np.full(preds.shape, 0.5))])
     con.close()
-    gains = q.tap_gains(db, "r")
+    gains = q.tap_gains(db, "vit/clean/linear")
     assert gains["strategy"].to_list() == ["oracle", "act@100", "ln2@60", "best@0", "best@1", "best@2"]
     assert gains["gain_recovered"].null_count() == len(gains)
     assert gains.filter(gains["strategy"] == "oracle")["accuracy"][0] == 0.6

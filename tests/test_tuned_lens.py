@@ -61,11 +61,10 @@ def probed(store, db, variant: str, threads: int = 1, model: str = "synthetic",
 def stored_maps(store, db) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each anchor's translator as the store keeps it for the run of `db`: (A [D_head, D], b), u = A h + b."""
     con = duckdb.connect(str(db), read_only=True)
-    (params,) = con.execute("SELECT params FROM runs").fetchone()
+    name, version = con.execute("SELECT probe_name, probe_version FROM runs").fetchone()
     con.close()
-    params = json.loads(params)
     fs = FeatureStore(store)
-    kept = fs.root["synthetic"]["probes"][params["probe_name"]][params["probe_version"]]
+    kept = fs.root["synthetic"]["probes"][name][version]
     return [(kept[a.name]["map"][0], kept[a.name]["map_bias"][0]) for a in fs.anchors("synthetic")]
 
 
@@ -238,10 +237,9 @@ def vit_probed(store, db, variant: str, threads: int = 1):
     n = len(VIT_ANCHORS)
     pred, conf, infos, split = probed(store, db, variant, threads, model=VIT_KEY, anchors=n)
     con = duckdb.connect(str(db), read_only=True)
-    (run, params) = con.execute("SELECT run_id, params FROM runs").fetchone()
+    (run, name, version) = con.execute("SELECT run_id, probe_name, probe_version FROM runs").fetchone()
     con.close()
-    params = json.loads(params)
-    kept = FeatureStore(store).root[VIT_KEY]["probes"][params["probe_name"]][params["probe_version"]]
+    kept = FeatureStore(store).root[VIT_KEY]["probes"][name][version]
     maps = [(np.asarray(kept[a]["map"][0]), np.asarray(kept[a]["map_bias"][0])) for a in VIT_ANCHORS]
     return pred, conf, infos, split, maps, run
 

@@ -238,12 +238,11 @@ def probe_job(cfg: ProbeConfig) -> ProbeResult:
     info = DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store),
                        cfg.split_seed, cfg.val_frac)
     source = store.source(key)
-    probe_id, probe_name = variant.canonical_id, job.probe_name
+    probe_name = job.probe_name
     pinned_c = pinned_strength(variant.params)
     version = new_probe_version()
-    params = {**variant.params, "probe_id": probe_id, "probe_name": probe_name, "probe_version": version,
-              "split_seed": cfg.split_seed, "val_frac": cfg.val_frac, "streamed": job.streamed,
-              "featstore": __version__, "weights_id": store.config(key).weights_id}
+    params = {**variant.params, "split_seed": cfg.split_seed, "val_frac": cfg.val_frac, "featstore": __version__,
+              "weights_id": store.config(key).weights_id}  # the identity has its own columns (`ProbeRun.columns`)
     identities = tuple(job.identity(view) for view in views)
     planned, held = [identity.run_id for identity in identities], {}
     if Path(cfg.db).exists():  # read-only beside `featstore sql`'s readers; a writer holding it is refused now
@@ -263,8 +262,8 @@ def probe_job(cfg: ProbeConfig) -> ProbeResult:
         for view in views:
             threads.update()  # a view is the unit of prediction
             predicted = predict_view(data, fits, view, cfg.run.progress, f"{key} {variant.name} predict {view}")
-            run = ProbeRun.of(job.identity(view), variant.name, params, len(data.valid), len(data.anchors),
-                              str(cfg.store), version, pinned_c)
+            run = ProbeRun(job.identity(view), variant.name, params, len(data.valid), len(data.anchors),
+                           str(cfg.store), version, pinned_c)
             rows = RunRows(run, data.table["image_id"][data.valid], predicted.pred, predicted.conf, predicted.fold,
                            predicted.fit_records)
             outputs.append((rows, model_outputs(data, view)))
@@ -306,7 +305,7 @@ def probe_job(cfg: ProbeConfig) -> ProbeResult:
         try:
             store.make_probe_current(key, probe_name, version, retired)
             for rows, (pred, conf) in outputs:
-                fsdb.replace_model_outputs(con, key, rows.run.view, table["image_id"][data.valid], pred, conf)
+                fsdb.replace_model_outputs(con, key, rows.run.identity.view, table["image_id"][data.valid], pred, conf)
         finally:
             con.close()
     return ProbeResult(identities, replaced)
@@ -326,12 +325,12 @@ def _committed(con, run_ids: list[str], version: str) -> bool:
 
 def _landed(held: dict[str, tuple[str, str, str]], run_ids: list[str], params: dict, store: FeatureStore,
             key: str) -> bool:
-    """Whether the runs a database holds (`fsdb.run_params`) are every one of `run_ids`, with these parameters
-    (all but the weights' version), and the store still holds the weights each names."""
-    wanted = json.loads(json.dumps({k: v for k, v in params.items() if k != "probe_version"}))
+    """Whether the runs a database holds (`fsdb.run_params`) are every one of `run_ids`, with these parameters,
+    and the store still holds the weights each names."""
+    wanted = json.loads(json.dumps(params))
     return len(held) == len(run_ids) and all(
-        {k: v for k, v in json.loads(p).items() if k != "probe_version"} == wanted
-        and store.probe_version_exists(key, name, version) for p, name, version in held.values())
+        json.loads(p) == wanted and store.probe_version_exists(key, name, version)
+        for p, name, version in held.values())
 
 
 def missing_weights(store: str | Path, dbs: list[Path]) -> list[str]:

@@ -30,7 +30,7 @@ from torch import nn
 
 from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
 from featstore.errors import FeatstoreError
-from featstore.records import CircuitRun
+from featstore.records import CircuitRun, RunIdentity
 from featstore.schema import DEVICE, IG_STEPS, VIEW, check_fields
 
 try:  # timm's LayerNorm subclass only changes how it is called, not what it computes
@@ -418,6 +418,8 @@ def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
 
     tune_allocator()
     view = parse_view(cfg.view)
+    key = (cfg.name or cfg.model.model).replace("/", "_")
+    identity = RunIdentity.circuit(key, cfg.dataset or view.name, cfg.ig_steps)  # a name it cannot hold: refused now
     images = cfg.source.discover(cfg.run.seed)
     loaded, graph = load_graph(cfg.model, cfg.run.seed, cfg.run.device, cfg.name)
     images = labels_for_head(images, loaded.num_classes)  # the labels a build of this model would store
@@ -443,14 +445,12 @@ def compute_circuit(cfg: CircuitConfig) -> CircuitResult:
         means, logits = node_means(graph, batches("means"))
         accuracy = float((logits.argmax(dim=1).cpu().numpy() == images.labels).mean())
         scores = eap_ig_scores(graph, batches(f"EAP-IG m={cfg.ig_steps}"), means, cfg.ig_steps)
-    key = (cfg.name or cfg.model.model).replace("/", "_")
-    dataset_name = cfg.dataset or view.name
     names = [(graph.nodes[e.src].name, graph.nodes[e.dst].name + ("" if e.kind in ("mlp", "logits")
                                                                   else f".{e.kind}"),
               graph.nodes[e.src].layer, graph.nodes[e.dst].layer) for e in graph.edges]
     params = {"weights_id": loaded.weights_id, "arch": cfg.model.model, "source": images.source, "view": view.name,
               "limit": cfg.source.limit, "preprocessing": loaded.preprocessing.to_dict(), "seed": cfg.run.seed,
               "accuracy": accuracy, "threads": policy.recorded}
-    run = CircuitRun(f"{key}/{dataset_name}/eap-ig{cfg.ig_steps}", key, dataset_name, graph.layers, graph.heads,
-                     cfg.ig_steps, len(images), len(names), params)
+    run = CircuitRun(identity.run_id, key, identity.view, graph.layers, graph.heads, cfg.ig_steps, len(images),
+                     len(names), params)
     return CircuitResult(run, names, scores.cpu().numpy(), accuracy)
