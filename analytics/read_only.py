@@ -10,7 +10,7 @@ import numbers
 import queue
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -117,7 +117,7 @@ def _plain(relation: duckdb.DuckDBPyRelation) -> Rows | None:
 
 
 def stream(db: Db, sql: str, params: Sequence | dict | None = None, batch_rows: int = STREAM_ROWS,
-           plain: bool = False) -> Iterator:
+           plain: bool = False) -> Generator:
     """The result of one read-only SQL statement as batches of at most `batch_rows` rows, in order (at least one,
     empty for an empty result), so that memory stays bounded at any row count: Arrow record batches, or with
     `plain`, where every column is of a plain type (PLAIN_TYPES), `Rows` (neither Arrow nor Polars is imported).

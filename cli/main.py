@@ -428,9 +428,9 @@ def timeline(db: Path, run_id: str | None, ks: list[int], min_conf: float, scope
         from featstore.api.results import k_sweep_rows
         from featstore.cli.tables import table_text
 
-        sweep = k_sweep_rows(db, ks, scope, min_conf, run_id, band)
-        click.echo(table_text(sweep.shown))
-        for note in sweep.notes:
+        plain = k_sweep_rows(db, ks, scope, min_conf, run_id, band)
+        click.echo(table_text(plain.shown))
+        for note in plain.notes:
             click.echo(f"note: {note}")
         return
     results = connect(db)

@@ -69,12 +69,15 @@ def rows_text(rows: Rows, full: bool = False) -> str | None:
     chars = FULL_TEXT_CHARS if full else TEXT_CHARS
     if not rows.columns or len(set(rows.columns)) != len(rows.columns) or not set(rows.types) <= DTYPES.keys():
         return None
-    header = [[_text(name, chars) for name in rows.columns], ["---"] * len(rows.columns),
-              [DTYPES[t] for t in rows.types]]
-    body = [[_cell(value, chars) for value in row] for row in rows.rows]
-    lines = header + body
-    if any(cell is None for line in lines for cell in line):
+    names = [name for name in (_text(column, chars) for column in rows.columns) if name is not None]
+    if len(names) != len(rows.columns):
         return None
+    header = [names, ["---"] * len(rows.columns), [DTYPES[t] for t in rows.types]]
+    cells = [[_cell(value, chars) for value in row] for row in rows.rows]
+    body = [[cell for cell in line if cell is not None] for line in cells]
+    if any(len(line) != len(rows.columns) for line in body):  # a cell Polars may print otherwise
+        return None
+    lines = header + body
     widths = [max(len(line[i]) for line in lines) for i in range(len(rows.columns))]
     if 1 + sum(w + 3 for w in widths) > (FULL_WIDTH_CHARS if full else WIDTH_CHARS):
         return None
