@@ -26,7 +26,7 @@ from featstore.analytics.comparison_text import Comparison
 from featstore.analytics.db import MACROS, connect, connect_several, in_memory, schema_tables
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
 from featstore.analytics.scopes import SCOPES
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.schema import JOINT_MIN_CONF, PER_PAIR
 
 Db = str | Path | Sequence[str | Path] | duckdb.DuckDBPyConnection  # a database, several, or an open connection
@@ -207,7 +207,7 @@ DEFAULT_KS = (1, 2, 3, 4)
 def check_scope(scope: str) -> str:
     """A scope the macros know; any other word would silently select no image at all."""
     if scope not in SCOPES:
-        raise FeatstoreError(f"scope={scope!r}: use one of {', '.join(SCOPES)}")
+        raise FeatstoreError(f"use one of {', '.join(SCOPES)}", field="scope", value=scope)
     return scope
 
 
@@ -219,28 +219,29 @@ def stability_windows(db: Db, ks: Sequence[int] | None = None, runs: Sequence[st
                  [runs, runs])["a"][0]
     if isinstance(ks, str) or (ks is not None and not (len(ks) and all(
             isinstance(k, numbers.Integral) and not isinstance(k, bool) for k in ks))):
-        raise FeatstoreError(f"k={ks!r}: give stability windows as integers (one, or a list)")
+        raise FeatstoreError("give stability windows as integers (one, or a list)", field="k", value=ks)
     if ks is None or list(ks) == list(DEFAULT_KS):  # the default: trimmed to what the runs have
         return [k for k in DEFAULT_KS if most is None or k < most] or [1]
     where = f"run {runs[0]!r} has" if runs and len(runs) == 1 else "the runs in the database have at most"
     if min(ks) < 1 or (most is not None and max(ks) >= most):
         bad = min(ks) if min(ks) < 1 else max(ks)
-        raise FeatstoreError(f"k={bad}: {where} {most} anchors, so k (anchors after the first that must agree) "
-                             f"must be from 1 to {(most or 2) - 1}")
+        raise FeatstoreError(f"{where} {most} anchors, so k (anchors after the first that must agree) "
+                             f"must be from 1 to {(most or 2) - 1}", field="k", value=bad)
     return sorted(ks)
 
 
 def check_band(band: str) -> str:
     """A band the sweep knows ('paper' or 'window'); any other word is refused in one line before the query."""
     if band not in BANDS:
-        raise FeatstoreError(f"band={band!r}: use one of {', '.join(BANDS)}")
+        raise FeatstoreError(f"use one of {', '.join(BANDS)}", field="band", value=band)
     return band
 
 
 def check_min_conf(min_conf: float) -> float:
     """The joint criterion's confidence threshold θ: 0 (stability alone) up to 1."""
     if not 0 <= min_conf <= 1:
-        raise FeatstoreError(f"min_conf={min_conf}: a confidence threshold lies in [0, 1] (0: stability alone)")
+        raise FeatstoreError("a confidence threshold lies in [0, 1] (0: stability alone)",
+                             field="min_conf", value=min_conf)
     return float(min_conf)
 
 
@@ -414,7 +415,7 @@ def exit_device(db: Db, run_id: str, batch_size: int = 1, device: str | None = N
                                  f"--model {model} --db {db}")
         if len(devices) > 1:
             raise FeatstoreError(f"costs of {model!r} exist for several devices ({'; '.join(devices)}): pick one "
-                                 f"with `device`")
+                                 f"with ", Name("device"))
         return devices[0]
     if device not in devices:
         raise FeatstoreError(f"no costs of {model!r} measured on {device!r} at batch size {batch_size} "
@@ -513,7 +514,7 @@ def known_runs(db: Db, runs: Sequence[str]) -> list[str]:
     known = query(db, "SELECT run_id FROM runs")["run_id"].to_list()
     missing = [r for r in runs if r not in known]
     if missing:
-        raise FeatstoreError(f"`runs`: no run {missing[0]!r} in the database; list them with featstore sql "
+        raise FeatstoreError(Name("runs"), f": no run {missing[0]!r} in the database; list them with featstore sql "
                              f"\"SELECT run_id FROM runs\"")
     return list(dict.fromkeys(runs))
 
@@ -525,7 +526,7 @@ def comparison_runs(db: Db, runs: Sequence[str] | None = None) -> list[str]:
     known = query(db, "SELECT run_id, view FROM runs ORDER BY run_id")
     clean = known.filter(pl.col("view") == "clean")["run_id"].to_list()
     if not clean:
-        raise FeatstoreError("the database has no clean runs to compare; pass `runs`")
+        raise FeatstoreError("the database has no clean runs to compare; pass ", Name("runs"))
     return clean
 
 
@@ -533,7 +534,8 @@ def compare(db: Db, runs: Sequence[str] | None = None, k: int = 2, min_conf: flo
             scope: str = "auto", per_pair: int = PER_PAIR) -> Comparison:
     """l*(k), prediction depth and the joint criterion of each run, compared image by image."""
     if isinstance(per_pair, bool) or not isinstance(per_pair, numbers.Integral) or per_pair < 0:
-        raise FeatstoreError(f"per_pair={per_pair!r}: give how many disagreeing images to list per pair, >= 0")
+        raise FeatstoreError("give how many disagreeing images to list per pair, >= 0",
+                             field="per_pair", value=per_pair)
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True, wait_s=READ_WAIT_S)
     try:
         runs = comparison_runs(con, runs)

@@ -106,7 +106,7 @@ def late_notes(ts: Iterable[int], ks: Iterable[int]) -> list[str]:
 def check_figures(figures: str | None) -> str | None:
     """The publication figures' format (png, svg or pdf), or None for none."""
     if figures is not None and figures not in FIGURE_FORMATS:
-        raise FeatstoreError(f"figures={figures!r}: choose one of {', '.join(FIGURE_FORMATS)} (or none)")
+        raise FeatstoreError(f"choose one of {', '.join(FIGURE_FORMATS)} (or none)", field="figures", value=figures)
     return figures
 
 
@@ -651,7 +651,7 @@ def image_timeline(db, image_id: int, k: int = 2, runs: Sequence[str] | None = N
         frame = frame.filter(pl.col("run_id").is_in(chosen))
     if frame.is_empty():
         which = f"run {', '.join(chosen)}" if chosen else "run of this database"
-        raise FeatstoreError(f"image_id={image_id}: no {which} predicted an image of that id")
+        raise FeatstoreError(f"no {which} predicted an image of that id", field="image_id", value=image_id)
     return frame
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from featstore.analytics.queries import Db, query, runs, stability_windows
-from featstore.errors import FeatstoreError, FeatstoreTypeError
+from featstore.errors import FeatstoreError, FeatstoreTypeError, Name
 from featstore.schema import shown
 
 ONE_WINDOW = 2  # the window a one-window part shows when several are asked for (the default list among them)
@@ -82,8 +82,8 @@ def image_id(value: object) -> int:
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value.tolist()
     if not _integer(value):
-        raise FeatstoreTypeError(f"image_id={shown(value)}: give an image id, an integer (the `images` table "
-                                 f"lists them)")
+        raise FeatstoreTypeError("give an image id, an integer (the `images` table "
+                                 "lists them)", field="image_id", value=value)
     return int(value)
 
 
@@ -119,7 +119,7 @@ def run_ids(given: str | Sequence[str] | None) -> list[str] | None:
     if not isinstance(given, str):
         items = _items(given)
         if items is None or not all(isinstance(r, str) for r in items):
-            raise FeatstoreTypeError(f"runs={shown(given)}: give run ids, a list of them or a comma list")
+            raise FeatstoreTypeError("give run ids, a list of them or a comma list", field="runs", value=given)
         return items or None
     chosen: list[str] = []
     for piece in (r.strip() for r in given.split(",")):
@@ -135,14 +135,15 @@ def only_run(db: Db, given: str | None) -> str:
     naming them."""
     if given is not None:
         if not isinstance(given, str):
-            raise FeatstoreTypeError(f"run={shown(given)}: give a run id (.runs lists them)")
+            raise FeatstoreTypeError("give a run id (.runs lists them)", field="run", value=given)
         return given
     have = runs(db)["run_id"].to_list()
     if not have:
-        raise FeatstoreError(f"`run`: {db} holds no probe run; run featstore probe first")
+        raise FeatstoreError(Name("run"), f": {db} holds no probe run; run featstore probe first")
     if len(have) > 1:
         named = ", ".join(have[:8]) + (f" … ({len(have)} in all)" if len(have) > 8 else "")
-        raise FeatstoreError(f"`run`: {db} holds {len(have)} runs ({named}); name one with run=RUN_ID")
+        raise FeatstoreError(Name("run"), f": {db} holds {len(have)} runs ({named}); name one with ", Name("run",
+                              "RUN_ID"))
     return have[0]
 
 
@@ -155,9 +156,9 @@ def one_window(db: Db, ks: Sequence[int] | None = None, chosen: Sequence[str] | 
         return windows[0]
     if ONE_WINDOW in windows:
         return ONE_WINDOW
-    raise FeatstoreError(f"k={','.join(map(str, windows))}: this command shows one stability window, the one k "
+    raise FeatstoreError(f"this command shows one stability window, the one k "
                          f"given, or 2 of a list holding it (as the default 1,2,3,4 does); give one, e.g. "
-                         f"k={windows[0]}")
+                         f"k={windows[0]}", field="k", value=",".join(map(str, windows)))
 
 
 def runs_written(db: str | Path) -> dict[str, str]:
@@ -180,7 +181,7 @@ def probe_summary(db: Db, run_id: str):
     """Per anchor of a run: accuracy on its scored images (the test split) and whether the fit converged; a run
     the database does not hold is one line naming it, not an empty table."""
     if not isinstance(run_id, str):
-        raise FeatstoreTypeError(f"run={shown(run_id)}: give a run id (.runs lists them)")
+        raise FeatstoreTypeError("give a run id (.runs lists them)", field="run", value=run_id)
     summary = query(db, "SELECT * FROM probe_summary(?)", [run_id])
     if summary.is_empty() and run_id not in runs(db)["run_id"].to_list():
         raise FeatstoreError(f"run {run_id!r}: no such run in the database (.runs lists them)")

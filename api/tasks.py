@@ -36,8 +36,8 @@ def _model_name(model: object) -> str:
     from featstore.errors import FeatstoreTypeError
 
     if not isinstance(model, str):
-        raise FeatstoreTypeError(f"model={model!r}: give a model's name ('resnet18', 'timm/vit_small_patch16_224', "
-                                 f"...)")
+        raise FeatstoreTypeError("give a model's name ('resnet18', 'timm/vit_small_patch16_224', "
+                                 "...)", field="model", value=model)
     return model
 
 

@@ -16,39 +16,85 @@ import click
 from featstore.api import ImageSource, ModelSpec, RunOptions, split_options
 from featstore.cli.options import (
     DB_PATH,
-    as_said,
+    Command,
     image_source_options,
     model_spec_options,
     option,
+    option_for,
     options,
     run_options,
+    typed_value,
 )
-from featstore.errors import FeatstoreError, FeatstoreWarning, Interrupted, RunReplaced, interrupted, storage_failure
+from featstore.errors import (
+    FeatstoreError,
+    FeatstoreWarning,
+    Interrupted,
+    Refusal,
+    RunReplaced,
+    Step,
+    interrupted,
+    shown,
+    storage_failure,
+)
 
 if TYPE_CHECKING:
     from featstore.api import StoreInfo
 
 
-GIVEN: dict[str, object] = {}  # the options of the command running (one per process)
+def in_flags(refusal: Refusal) -> str:
+    """A featstore error or warning as this command says it: each field it names as the option of this command
+    that sets it (found in the command's declarations), the value as the user typed it where it is the value
+    they gave, and a next step as the command that takes it."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return str(refusal)
+
+    def flag(field: str) -> str | None:
+        found = option_for(ctx.command, field)
+        return found.opts[0] if found is not None else None
+
+    def value(field: str, value: object) -> str:
+        found = option_for(ctx.command, field)
+        typed = None if found is None else typed_value(ctx, found)
+        if typed is not None and found is not None and _same(value, ctx.params.get(found.name or "")):
+            return typed
+        if found is None:
+            return shown(value)
+        return ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+
+    def step(step: Step) -> str:
+        root = ctx.find_root().command
+        known = isinstance(root, click.Group) and step.function in root.commands
+        return f"`featstore {step.function}`" if known else step.call
+
+    return refusal.one_line(flag, value, step)
 
 
-def said(text: str) -> str:
-    """The library's words as this command says them (`as_said`): its flags, the user's values as given."""
-    return as_said(text, GIVEN)
+def _same(value: object, given: object) -> bool:
+    """Whether an error's value is the value the command was given (a path the library made absolute, a list it
+    read from a comma list, a number it normalised)."""
+    if value == given or str(value) == str(given):
+        return True
+    if isinstance(value, str | Path) and isinstance(given, str | Path) and "://" not in str(value):
+        return Path(value).expanduser().absolute() == Path(given).expanduser().absolute()
+    if isinstance(given, list | tuple) and not isinstance(value, list | tuple):
+        return str(value) == ",".join(map(str, given))
+    return False
 
 
 def user_errors(fn):
-    """Turn FeatstoreError (its fields said as the flags that set them), object storage that stopped answering and
+    """Turn FeatstoreError (its fields as the options that set them), object storage that stopped answering and
     a full disk into one line on stderr and exit status 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        GIVEN.clear()  # this command's options only (tests run several commands in one process)
-        GIVEN.update(kwargs)
         try:
             return fn(*args, **kwargs)
-        except (FeatstoreError, Interrupted) as e:  # the library names fields; the CLI says the flags that set them
-            click.echo(f"featstore: error: {said(str(e))}", err=True)
+        except FeatstoreError as e:  # the library names fields; the CLI says the options that set them
+            click.echo(f"featstore: error: {in_flags(e)}", err=True)
+            sys.exit(2)
+        except Interrupted as e:
+            click.echo(f"featstore: error: {e}", err=True)
             sys.exit(2)
         except Exception as e:
             if interrupted(e):  # DuckDB's own Ctrl-C, as every other Ctrl-C: one line, exit status 130
@@ -84,9 +130,9 @@ def disk_full(error: BaseException) -> str | None:
         if isinstance(current, OSError) and current.errno in FULL_DISK:
             return FULL_DISK[current.errno]
         text = str(current)
-        for number, said in FULL_DISK.items():
+        for number, words in FULL_DISK.items():
             if f'"errno":"{number}"' in text or os.strerror(number) in text:  # DuckDB's IO errors carry the errno
-                return said
+                return words
         current = current.__cause__ or current.__context__
     return None
 
@@ -118,7 +164,7 @@ def _output_flag(error: BaseException, given: dict) -> str:
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """featstore's own warnings as `featstore: warning: ...` on stderr; any other as Python shows it."""
     if issubclass(category, FeatstoreWarning):
-        click.echo(f"featstore: warning: {said(str(message))}", err=True)
+        click.echo(f"featstore: warning: {in_flags(message) if isinstance(message, Refusal) else message}", err=True)
     else:
         _python_showwarning(message, category, filename, lineno, file, line)
 
@@ -134,7 +180,9 @@ def _visible_options(command: click.Command) -> set[str]:
 
 class _OneLineErrors(click.Group):
     """Usage errors (a bad choice, an unknown option) as one line and exit status 2, like every bad input;
-    featstore's warnings as one line each."""
+    featstore's warnings as one line each. Its commands record the arguments they were given (`Command`)."""
+
+    command_class = Command
 
     def main(self, *args, **kwargs):
         kwargs.pop("standalone_mode", None)
@@ -146,7 +194,7 @@ class _OneLineErrors(click.Group):
             ctx = getattr(e, "ctx", None)
             if isinstance(e, click.NoSuchOption) and ctx is not None:  # never suggest a hidden (old) spelling
                 e.possibilities = [o for o in e.possibilities if o in _visible_options(ctx.command)]
-            command = self._command_said(ctx, kwargs.get("args", args[0] if args else None))
+            command = self._command_named(ctx, kwargs.get("args", args[0] if args else None))
             click.echo(f"featstore: error: {e.format_message()} ({command} -h lists the options)", err=True)
             sys.exit(e.exit_code)
         except click.Abort:  # Ctrl-C outside a write (a write rolls back and says so itself), or EOF at a prompt
@@ -154,7 +202,7 @@ class _OneLineErrors(click.Group):
             sys.exit(130)
         sys.exit(0)
 
-    def _command_said(self, ctx: click.Context | None, args) -> str:
+    def _command_named(self, ctx: click.Context | None, args) -> str:
         """`featstore NAME` of the command whose options were wrong (its context, else its name on the command
         line), or `featstore` where none was named."""
         if ctx is not None and ctx.command is not self:
@@ -635,7 +683,7 @@ def info(store: str, fmt: str) -> None:
 
     summary = open_store(store).info()
     if fmt == "json":
-        click.echo(said(json.dumps(summary.to_dict(), indent=2)))  # a damaged part's words as this command says them
+        click.echo(json.dumps(summary.to_dict(), indent=2))
         return
     click.echo(format_info(summary))
 
@@ -651,7 +699,7 @@ def format_info(summary: StoreInfo) -> str:
     im = summary.images
     repair = "run featstore verify, then the same featstore build to repair it"
     if isinstance(im, Damaged):
-        lines.append(f"images DAMAGED: {said(im.what)}; {repair}")
+        lines.append(f"images DAMAGED: {im.what}; {repair}")
     elif im:
         space = " labelled as ImageNet-1k indices" if im.label_space == "imagenet-1k" else ""
         lines.append(f"images {im.count} in {im.classes} classes{space} ({im.source})")
@@ -662,7 +710,7 @@ def format_info(summary: StoreInfo) -> str:
             lines.append(f"classes {shown}{more}")
     for key, m in summary.models.items():
         if isinstance(m, Damaged):
-            lines.append(f"\nmodel  {key}: DAMAGED: {said(m.what)}")
+            lines.append(f"\nmodel  {key}: DAMAGED: {m.what}")
             continue
         p = m.preprocessing
         top1 = f" (published top-1 {m.published_top1:.2f}%)" if m.published_top1 is not None else ""
@@ -673,7 +721,7 @@ def format_info(summary: StoreInfo) -> str:
         lines.append("  anchors " + ", ".join(f"{a.index}:{a.name}[{a.dim}]" for a in m.anchors))
         for view, v in m.views.items():
             if isinstance(v, Damaged):
-                lines.append(f"  view {view}: DAMAGED: {said(v.what)}; {repair}")
+                lines.append(f"  view {view}: DAMAGED: {v.what}; {repair}")
                 continue
             state = "complete" if v.complete else "INCOMPLETE (rerun build to resume)"
             if v.damaged_chunks:
@@ -747,9 +795,9 @@ def verify(store: str, model: str | None, quick: bool, dbs: tuple[Path, ...]) ->
     found = open_store(store).verify(model, deep=not quick, dbs=dbs)
     problems, leftovers = found.problems, found.unreferenced
     for problem in problems:
-        click.echo(said(str(problem)))
+        click.echo(str(problem))
     for u in leftovers:
-        click.echo(said(str(u)))
+        click.echo(str(u))
     if any(u.removable for u in leftovers):
         click.echo(f"{sum(u.removable for u in leftovers)} probe weight version(s) no run names: `featstore gc "
                    f"--store {store}` removes them", err=True)
@@ -776,7 +824,7 @@ def gc(store: str, model: str | None, dbs: tuple[Path, ...], min_age: float, dry
     found = collect(store, dbs, model, min_age, dry_run)
     for u in found:
         verb = ("would remove" if dry_run else "removed") if u.removable else "kept"
-        click.echo(f"{verb} {said(str(u))}")
+        click.echo(f"{verb} {u}")
     removed = sum(u.removable for u in found)
     click.echo(f"{store}: {removed} probe weight version(s) {'to remove' if dry_run else 'removed'}, "
                f"{len(found) - removed} kept")

@@ -122,7 +122,7 @@ class RunIdentity:
                 raise FeatstoreError(f"{what}={value!r}: a run identity's {what} is an integer >= 0")
             object.__setattr__(self, what, int(value))
         if not isinstance(self.streamed, bool | np.bool_):
-            raise FeatstoreError(f"streamed={self.streamed!r}: a run identity's streamed is True or False")
+            raise FeatstoreError("a run identity's streamed is True or False", field="streamed", value=self.streamed)
         object.__setattr__(self, "streamed", bool(self.streamed))
 
     @property

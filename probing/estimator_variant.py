@@ -246,8 +246,8 @@ class EstimatorVariant(ProbeVariant):
 
     def __init__(self, estimator: Any, name: str | None = None):
         if isinstance(estimator, type):
-            raise FeatstoreError(f"variant={estimator.__name__}: give an instance ({estimator.__name__}()), not the "
-                                 f"class")
+            raise FeatstoreError(f"give an instance ({estimator.__name__}()), not the "
+                                 f"class", field="variant", value=estimator.__name__)
         if not (callable(getattr(estimator, "fit", None)) and callable(getattr(estimator, "predict_proba", None))):
             raise FeatstoreError(f"variant {estimator!r}: give a registered variant name or an estimator with "
                                  f"fit(X, y) and predict_proba(X)")

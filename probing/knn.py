@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.probing.base import AnchorContext, FittedProbe, Plan, ProbeGroup, ProbeVariant, register
 from featstore.schema import Int, Text
 from featstore.store.location import StoreLocation, StorePath
@@ -164,7 +164,8 @@ class References:
             differ.append("other class names than the probed store's (its labels would mean other classes)")
         if differ:
             raise FeatstoreError(f"{where}: its {key!r} is another model's features: {'; '.join(differ)}; build "
-                                 f"the reference images with the same `model`, `weights` and `anchors`")
+                                 f"the reference images with the same ", Name("model"), ", ", Name("weights"),
+                                  " and ", Name("anchors"))
         if view not in store.views(key):
             raise FeatstoreError(f"{where}: it has no view {view!r} of {key!r} (the training view); build it there")
         try:

@@ -14,13 +14,13 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.nets.anchors import Anchor
 from featstore.probing.base import FittedProbe, ProbeVariant
 from featstore.probing.source import FeatureSource, holds_prepared
 from featstore.probing.split import make_folds, make_split
 from featstore.probing.trainer import FitRows, fit_probes, predict, predict_bar
-from featstore.schema import VAL_FRAC, parse_size, shown
+from featstore.schema import VAL_FRAC, parse_size
 from featstore.store.reader import FeatureStore
 
 
@@ -29,7 +29,7 @@ def parse_bytes(text: str | int) -> int:
     try:
         return parse_size(text)
     except ValueError as e:
-        raise FeatstoreError(f"memory_budget={shown(text)}: {e}") from None
+        raise FeatstoreError(f"{e}", field="memory_budget", value=text) from None
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class ProbeData:
             bad = low if low < 0 else top
             raise FeatstoreError(f"store {self.store.location}: label {bad} of its image table is no class index of "
                                  f"its {len(names)} classes (0..{len(names) - 1}); nothing was fitted: rebuild the "
-                                 f"store's image table (`featstore build` from `data`)")
+                                 f"store's image table (`featstore build` from ", Name("data"), ")")
         absent = top + 1 - len(np.unique(labels))
         if not names and absent > len(labels):
             raise FeatstoreError(f"store {self.store.location}: its largest label, {top}, makes a {top + 1:,}-way "

@@ -26,7 +26,7 @@ import numpy as np
 
 from featstore.analytics import db as fsdb
 from featstore.analytics.queries import query, run_ids_among
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.records import Gate, GateScores
 
 FEATURES = ("conf", "logit_conf", "agrees_with_previous", "stable_for", "conf_change", "conf_over_best_before",
@@ -126,7 +126,7 @@ def train_gate(db: str | Path, run_id: str, split: str = "train", c: float = 1.0
     called once the input is checked (the timelines read, a split that can teach a gate), before the fit (the CLI
     says what it does then, not before a refusal)."""
     if split not in ("train", "val", "test"):
-        raise FeatstoreError(f"split={split!r}: the gate learns from one split: train, val or test")
+        raise FeatstoreError("the gate learns from one split: train, val or test", field="split", value=split)
     if not run_ids_among(db, [run_id]):
         raise FeatstoreError(f"no run {run_id!r} in {db}; list them with featstore sql --db {db} "
                              f"\"SELECT run_id FROM runs\"")
@@ -145,7 +145,7 @@ def train_gate(db: str | Path, run_id: str, split: str = "train", c: float = 1.0
     if len(train_y) == 0 or train_y.min() == train_y.max():
         raise FeatstoreError(f"run {run_id!r}: the {split} split has {int(learnt.sum())} images and their anchors "
                              f"are {'all' if len(train_y) and train_y.max() else 'never'} right and final; a gate "
-                             f"needs both kinds (pass another `split`)")
+                             f"needs both kinds (pass another ", Name("split"), ")")
     if on_start is not None:
         on_start()
     fit = fit_logistic(train_x, train_y, c)

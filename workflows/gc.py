@@ -40,8 +40,8 @@ def unreferenced(store: str | Path, dbs: Sequence[Path] = (), model: str | None 
     """Every saved probe version of the store (or of `model`) that no run of a database in reach names. A negative
     `min_age_s` would let a version a running probe is writing count as old: refused."""
     if not (isinstance(min_age_s, int | float) and not isinstance(min_age_s, bool) and min_age_s >= 0):
-        raise FeatstoreError(f"min_age={min_age_s!r}: give seconds >= 0 (a version younger than that is kept: a "
-                             f"probe may still be writing it)")
+        raise FeatstoreError("give seconds >= 0 (a version younger than that is kept: a "
+                             "probe may still be writing it)", field="min_age", value=min_age_s)
     fs = FeatureStore(store)
     named: dict[Path, set[tuple[str, str, str]] | str] = {}
     found = []

@@ -19,7 +19,7 @@ from pathlib import Path
 import duckdb
 
 from featstore.analytics import db as fsdb
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 
 SPLIT_KEYS = ("dataset", "split_seed", "val_frac")  # meta rows that make two databases one experiment
 
@@ -90,7 +90,7 @@ def _fold(con: duckdb.DuckDBPyConnection, source: Path, replace: bool) -> list[s
     if conflicts and not replace:
         more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
         raise FeatstoreError(f"source {source} holds {conflicts[0]}{more} with other content than the target; "
-                             f"pass `replace` to keep the source's, or leave that source out")
+                             f"pass ", Name("replace"), " to keep the source's, or leave that source out")
     con.execute(fsdb.sql_text("merge_rows"))
     con.execute(fsdb.sql_text("migrate_runs"))  # a source older than the identity columns brought runs without them
     return conflicts

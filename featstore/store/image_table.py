@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import zarr
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.images.imagenet_val import foreign_wnid
 from featstore.store.integrity import Damage, brief, checksum, text_checksum
 
@@ -58,19 +58,20 @@ class ImageTable:
         if attrs.get("fingerprint") != images.fingerprint() and space != images.label_space:
             raise FeatstoreError(
                 f"store {location} labels its images as {space} classes, but this model's head needs "
-                f"{images.label_space} labels (ImageNet-1k indices only fit a 1000-way head); use a new `store`")
+                f"{images.label_space} labels (ImageNet-1k indices only fit a 1000-way head); use a new ",
+                 Name("store"))
         if attrs.get("fingerprint") != images.fingerprint():
             raise FeatstoreError(
                 f"store {location} holds a different image list ({attrs.get('count')} images from "
-                f"{attrs.get('source')}) than {images.source} ({len(images)} images); use the same `data`, "
-                f"`labels` and `limit`, or a new `store`")
+                f"{attrs.get('source')}) than {images.source} ({len(images)} images); use the same ",
+                Name("data"), ", ", Name("labels"), " and ", Name("limit"), ", or a new ", Name("store"))
 
     def table(self) -> dict[str, np.ndarray]:
         """The image ids, paths and labels, as written: a table that is damaged is refused, never read as zeros."""
         table, damage = self.read()
         if damage:
             raise FeatstoreError(f"store {self.store.location} is damaged: {damage[0]}; rerun `featstore build` with "
-                                 f"the same `data` to rewrite the image table")
+                                 f"the same ", Name("data"), " to rewrite the image table")
         return table
 
     def damage(self) -> list[Damage]:

@@ -107,8 +107,8 @@ def read_probe(store: StoreReading, key: str, name: str, version: str | None = N
     FeatstoreError naming it."""
     store.model_attrs(key)  # an unknown model is a one-line error
     if not isinstance(name, str):
-        raise FeatstoreTypeError(f"name={name!r}: give the kept probes' name ('linear@clean'; `featstore info` "
-                                 f"lists them)")
+        raise FeatstoreTypeError("give the kept probes' name ('linear@clean'; `featstore info` "
+                                 "lists them)", field="name", value=name)
     root = store.root[key]
     with store.damage_is_one_line(f"{key}/{PROBES}/{name}"):
         if PROBES not in root or not one_name(name) or name not in root[PROBES]:

@@ -18,7 +18,7 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync
 
-from featstore.errors import FeatstoreError, FeatstoreTypeError
+from featstore.errors import FeatstoreError, FeatstoreTypeError, Name
 from featstore.records import ModelSource
 from featstore.store.config import StoreConfig
 from featstore.store.image_table import ImageTable
@@ -48,7 +48,7 @@ def model_key(name: str) -> str:
     """A model name as a store group name: 'timm/vit_base_patch16_224' -> 'timm_vit_base_patch16_224'."""
     key = name.replace("/", "_")
     if not _KEY.match(key):
-        raise FeatstoreError(f"{name!r} cannot name a store group; use `name` with letters, digits, _ . -")
+        raise FeatstoreError(f"{name!r} cannot name a store group; use ", Name("name"), " with letters, digits, _ . -")
     return key
 
 
@@ -75,12 +75,13 @@ class StoreReading:
                                         **({} if mode == "r" else {"attributes": {"featstore_format": FORMAT}}))
         except Exception as e:
             raise FeatstoreError(f"cannot open {self.location} as a Zarr v3 store ({type(e).__name__}: "
-                                 f"{brief(e)}); point `store` at a featstore store or a new path") from e
+                                 f"{brief(e)}); point ", Name("store"), " at a featstore store or a new path") from e
         fmt = self.root.attrs.get("featstore_format")
         if fmt is None and mode != "r" and not list(self.root.keys()):
             self.root.attrs["featstore_format"] = FORMAT
         elif fmt != FORMAT:
-            raise FeatstoreError(f"{self.location} is not a featstore store (format {fmt!r}); use a new `store` path")
+            raise FeatstoreError(f"{self.location} is not a featstore store (format {fmt!r}); use a new ",
+                                  Name("store"), " path")
 
 
     # -- the roles it composes ----------------------------------------------------------------------
@@ -213,8 +214,8 @@ class StoreReading:
     def _open_view(self, key: str, view: str) -> zarr.Group:
         self.model_attrs(key)
         if not isinstance(view, str):
-            raise FeatstoreTypeError(f"view={view!r}: give a view's name (the views of {key!r}: "
-                                     f"{', '.join(self.views(key)) or 'none'})")
+            raise FeatstoreTypeError(f"give a view's name (the views of {key!r}: "
+                                     f"{', '.join(self.views(key)) or 'none'})", field="view", value=view)
         with self.damage_is_one_line(f"view {view!r} of {key!r}"):
             try:  # the view's own metadata, not each group's on the way (on object storage each is a request)
                 g = self.root[f"{key}/{view}"] if one_name(view) else None
