@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from featstore.analytics.interrupts import interruptible
-from featstore.errors import FeatstoreError, Name
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.records import CircuitRun, DatasetInfo, GateScores, ModelCost, ModelSource, RunRows, ZooRow
 
 _DEFINITION = re.compile(r"CREATE OR REPLACE (MACRO|VIEW) (\w+)")
@@ -240,7 +240,8 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
     path = Path(path)
     check_database_path(path)
     if read_only and not path.exists():
-        raise FeatstoreError(f"no database at {path}; fill one with `featstore probe --db {path}`")
+        raise FeatstoreError("no database there; fill one with ", Step("fs.probe(db=db, ...)", "probe"),
+                             field="db", value=path)
     creating = not read_only and not path.exists()
     deadline = time.monotonic() + wait_s
     try:

@@ -26,7 +26,7 @@ from featstore.analytics.comparison_text import Comparison
 from featstore.analytics.db import MACROS, connect, connect_several, in_memory, schema_tables
 from featstore.analytics.exit_policies import DEFAULT_POLICIES, ExitPolicies
 from featstore.analytics.scopes import SCOPES
-from featstore.errors import FeatstoreError, Name
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.schema import JOINT_MIN_CONF, PER_PAIR
 
 Db = str | Path | Sequence[str | Path] | duckdb.DuckDBPyConnection  # a database, several, or an open connection
@@ -405,14 +405,13 @@ def exit_device(db: Db, run_id: str, batch_size: int = 1, device: str | None = N
     device measured at that batch size."""
     run = query(db, "SELECT model FROM runs WHERE run_id = ?", [run_id])
     if run.is_empty():
-        raise FeatstoreError(f"no run {run_id!r} in {db}; list them with featstore sql --db {db} "
-                             f"\"SELECT run_id FROM runs\"")
+        raise FeatstoreError(f"no run {run_id!r} in {db}; list them with ", Step("fs.connect(db).runs", "sql"))
     model = run["model"][0]
     devices = cost_devices(db, model, batch_size)
     if device is None:
         if not devices:
-            raise FeatstoreError(f"no costs of {model!r} at batch size {batch_size} in {db}; run featstore cost "
-                                 f"--model {model} --db {db}")
+            raise FeatstoreError(f"no costs of {model!r} at batch size {batch_size} in {db}; measure them with ",
+                                 Step(f"fs.cost({model!r}, db)", "cost"))
         if len(devices) > 1:
             raise FeatstoreError(f"costs of {model!r} exist for several devices ({'; '.join(devices)}): pick one "
                                  f"with ", Name("device"))

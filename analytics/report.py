@@ -29,7 +29,7 @@ from featstore.analytics.report_figures import PAGE_PX, _Figures, _slug, _table
 from featstore.analytics.report_plots import PlotlyFigures, page_scripts
 from featstore.analytics.report_readouts import readout_sections
 from featstore.analytics.report_robustness import robustness_section
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Step
 from featstore.schema import FIGURE_FORMATS, JOINT_MIN_CONF
 
 
@@ -128,8 +128,10 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
         if k is not None and k not in ks:
             ks = sorted({*ks, *q.stability_windows(con, [k])})
         if q.runs(con).is_empty() and q.circuit_runs(con).is_empty():
-            raise FeatstoreError(f"database {db} has no probe or circuit runs yet; run `featstore probe --db {db}` "
-                                 f"or `featstore circuits --db {db}` first")
+            raise FeatstoreError(f"database {db} has no probe or circuit runs yet; run ",
+                                 Step("fs.probe(db=db, ...)", "probe"), " or ",
+                                 Step("fs.circuits(db=db, ...)", "circuits"),
+                                 " first")
         real = Path(os.path.realpath(out))  # staged beside where the files land: moved in by rename, never copied
         real.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{real.name}.partial-", dir=real.parent))

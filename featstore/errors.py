@@ -16,15 +16,23 @@ def shown(value: Any) -> str:
     return repr(value) if isinstance(value, str | list | dict | bool) or value is None else str(value)
 
 
+NO_VALUE: Any = type("NoValue", (), {"__repr__": lambda self: "NO_VALUE"})()  # a field named without a value
+
+
 @dataclass(frozen=True)
 class Name:
-    """A field a message names inside its reason (`pass Name("skip_bad") to go on`): a Python caller reads the
-    keyword argument (`skip_bad`), a command-line user the flag that sets it."""
+    """A field a message names inside its reason (`pass Name("skip_bad") to go on`), with the value it suggests
+    (`Name("variant", "lens-direct")`) or none: a Python caller reads the keyword argument (`skip_bad`,
+    `variant='lens-direct'`), a command-line user the flag that sets it (`--skip-bad`, `--variant lens-direct`)."""
 
     field: str
+    value: Any = NO_VALUE
 
     def __str__(self) -> str:
-        return f"`{self.field}`"
+        return f"`{self.field}`" if self.value is NO_VALUE else f"{self.field}={shown(self.value)}"
+
+    def as_flag(self, flag: str) -> str:
+        return flag if self.value is NO_VALUE else f"{flag} {self.value}"
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,6 @@ class Step:
 
 
 Part = str | Name | Step
-NO_VALUE: Any = type("NoValue", (), {"__repr__": lambda self: "NO_VALUE"})()  # a field named without a value
 
 
 class Refusal:
@@ -65,7 +72,7 @@ class Refusal:
         """The one line, with each field as `flag` spells it (None: as a Python caller writes it), the value as
         `value(field, value)` gives it, and each next step as `step` says it; by default as `str()` says it."""
         body = "".join(part if isinstance(part, str) else step(part) if isinstance(part, Step)
-                       else flag(part.field) or str(part) for part in self.parts)
+                       else _named(part, flag(part.field)) for part in self.parts)
         if self.field is None:
             return body
         spelled = flag(self.field)
@@ -75,6 +82,10 @@ class Refusal:
         else:
             head = spelled if given is NO_VALUE else f"{spelled} {given}"
         return f"{head}: {body}" if body else head
+
+
+def _named(name: Name, flag: str | None) -> str:
+    return str(name) if flag is None else name.as_flag(flag)
 
 
 class FeatstoreError(Refusal, ValueError):

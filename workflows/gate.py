@@ -26,7 +26,7 @@ import numpy as np
 
 from featstore.analytics import db as fsdb
 from featstore.analytics.queries import query, run_ids_among
-from featstore.errors import FeatstoreError, Name
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.records import Gate, GateScores
 
 FEATURES = ("conf", "logit_conf", "agrees_with_previous", "stable_for", "conf_change", "conf_over_best_before",
@@ -128,8 +128,7 @@ def train_gate(db: str | Path, run_id: str, split: str = "train", c: float = 1.0
     if split not in ("train", "val", "test"):
         raise FeatstoreError("the gate learns from one split: train, val or test", field="split", value=split)
     if not run_ids_among(db, [run_id]):
-        raise FeatstoreError(f"no run {run_id!r} in {db}; list them with featstore sql --db {db} "
-                             f"\"SELECT run_id FROM runs\"")
+        raise FeatstoreError(f"no run {run_id!r} in {db}; list them with ", Step("fs.connect(db).runs", "sql"))
     frame = query(db, "SELECT * FROM head_timelines(?)", [run_id])
     if frame["head_pred"].null_count() == len(frame):
         raise FeatstoreError(f"run {run_id!r} in {db} has no stored model outputs (the head's predictions the gate "

@@ -37,7 +37,7 @@ def merge(target: str | Path, sources: list[str | Path], replace: bool = False) 
     """Fold every source into `target` (created if missing) in one transaction; see the module docstring."""
     target, paths = Path(target), [Path(s) for s in sources]
     if not paths:
-        raise FeatstoreError("featstore merge: name at least one SOURCE database to fold into --db")
+        raise FeatstoreError("name at least one source database to fold into ", Name("db"))
     for p in paths:
         if not p.is_file():
             raise FeatstoreError(f"source database {p} does not exist")

@@ -140,16 +140,15 @@ def check_val_rows(data: ProbeData, cfg: ProbeConfig) -> None:
     weights marked converged."""
     for k, (rows, _) in enumerate(fit_plans(data)):
         if not len(rows.train):
-            where = f"fold {k} of cross_fit={cfg.cross_fit}" if cfg.cross_fit else "the split"
-            raise FeatstoreError(f"{where} holds no train rows ({len(rows.val)} val "
-                                 f"rows of {len(data.valid)} usable images); a probe learns from some: pass a "
-                                 f"smaller ", Name("val_frac"), ", or more images", field="val_frac",
-                                  value=cfg.val_frac)
+            where = (f"fold {k} of ", Name("cross_fit", cfg.cross_fit)) if cfg.cross_fit else ("the split",)
+            raise FeatstoreError(*where, f" holds no train rows ({len(rows.val)} val rows of {len(data.valid)} "
+                                 f"usable images); a probe learns from some: pass a smaller ", Name("val_frac"),
+                                 ", or more images", field="val_frac", value=cfg.val_frac)
         if not len(rows.val):
-            where = f"fold {k} of cross_fit={cfg.cross_fit}" if cfg.cross_fit else "the split"
-            raise FeatstoreError(f"{where} holds no val rows ({len(rows.train)} train "
-                                 f"rows of {len(data.valid)} usable images); early stopping and the val accuracy "
-                                 f"need some: pass a larger ", Name("val_frac"), field="val_frac", value=cfg.val_frac)
+            where = (f"fold {k} of ", Name("cross_fit", cfg.cross_fit)) if cfg.cross_fit else ("the split",)
+            raise FeatstoreError(*where, f" holds no val rows ({len(rows.train)} train rows of {len(data.valid)} "
+                                 f"usable images); early stopping and the val accuracy need some: pass a larger ",
+                                 Name("val_frac"), field="val_frac", value=cfg.val_frac)
 
 
 def planned_run_ids(cfg: ProbeConfig) -> list[str]:

@@ -12,7 +12,7 @@ import difflib
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from featstore.errors import FeatstoreError, Name
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.schema import comma_list
 
 if TYPE_CHECKING:  # the records above are read without torch (`featstore info`); the functions below take a model
@@ -162,7 +162,7 @@ def resolve_anchor(model: nn.Module, name: str) -> tuple[str, str, str | None]:
     close = difflib.get_close_matches(name, valid_anchor_names(model), n=5, cutoff=0.5)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise FeatstoreError(f"anchor {name!r} is not a module of this model{hint}; "
-                         f"`featstore anchors --model <name> --all` lists the valid names")
+                         f"", Step("fs.anchors(model, every=True)", "anchors"), " lists the valid names")
 
 
 def head_name(model: nn.Module) -> str | None:

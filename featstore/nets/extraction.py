@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from featstore.errors import FeatstoreError, Name
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.nets.anchors import INPUT_GRID, Anchor, head_name, resolve_anchor, resolve_anchors, valid_anchor_names
 from featstore.nets.stored_types import choose_dtype
 from featstore.schema import FIELDS
@@ -89,7 +89,8 @@ class Tapper:
         missing = [a.name for a in self.anchors if a.name not in self._pooled]
         if missing:
             raise FeatstoreError(f"anchors {', '.join(missing)} never ran in the forward pass; pick modules "
-                                 f"that the model calls (`featstore anchors --model <name>`)")
+                                 "that the model calls (", Step("fs.anchors(model, every=True)", "anchors"),
+                                 " lists them)")
         feats = [self._pooled[a.name] for a in self.anchors]
         self._pooled.clear()
         return feats, logits.float()

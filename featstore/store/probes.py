@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from featstore.errors import FeatstoreError, FeatstoreTypeError
+from featstore.errors import FeatstoreError, FeatstoreTypeError, Step
 from featstore.store.reading import PROBES, StoreReading, one_name
 
 VERSION = re.compile(r"v\d{8}T\d{6}-[0-9a-f]{8}")  # a saved probe version's name (`new_probe_version`)
@@ -121,8 +121,8 @@ def read_probe(store: StoreReading, key: str, name: str, version: str | None = N
                              f"(a name of letters, digits, _ . -)")
     held = group if version is None else group.get(version)
     if held is None:
-        raise FeatstoreError(f"store {store.location}: the probes {name}/{version} are gone (`featstore verify --db` "
-                             f"lists such runs)")
+        raise FeatstoreError(f"store {store.location}: the probes {name}/{version} are gone (",
+                             Step("fs.open_store(store).verify(dbs=[db])", "verify"), " lists such runs)")
     anchors = {}
     with store.damage_is_one_line(f"{key}/{PROBES}/{name}/{version}"):
         for anchor, g in sorted(held.groups()):

@@ -18,7 +18,7 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync
 
-from featstore.errors import FeatstoreError, FeatstoreTypeError, Name
+from featstore.errors import FeatstoreError, FeatstoreTypeError, Name, Step
 from featstore.records import ModelSource
 from featstore.store.config import StoreConfig
 from featstore.store.image_table import ImageTable
@@ -171,7 +171,7 @@ class StoreReading:
         if key not in models:
             have = ", ".join(models) or "none"
             raise FeatstoreError(f"store {self.location} has no model {key!r} (it has: {have}); "
-                                 f"build it with `featstore build --model {key}`")
+                                 "build it with ", Step(f"fs.build(model={key!r}, ...)", "build"))
         with self.damage_is_one_line(f"{key}/zarr.json"):
             return dict(self.root[key].attrs)
 
@@ -224,7 +224,7 @@ class StoreReading:
             if not isinstance(g, zarr.Group) or "done" not in g:
                 have = ", ".join(self.views(key)) or "none"
                 raise FeatstoreError(f"store {self.location} has no view {view!r} of {key!r} (it has: {have}); "
-                                     f"build it with `featstore build --views {view}`")
+                                     "build it with ", Step(f"fs.build(views={view!r}, ...)", "build"))
             return g
 
 
