@@ -73,13 +73,13 @@ def in_flags(refusal: Refusal) -> str:
 def _same(value: object, given: object) -> bool:
     """Whether an error's value is the value the command was given (a path the library made absolute, a list it
     read from a comma list, a number it normalised)."""
+    if isinstance(given, list | tuple) and not isinstance(value, list | tuple):
+        given = ",".join(map(str, given))
     if value == given or str(value) == str(given):
         return True
-    if isinstance(value, str | Path) and isinstance(given, str | Path) and "://" not in str(value):
-        return Path(value).expanduser().absolute() == Path(given).expanduser().absolute()
-    if isinstance(given, list | tuple) and not isinstance(value, list | tuple):
-        return str(value) == ",".join(map(str, given))
-    return False
+    if given is None or isinstance(value, list | tuple) or "://" in f"{value}{given}":
+        return False
+    return Path(str(value)).expanduser().absolute() == Path(str(given)).expanduser().absolute()
 
 
 def user_errors(fn):

@@ -66,7 +66,8 @@ class StoreReading:
         mode = self._mode
         self.location = StoreLocation.parse(path)
         if mode == "r" and not self.location.has_store():
-            raise FeatstoreError(f"no featstore store at {self.location}; build one with `featstore build`")
+            raise FeatstoreError("no featstore store there; build one with ", Step("fs.build(store=..., ...)", "build"),
+                                 field="store", value=str(self.location))
         self.location.check_usable()
         try:
             # a new store is created with its format attr in its first zarr.json: another build starting at the
