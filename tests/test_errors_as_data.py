@@ -104,21 +104,6 @@ def test_the_cli_says_the_flag_and_the_value_as_typed(tmp_path, monkeypatch, arg
     assert str(tmp_path) not in line, line
 
 
-def test_a_path_beside_the_data_folder_is_not_garbled(tmp_path, monkeypatch):
-    """`cd /X/val && build --data . --store /X/val.zarr` says /X/val.zarr whole (a rewrite of the text made it
-    "..zarr")."""
-    from test_trust_round5_core import _jpeg
-
-    val = tmp_path / "val"
-    (val / "a").mkdir(parents=True)
-    _jpeg(val / "a" / "0.jpg", 10)
-    store = tmp_path / "val.zarr"
-    store.write_text("")
-    monkeypatch.chdir(val)
-    line = fails("build", "--model", "resnet18", "--weights", "none", "--data", ".", "--store", store)
-    assert str(store) in line and "..zarr" not in line, line
-
-
 def test_a_field_named_inside_a_reason_is_said_as_the_commands_flag(tmp_path):
     """A field the reason names (`Name`) is the flag of the command that runs: `merge` without a source."""
     line = fails("merge", "--db", tmp_path / "t.duckdb")
