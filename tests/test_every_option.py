@@ -191,7 +191,7 @@ def test_the_library_names_the_field_and_the_cli_its_flag(tmp_path, image_dir):
         "featstore: error: --val-frac 1.5: must be a number > 0 and < 1 (featstore probe -h lists the options)")
     assert not db.exists()
     # a message raised deep in the library (the store's URL), as each face says it
-    with pytest.raises(ValueError, match="^store=ftp://b/s.zarr: ftp:// is not a storage featstore can reach; "):
+    with pytest.raises(ValueError, match="^store=.ftp://b/s.zarr.: ftp:// is not a storage featstore can reach; "):
         StoreLocation.parse("ftp://b/s.zarr")
     line = fails("build", "--model", "resnet18", "--weights", "none", "--data", image_dir, "--store", "ftp://b/s.zarr")
     assert line.startswith("featstore: error: --store ftp://b/s.zarr: ftp:// is not a storage featstore can reach; ")
@@ -205,7 +205,8 @@ def test_what_the_user_gave_is_said_as_given(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "view=clean.zarr").mkdir()
     line = fails("info", "--store", "view=clean.zarr")
-    assert line == "featstore: error: --store view=clean.zarr: no featstore store there; build one with `featstore build`"
+    assert line == (
+        "featstore: error: --store view=clean.zarr: no featstore store there; build one with `featstore build`")
 
 
 def test_project_dim_stands_for_the_default_variant_only(tmp_path):
