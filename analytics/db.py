@@ -284,8 +284,8 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
         con.close()
         if isinstance(e, duckdb.CatalogException) and read_only:
             raise FeatstoreError(f"{path} is not a featstore database ({str(e).splitlines()[0]}); pass the ",
-                                  Name("db"), " "
-                                 "that featstore probe filled") from e
+                                 Name("db"), " "
+                                 "that ", Step("fs.probe(...)", "probe"), " filled") from e
         if isinstance(e, duckdb.IOException | duckdb.TransactionException):  # a full disk, a file size limit
             raise FeatstoreError(f"cannot write database {path}: {str(e).splitlines()[0]}") from e
         raise  # a macro that does not bind on a write connection is featstore's own bug
@@ -305,7 +305,7 @@ def _check_shadowing(con: duckdb.DuckDBPyConnection, path: Path) -> None:
         what = (f"{name} is a view where featstore keeps a table" if kind == "view"
                 else f"it defines {name}, a function DuckDB already has, which it would replace in every query")
         raise FeatstoreError(f"{path}: {what}, so reading it would run the file's own SQL; pass a ", Name("db"),
-                              " that "
+                             " that "
                              "featstore wrote")
     _CHECKED[key] = True
 
@@ -491,7 +491,8 @@ def connect_several(paths: Sequence[str | Path], runs: Sequence[str] | None = No
     for kind, run_id, copies in con.execute("SELECT * FROM duplicate_runs()").fetchall():
         con.close()
         raise FeatstoreError(f"{kind} {run_id!r} is held by {copies} of the databases; query them one at a time "
-                             f"or fold them with `featstore merge` (which checks that both are the same)")
+                             f"or fold them with ",
+                             Step("fs.merge(db, sources)", "merge"), " (which checks that both are the same)")
     return con
 
 
@@ -560,9 +561,9 @@ def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo)
     if not rows:
         return False
     if int(rows.get("split_seed", 0)) != info.split_seed:
-        raise FeatstoreError(f"database {path} splits its images with split seed {rows.get('split_seed')}; pass "
-                             f"split_seed={rows.get('split_seed')} (", Name("seed"), " is the probe seed) or a new ",
-                              Name("db"))
+        raise FeatstoreError(f"database {path} splits its images with split seed {rows.get('split_seed')}; pass ",
+                             Name("split_seed", rows.get("split_seed")), " (", Name("seed"),
+                             " is the probe seed) or a new ", Name("db"))
     if float(rows.get("val_frac", 0.1)) != info.val_frac:
         raise FeatstoreError(f"database {path} records a val fraction of {rows.get('val_frac')} in its images "
                              f"table; probe with that value or use a new ", Name("db"))
@@ -591,7 +592,7 @@ def check_source(con: duckdb.DuckDBPyConnection, path: Path, source: ModelSource
         raise FeatstoreError(f"database {path} holds model {source.model!r} probed from another store "
                              f"({held.store or 'an older featstore'}): {source.store} has {'; '.join(differs)}; "
                              f"one database per store and model: pass a new ", Name("db"), " (or ", Name("name"),
-                              " the other build)")
+                             " the other build)")
 
 
 def register_source(con: duckdb.DuckDBPyConnection, source: ModelSource) -> None:

@@ -29,7 +29,7 @@ class ExitPolicies:
         confidence outside [0, 1] is no policy, and every threshold is a policy simulated over every image."""
         if not self.ks or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in self.ks):
             raise FeatstoreError("give stability windows, integers >= 1",
-                                 field="ks", value=",".join(map(str, self.ks)) or "()")
+                                 field="ks", value=self.ks)
         named = {"thresholds": self.thresholds, "combined_thresholds": self.combined, "learned": self.learned or ()}
         for name, values in named.items():
             if len(values) > MAX_THRESHOLDS:

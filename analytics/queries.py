@@ -56,7 +56,7 @@ def _sql_error(e: duckdb.Error) -> FeatstoreError:
     first = str(e).splitlines()[0]
     if any(m in first.lower() for m in ("read-only", "disabled", "locked", "cannot attach")):
         return FeatstoreError(f"queries open the database read-only and reach no other file, extension or "
-                              f"setting ({first}); featstore probe is what writes")
+                              f"setting ({first}); ", Step("fs.probe(...)", "probe"), " is what writes")
     missing = re.match(r"Catalog Error: (.+?) with name (\w+) does not exist!", first)
     if missing:
         return FeatstoreError(f"SQL error: no {missing.group(1).lower()} named {missing.group(2)}"
@@ -439,10 +439,12 @@ def early_exit(db: Db, run_id: str, device: str | None = None, batch_size: int =
     population = exit_population(db, run_id, policies, scope)
     row = population.row(0, named=True)
     if row["n"] == 0:
-        why = (f"the learned gate of {run_id!r} learnt from every image scope={scope} counts (its "
-               f"{row['gate_learnt_on']} split); pass another `scope`, or `no_gate`" if row["gate_learnt_on"]
-               and row["scoped"] else f"scope={scope} counts no image of {run_id!r}; pass another `scope`")
-        raise FeatstoreError(f"no image to simulate early exit on: {why}")
+        if row["gate_learnt_on"] and row["scoped"]:
+            raise FeatstoreError(f"no image to simulate early exit on: the learned gate of {run_id!r} learnt from "
+                                 f"every image this scope counts (its {row['gate_learnt_on']} split); pass another ",
+                                 Name("scope"), ", or ", Name("no_gate"), field="scope", value=scope)
+        raise FeatstoreError(f"no image to simulate early exit on: this scope counts no image of {run_id!r}; pass "
+                             f"another ", Name("scope"), field="scope", value=scope)
     return EarlyExit(device, population, exit_simulation(db, run_id, device, batch_size, policies, scope),
                      exit_pareto(db, run_id, device, batch_size, policies, scope))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from featstore.analytics.queries import Db, query, runs, stability_windows
-from featstore.errors import FeatstoreError, FeatstoreTypeError, Name
+from featstore.errors import FeatstoreError, FeatstoreTypeError, Name, Step
 from featstore.schema import shown
 
 ONE_WINDOW = 2  # the window a one-window part shows when several are asked for (the default list among them)
@@ -139,11 +139,11 @@ def only_run(db: Db, given: str | None) -> str:
         return given
     have = runs(db)["run_id"].to_list()
     if not have:
-        raise FeatstoreError(Name("run"), f": {db} holds no probe run; run featstore probe first")
+        raise FeatstoreError(Name("run"), f": {db} holds no probe run; run ", Step("fs.probe(...)", "probe"), " first")
     if len(have) > 1:
         named = ", ".join(have[:8]) + (f" … ({len(have)} in all)" if len(have) > 8 else "")
         raise FeatstoreError(Name("run"), f": {db} holds {len(have)} runs ({named}); name one with ", Name("run",
-                              "RUN_ID"))
+                             "RUN_ID"))
     return have[0]
 
 
@@ -158,7 +158,7 @@ def one_window(db: Db, ks: Sequence[int] | None = None, chosen: Sequence[str] | 
         return ONE_WINDOW
     raise FeatstoreError(f"this command shows one stability window, the one k "
                          f"given, or 2 of a list holding it (as the default 1,2,3,4 does); give one, e.g. "
-                         f"k={windows[0]}", field="k", value=",".join(map(str, windows)))
+                         f"k={windows[0]}", field="k", value=list(windows))
 
 
 def runs_written(db: str | Path) -> dict[str, str]:

@@ -167,7 +167,7 @@ class Results:
                              refits=refits)
         if frame.is_empty():
             raise FeatstoreError("no images that every probe of the set counts in this scope; pass ", Name("runs"),
-                                  " or ", Name("scope"))
+                                 " or ", Name("scope"))
         return Sweep(frame, spread_table(frame), self.notes(sorted(set(frame["k"])), frame["run_id"].to_list()))
 
     def image_timeline(self, image_id: int, k: Ks = None, runs: Runs = None) -> ImageTimeline:

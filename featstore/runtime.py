@@ -43,7 +43,7 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
         if device == "cuda":
             device = f"cuda:{local_rank}"
     elif device != "cpu":
-        raise FeatstoreError(f"device={device!r} is not one of auto, cpu, cuda, cuda:N")
+        raise FeatstoreError("is not one of auto, cpu, cuda, cuda:N", field="device", value=device)
     return torch.device(device)
 
 

@@ -176,7 +176,7 @@ class LinearGroup(ProbeGroup):
         if full_batch.grid.step and not self.solves:
             raise FeatstoreError(f"linear:C_step={full_batch.grid.step} needs the C search, which needs the fit rows "
                                  f"in memory; raise ", Name("memory_budget"),
-                                  " (these rows are streamed from the store)")
+                                 " (these rows are streamed from the store)")
         self.sgd_c = full_batch.grid.pinned or 1.0  # SGD has no search: the pinned C, or scikit-learn's default
         self.wd = 1.0 / (self.sgd_c * ctx0.n_fit)  # on the rows the final probe learns from
         self.held_out: dict[int, tuple[float, float]] = {}  # anchor -> val loss and accuracy, rows not learnt from

@@ -14,7 +14,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError, Name
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.nets.anchors import Anchor
 from featstore.probing.base import FittedProbe, ProbeVariant
 from featstore.probing.source import FeatureSource, holds_prepared
@@ -92,7 +92,7 @@ class ProbeData:
             bad = low if low < 0 else top
             raise FeatstoreError(f"store {self.store.location}: label {bad} of its image table is no class index of "
                                  f"its {len(names)} classes (0..{len(names) - 1}); nothing was fitted: rebuild the "
-                                 f"store's image table (`featstore build` from ", Name("data"), ")")
+                                 f"store's image table (", Step("fs.build(...)", "build"), " from ", Name("data"), ")")
         absent = top + 1 - len(np.unique(labels))
         if not names and absent > len(labels):
             raise FeatstoreError(f"store {self.store.location}: its largest label, {top}, makes a {top + 1:,}-way "
@@ -259,17 +259,21 @@ def check_complete(store: FeatureStore, key: str, view: str) -> None:
     wrote, no NaN or infinity outside skipped rows), before training."""
     damage = store.check_view_arrays(key, view)
     if damage:
-        raise FeatstoreError(f"store {store.location} is damaged: {damage[0]}; rerun the same `featstore build` to "
-                             f"make the view again (`featstore verify` lists the damage)")
+        raise FeatstoreError(f"store {store.location} is damaged: {damage[0]}; rerun the same ",
+                             Step("fs.build(...)", "build"), " to "
+                             "make the view again (",
+                             Step("fs.open_store(store).verify()", "verify"), " lists the damage)")
     done = store.done(key, view)
     if not done.all():
         missing = np.flatnonzero(~done)
         raise FeatstoreError(
             f"store {store.location}: view {view!r} of {key!r} is incomplete ({int(done.sum())}/{done.size} chunks, "
-            f"first missing chunk {int(missing[0])}); resume it by rerunning the same `featstore build` command")
+            f"first missing chunk {int(missing[0])}); resume it by rerunning the same ",
+            Step("fs.build(...)", "build"))
     problems = store.check_view(key, view)
     if problems:
         raise FeatstoreError(
             f"store {store.location} is damaged: {problems[0]}"
             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-            + "; rerun the same `featstore build` to re-do those chunks (`featstore verify` lists them)")
+            + "; rerun the same ", Step("fs.build(...)", "build"), " to re-do those chunks (",
+             Step("fs.open_store(store).verify()", "verify"), " lists them)")

@@ -176,7 +176,7 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, fam
     cs = grid.values()
     if n_val == 0 and len(cs) > 1:
         raise FeatstoreError(f"no val rows to choose the probe's L2 strength on ({n} fit rows); raise ",
-                              Name("val_frac"), ", "
+                             Name("val_frac"), ", "
                              "or pin it with C=1 (e.g. ", Name("variant", "linear:C=1"), ")")
     key = _search_key(x, y, n_train, family, grid, tol)
     # only a neighbour run reads the memory: a chosen run always searches (a second one in this process, e.g. at

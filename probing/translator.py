@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError, Name
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.probing import targets
 from featstore.probing.base import AnchorContext, LinearFit, Plan, ProbeGroup, ProbeVariant, register
 from featstore.probing.lbfgs import add_row_products_, chunk_rows, class_major, row_major_zeros, strengths
@@ -76,14 +76,15 @@ def read_kept_head(store, key: str, variant: str) -> Head:
     kept = store.read_head(key)
     if kept is None:
         raise FeatstoreError(f"store {store.location} keeps no head weights for {key!r} (built "
-                             f"before they were kept, or the model has no Linear head); rerun the same "
-                             f"`featstore build` to add them, or use ", Name("variant", "lens-direct"),
+                             f"before they were kept, or the model has no Linear head); rerun the same ",
+                             Step("fs.build(...)", "build"), " to add them, or use ", Name("variant", "lens-direct"),
                              field="variant", value=variant)
     weight, bias, module = kept
     classes = store.config(key).num_classes
     if weight.shape[0] != classes:
         raise FeatstoreError(f"the head of {key!r} kept in {store.location} has "
-                             f"{weight.shape[0]} classes, its logits {classes}; rerun the same `featstore build`",
+                             f"{weight.shape[0]} classes, its logits {classes}; rerun the same ",
+                             Step("fs.build(...)", "build"),
                              field="variant", value=variant)
     if classes < 2:
         raise FeatstoreError(f"the head of {key!r} has {classes} class: any readout through it "
@@ -327,8 +328,8 @@ class TranslatorGroup(ProbeGroup):
         out = {}
         for i, a in enumerate(self.members):
             if a not in self.done:
-                raise FeatstoreError("variant=head-probe: the translator was never solved (its rows were not "
-                                     "resident)")
+                raise FeatstoreError("the translator was never solved (its rows were not resident)",
+                                     field="variant", value="head-probe")
             w, info, converged, loss, (val_loss, val_accuracy) = self.done[a]
             d, mean, std = self.dim, self.mean[i, 0], self.std[i, 0]
             a_t = w[:d] / std[:, None]  # raw space: u = x A^T + b

@@ -205,7 +205,7 @@ def test_the_macros_defaults_are_the_cli_and_report_defaults(db):
     ({"combined": (-0.1,)}, "combined_thresholds=-0.1: confidences lie in [0, 1]"),
     ({"thresholds": ()}, "thresholds=(): give at least one confidence threshold"),
     ({"ks": ()}, "ks=(): give stability windows, integers >= 1"),
-    ({"ks": (0, 2)}, "ks=0,2: give stability windows, integers >= 1"),
+    ({"ks": (0, 2)}, "ks=(0, 2): give stability windows, integers >= 1"),
     ({"thresholds": (0.5,) * 10_001}, "thresholds=(10,001 values): at most 10,000; give fewer"),
 ])
 def test_the_policies_are_checked_where_python_callers_make_them(given, said):

@@ -194,7 +194,7 @@ def compiled_forward(job: BuildJob) -> torch.nn.Module:
     except Exception as e:
         raise FeatstoreError(Name("compile"), f": torch.compile failed on this model ({type(e).__name__}: "
                              f"{str(e).splitlines()[0][:200] if str(e) else ''}); build without ",
-                              Name("compile")) from e
+                             Name("compile")) from e
     return forward
 
 

@@ -49,7 +49,7 @@ def export(db: str | Path, to: str | Path) -> list[Path]:
 
 
 def _export_under_lock(db: str | Path, to: Path, partial: Path, ours: bool) -> None:
-    with locked(partial, wait=False, what=f"export folder {partial}", instead="or export to another `out`"):
+    with locked(partial, wait=False, what=f"export folder {partial}", instead=("or export to another ", Name("out"))):
         marker = partial / MARKER
         if not marker.is_file():
             if any(partial.iterdir()):

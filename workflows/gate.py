@@ -132,7 +132,7 @@ def train_gate(db: str | Path, run_id: str, split: str = "train", c: float = 1.0
     frame = query(db, "SELECT * FROM head_timelines(?)", [run_id])
     if frame["head_pred"].null_count() == len(frame):
         raise FeatstoreError(f"run {run_id!r} in {db} has no stored model outputs (the head's predictions the gate "
-                             f"learns to recognise); rerun featstore probe for it")
+                             f"learns to recognise); rerun ", Step("fs.probe(...)", "probe"), " for it")
     frame = frame.filter(frame["head_pred"].is_not_null())
     preds = np.array(frame["preds"].to_list(), dtype=np.int64)
     confs = np.array(frame["confs"].to_list(), dtype=np.float64)

@@ -19,7 +19,7 @@ from pathlib import Path
 import duckdb
 
 from featstore.analytics import db as fsdb
-from featstore.errors import FeatstoreError, Name
+from featstore.errors import FeatstoreError, Name, Step
 
 SPLIT_KEYS = ("dataset", "split_seed", "val_frac")  # meta rows that make two databases one experiment
 
@@ -74,7 +74,7 @@ def _fold(con: duckdb.DuckDBPyConnection, source: Path, replace: bool) -> list[s
     missing = sorted(set(fsdb.schema_tables()) - tables)
     if missing:
         raise FeatstoreError(f"source {source} predates table {missing[0]} (an older featstore wrote it); open it "
-                             f"once with this version's `featstore probe` or pass another source")
+                             f"once with this version's ", Step("fs.probe(...)", "probe"), " or pass another source")
     mine = dict(con.execute("SELECT key, value FROM meta").fetchall())
     theirs = dict(con.execute("SELECT key, value FROM src.meta").fetchall())
     if mine.get("dataset") and theirs.get("dataset"):

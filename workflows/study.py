@@ -295,7 +295,7 @@ def run_study(path: str | Path, data: str | Path | None = None, out: str | Path 
                     probe_run=replace(study.probe_run, threads=threads))
     if not study.images.data.is_dir():
         raise FeatstoreError(f"image folder {study.images.data} does not exist; pass ", Name("data"),
-                              " or fix [data] path")
+                             " or fix [data] path")
     study.out.mkdir(parents=True, exist_ok=True)
     state_file = study.out / "study-state.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}

@@ -182,7 +182,7 @@ def _normalised(labels: Path, line: int, name: str) -> str:
     norm = posixpath.normpath(name.replace("\\", "/"))
     if norm.startswith("/") or norm == ".." or norm.startswith("../"):
         raise FeatstoreError(f"labels file {labels} line {line}: {name!r} is outside the ", Name("data"),
-                              " folder; give "
+                             " folder; give "
                              "paths relative to it")
     return norm
 

@@ -41,7 +41,7 @@ class Preprocessing:
         if size is None:
             return self
         if size < 16:
-            raise FeatstoreError(f"image_size={size} is too small (minimum 16)")
+            raise FeatstoreError("is too small (minimum 16)", field="image_size", value=size)
         return Preprocessing(round(size * 256 / 224), size, self.mean, self.std, self.interpolation)
 
     def crop_uint8(self, image: Image.Image) -> torch.Tensor:

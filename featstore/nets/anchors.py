@@ -180,7 +180,7 @@ def check_anchor_names(names: list[str]) -> list[str]:
         raise FeatstoreError(Name("anchors"), f" lists a name twice: {','.join(names)}")
     if INPUT_ANCHOR in names[1:]:
         raise FeatstoreError(Name("anchors"),
-                              f" lists {INPUT_ANCHOR} at place {names.index(INPUT_ANCHOR) + 1}: the model's "
+                             f" lists {INPUT_ANCHOR} at place {names.index(INPUT_ANCHOR) + 1}: the model's "
                              f"input comes before every module, so it goes first ({INPUT_ANCHOR},{names[0]},...)")
     if len(names) < 2:
         raise FeatstoreError("need at least 2 anchors: a decision timeline has a start and an end")
@@ -194,7 +194,7 @@ def tap_anchor_names(model: nn.Module, taps: str) -> list[str]:
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, (nn.Sequential, nn.ModuleList)) or not all(hasattr(b, "norm2") for b in blocks):
         raise FeatstoreError(Name("taps"),
-                              " needs a timm VisionTransformer-style model (blocks with norm1/attn/norm2/mlp)")
+                             " needs a timm VisionTransformer-style model (blocks with norm1/attn/norm2/mlp)")
     names = list(TAPS) if taps == "all" else comma_list(taps)
     unknown = [t for t in names if t not in TAPS]
     if unknown:

@@ -138,8 +138,8 @@ def trace_places(model: nn.Module, sample: torch.Tensor, token_pool: str = "cls"
             logits = model(image)
             logits = logits[0] if isinstance(logits, (tuple, list)) else logits
     except RuntimeError as e:
-        raise FeatstoreError(f"cannot trace this model to choose its default anchors ({str(e)[:120]}); pass "
-                             f"anchors=a,b,c") from e
+        raise FeatstoreError(f"cannot trace this model to choose its default anchors ({str(e)[:120]}); pass ",
+                             Name("anchors", "a,b,c")) from e
     finally:
         for h in handles:
             h.remove()

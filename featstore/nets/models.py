@@ -177,15 +177,16 @@ def _torchvision(arch: str, weights: str, path: Path | None, seed: int, image_si
     if path is None and weights != "none":
         if enum is None:
             raise FeatstoreError(f"torchvision has no pretrained weights for {arch}; use ", Name("weights", "none"),
-                                  " or PATH")
+                                 " or PATH")
         try:
             chosen = enum.DEFAULT if weights == "default" else enum[weights]
         except KeyError as e:
             names = ", ".join(w.name for w in enum)
             twin = {tv: tm for tm, tv in PAPER_TWIN.items()}.get(arch)
-            hint = f" (timm's {twin} checkpoints: model=timm/{twin} weights=TAG)" if twin else ""
-            raise FeatstoreError(f"{arch} weights are {names}, default, none or a path"
-                                 f"{hint}", field="weights", value=weights) from e
+            hint = (" (timm's checkpoints of it: ", Name("model", f"timm/{twin}"), " ", Name("weights", "TAG"),
+                    ")") if twin else ()
+            raise FeatstoreError(f"{arch} weights are {names}, default, none or a path", *hint, field="weights",
+                                 value=weights) from e
     reference = chosen or (enum.DEFAULT if enum is not None else None)
     prep = _torchvision_preprocessing(reference)
     if chosen is not None:

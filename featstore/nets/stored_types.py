@@ -72,11 +72,12 @@ def unstorable_rows(values: Sequence[torch.Tensor], dtypes: Sequence[str]) -> np
 def refusal(what: str, dtype: str, value: float, where: str) -> FeatstoreError:
     """The one-line error for a value `what` (an anchor, the logits) cannot be stored as."""
     if math.isfinite(value):
-        return FeatstoreError(f"{what} reaches {value:.4g} on {where}, beyond float16's ±65504; rebuild with "
-                              f"store_dtype=float32 (in a new ", Name("store"), ", or under ", Name("name"), ")")
+        return FeatstoreError(f"{what} reaches {value:.4g} on {where}, beyond float16's ±65504; rebuild with ",
+                              Name("store_dtype", "float32"), " (in a new ", Name("store"), ", or under ",
+                              Name("name"), ")")
     return FeatstoreError(f"{what} is {value} on {where} ({dtype}): the network itself computes it (NaN or infinite ",
                           Name("weights"), ", or an fp16/bf16 overflow: then build with ", Name("precision", "fp32"),
-                           "); nothing of it is "
+                          "); nothing of it is "
                           "stored")
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import zarr
 
-from featstore.errors import FeatstoreError, Name
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.images.imagenet_val import foreign_wnid
 from featstore.store.integrity import Damage, brief, checksum, text_checksum
 
@@ -59,7 +59,7 @@ class ImageTable:
             raise FeatstoreError(
                 f"store {location} labels its images as {space} classes, but this model's head needs "
                 f"{images.label_space} labels (ImageNet-1k indices only fit a 1000-way head); use a new ",
-                 Name("store"))
+                Name("store"))
         if attrs.get("fingerprint") != images.fingerprint():
             raise FeatstoreError(
                 f"store {location} holds a different image list ({attrs.get('count')} images from "
@@ -70,8 +70,9 @@ class ImageTable:
         """The image ids, paths and labels, as written: a table that is damaged is refused, never read as zeros."""
         table, damage = self.read()
         if damage:
-            raise FeatstoreError(f"store {self.store.location} is damaged: {damage[0]}; rerun `featstore build` with "
-                                 f"the same ", Name("data"), " to rewrite the image table")
+            raise FeatstoreError(f"store {self.store.location} is damaged: {damage[0]}; rerun ",
+                                 Step("fs.build(...)", "build"), " with "
+                                 "the same ", Name("data"), " to rewrite the image table")
         return table
 
     def damage(self) -> list[Damage]:
@@ -126,7 +127,7 @@ class ImageTable:
         return Damage("images/label", f"the labels are ranks among the {len(names)} WNIDs the images carry (one of "
                       f"them, {foreign}, no ImageNet-1k class), not the ImageNet-1k indices the store's 1000-way "
                       f"head predicts, so every accuracy scored against them is wrong",
-                      f"fix the rows or the folder of {foreign}, then build into a new `store`")
+                      f"fix the rows or the folder of {foreign}, then build a new store from them")
 
     def attrs(self) -> dict:
         with self.store.damage_is_one_line("images"):

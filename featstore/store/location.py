@@ -135,7 +135,7 @@ class StoreLocation:
                                        or any(not zarr_temporary(p.name) for p in self.path.iterdir())):
                 kind = "a folder with other files" if self.path.is_dir() else "a file"
                 raise FeatstoreError(f"{self.path} is {kind}, not a featstore store (no zarr.json); point ",
-                                      Name("store"), " "
+                                     Name("store"), " "
                                      "at a new path or an existing store")
             return
         keys = self.keys("")

@@ -107,13 +107,15 @@ def read_probe(store: StoreReading, key: str, name: str, version: str | None = N
     FeatstoreError naming it."""
     store.model_attrs(key)  # an unknown model is a one-line error
     if not isinstance(name, str):
-        raise FeatstoreTypeError("give the kept probes' name ('linear@clean'; `featstore info` "
+        raise FeatstoreTypeError("give the kept probes' name ('linear@clean'; ",
+                                 Step("fs.open_store(store).info()", "info"), " "
                                  "lists them)", field="name", value=name)
     root = store.root[key]
     with store.damage_is_one_line(f"{key}/{PROBES}/{name}"):
         if PROBES not in root or not one_name(name) or name not in root[PROBES]:
-            raise FeatstoreError(f"store {store.location} holds no probes {name!r} of {key!r}; `featstore probe` "
-                                 f"saves them")
+            raise FeatstoreError(f"store {store.location} holds no probes {name!r} of {key!r}; ",
+                                 Step("fs.probe(...)", "probe"), " "
+                                 "saves them")
         group = root[PROBES][name]
         version = version or group.attrs.get("current")
     if version is not None and not (isinstance(version, str) and GROUP_NAME.fullmatch(version)):

@@ -82,7 +82,7 @@ class StoreReading:
             self.root.attrs["featstore_format"] = FORMAT
         elif fmt != FORMAT:
             raise FeatstoreError(f"{self.location} is not a featstore store (format {fmt!r}); use a new ",
-                                  Name("store"), " path")
+                                 Name("store"), " path")
 
 
     # -- the roles it composes ----------------------------------------------------------------------
@@ -131,9 +131,10 @@ class StoreReading:
         except FeatstoreError:
             raise
         except Exception as e:
-            raise FeatstoreError(f"store {self.location} is damaged: {where} cannot be read ({brief(e)}); "
-                                 f"`featstore verify` lists the damage, and `featstore build` repairs what it can "
-                                 f"recompute") from e
+            raise FeatstoreError(f"store {self.location} is damaged: {where} cannot be read ({brief(e)}); ",
+                                 Step("fs.open_store(store).verify()", "verify"), " lists the damage, and ",
+                                 Step("fs.build(...)", "build"), " repairs what it can "
+                                 "recompute") from e
 
     # -- models and views ---------------------------------------------------------------------------
 
@@ -293,7 +294,7 @@ class StoreReading:
         for name, values in (("weight", weight), ("bias", bias)):
             if int(attrs["checksums"][name], 16) != checksum(values):
                 raise FeatstoreError(f"store {self.location} is damaged: {key}/{HEAD}/{name} {CHANGED}; rerun the "
-                                     f"same `featstore build` to write the head again")
+                                     f"same ", Step("fs.build(...)", "build"), " to write the head again")
         return weight, bias, str(attrs.get("module", ""))
 
     def read_head_reading(self, key: str) -> tuple[dict, dict[str, np.ndarray]] | None:
@@ -311,7 +312,7 @@ class StoreReading:
         for name, values in arrays.items():
             if int(attrs["checksums"][name], 16) != checksum(values):
                 raise FeatstoreError(f"store {self.location} is damaged: {key}/{HEAD}/{name} {CHANGED}; rerun the "
-                                     f"same `featstore build` to write the head again")
+                                     f"same ", Step("fs.build(...)", "build"), " to write the head again")
         return dict(attrs["reading"]), arrays
 
     def has_head(self, key: str) -> bool:

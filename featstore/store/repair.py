@@ -41,7 +41,7 @@ def repair_images(store: StoreWriter, images: ImageSet) -> list[str]:
     if images.fingerprint() not in known and not nothing_built:
         raise FeatstoreError(f"store {store.location} is damaged: {damage[0]}; these images are not those the store "
                              f"was built from, so their table cannot be rewritten: pass the ", Name("data"), ", ",
-                              Name("labels"), " and ",
+                             Name("labels"), " and ",
                              Name("limit"), " it was built with, or use a new ", Name("store"))
     repaired = [str(d) for d in damage if d.what != UNFINISHED]
     if nothing_built:
