@@ -255,7 +255,8 @@ class EstimatorVariant(ProbeVariant):
             pickle.dumps(estimator)  # its fits are kept pickled: found now, not after every anchor is fitted
         except Exception as e:
             raise FeatstoreError(f"does not pickle ({type(e).__name__}: {e}), and the store keeps each fit pickled; "
-                                 f"nothing was fitted", field="variant", value=f"{type(estimator).__name__}(...)") from None
+                                 f"nothing was fitted", field="variant",
+                                 value=f"{type(estimator).__name__}(...)") from None
         name = check_probe_name(name if name is not None else default_name(estimator))
         if name in VARIANTS:
             raise FeatstoreError(f"name {name!r} is a registered probe variant; give the estimator's runs another "
