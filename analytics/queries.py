@@ -515,8 +515,8 @@ def known_runs(db: Db, runs: Sequence[str]) -> list[str]:
     known = query(db, "SELECT run_id FROM runs")["run_id"].to_list()
     missing = [r for r in runs if r not in known]
     if missing:
-        raise FeatstoreError(Name("runs"), f": no run {missing[0]!r} in the database; list them with featstore sql "
-                             f"\"SELECT run_id FROM runs\"")
+        raise FeatstoreError(f"no run {missing[0]!r} in the database; list them with ",
+                             Step("fs.connect(db).runs", "sql"), field="runs")
     return list(dict.fromkeys(runs))
 
 

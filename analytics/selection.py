@@ -139,11 +139,11 @@ def only_run(db: Db, given: str | None) -> str:
         return given
     have = runs(db)["run_id"].to_list()
     if not have:
-        raise FeatstoreError(Name("run"), f": {db} holds no probe run; run ", Step("fs.probe(...)", "probe"), " first")
+        raise FeatstoreError(f"{db} holds no probe run; run ", Step("fs.probe(...)", "probe"), " first", field="run")
     if len(have) > 1:
         named = ", ".join(have[:8]) + (f" … ({len(have)} in all)" if len(have) > 8 else "")
-        raise FeatstoreError(Name("run"), f": {db} holds {len(have)} runs ({named}); name one with ", Name("run",
-                             "RUN_ID"))
+        raise FeatstoreError(f"{db} holds {len(have)} runs ({named}); name one with ", Name("run", "RUN_ID"),
+                             field="run")
     return have[0]
 
 
@@ -156,9 +156,9 @@ def one_window(db: Db, ks: Sequence[int] | None = None, chosen: Sequence[str] | 
         return windows[0]
     if ONE_WINDOW in windows:
         return ONE_WINDOW
-    raise FeatstoreError(f"this command shows one stability window, the one k "
-                         f"given, or 2 of a list holding it (as the default 1,2,3,4 does); give one, e.g. "
-                         f"k={windows[0]}", field="k", value=list(windows))
+    raise FeatstoreError("this command shows one stability window, the one k "
+                         "given, or 2 of a list holding it (as the default 1,2,3,4 does); give one, e.g. ",
+                         Name("k", windows[0]), field="k", value=list(windows))
 
 
 def runs_written(db: str | Path) -> dict[str, str]:

@@ -220,7 +220,8 @@ def predict_view(data: ProbeData, fits: list[Fit], view: str, progress: bool = F
             fold[np.searchsorted(valid, fit.predicted)] = k
     if not np.isfinite(conf).all():  # the stored features were checked; this guards the arithmetic
         raise FeatstoreError(f"probes of {data.key!r} predict NaN on view {view!r}; nothing was written (check the "
-                             f"store with `featstore verify {data.store.location}`)")
+                             "store with ", Step(f"fs.open_store({str(data.store.location)!r}).verify()", "verify"),
+                             ")")
     records = [(k, a, f.record()) for k, fit in enumerate(fits) for a, f in enumerate(fit.probes)]
     return ViewPredictions(view, pred, conf, fold, records)
 
