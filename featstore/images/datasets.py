@@ -216,8 +216,9 @@ def _from_labels(root: Path, labels: Path) -> tuple[list[str], list[int], list[s
     found = match_files(root, labels, listed, _image_files(root))
     absent = [name for name in listed if name not in found]
     if absent:
-        warnings.warn(f"labels file {labels} lists {len(listed):,} images; {len(absent):,} of them are not in {root} "
-                      f"(e.g. {absent[0]!r}): the set is the {len(found):,} that are", MissingImages, stacklevel=4)
+        warnings.warn(MissingImages(f"lists {len(listed):,} images; {len(absent):,} of them are not in {root} (e.g. "
+                                    f"{absent[0]!r}): the set is the {len(found):,} that are", field="labels",
+                                    value=labels), stacklevel=4)
     names = [name for name in listed if name in found]
     classes = sorted({listed[name].wnid for name in names})
     index = {wnid: i for i, wnid in enumerate(classes)}
@@ -302,9 +303,9 @@ def _left_out(root: Path, labels: Path, listed: dict[str, int]) -> None:
     but a silently shorter image set looks like a complete one."""
     unlisted = [path for path in _image_files(root) if path not in listed]
     if unlisted:
-        warnings.warn(f"labels file {labels} lists {len(listed)} images; {len(unlisted)} other image file(s) in "
-                      f"{root} are left out (e.g. {unlisted[0]!r}); add them to the file if they belong to the set",
-                      UnlabelledImages, stacklevel=4)
+        warnings.warn(UnlabelledImages(f"lists {len(listed)} images; {len(unlisted)} other image file(s) in {root} "
+                                       f"are left out (e.g. {unlisted[0]!r}); add them to the file if they belong to "
+                                       f"the set", field="labels", value=labels), stacklevel=4)
 
 
 def check_labels(images: ImageSet, num_classes: int) -> None:
