@@ -163,7 +163,7 @@ def test_cost_and_exit_sim_commands(image_dir, tmp_path):
     store, db = tmp_path / "s.zarr", tmp_path / "f.duckdb"
     run_cli("build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--data", image_dir,
             "--store", store, "--no-progress", "--workers", "0")
-    assert "no database at" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear")
+    assert f"--db {db}: no database there" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear")
     assert not db.exists()  # a query never creates the database it reads
     run_cli("probe", "--store", store, "--model", "resnet18", "--db", db, "--no-progress")
     assert "featstore cost" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear")

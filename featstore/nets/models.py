@@ -183,7 +183,7 @@ def _torchvision(arch: str, weights: str, path: Path | None, seed: int, image_si
         except KeyError as e:
             names = ", ".join(w.name for w in enum)
             twin = {tv: tm for tm, tv in PAPER_TWIN.items()}.get(arch)
-            hint = (" (timm's checkpoints of it: ", Name("model", f"timm/{twin}"), " ", Name("weights", "TAG"),
+            hint = (f" (timm's {twin} checkpoints: ", Name("model", f"timm/{twin}"), " ", Name("weights", "TAG"),
                     ")") if twin else ()
             raise FeatstoreError(f"{arch} weights are {names}, default, none or a path", *hint, field="weights",
                                  value=weights) from e
