@@ -42,15 +42,18 @@ if TYPE_CHECKING:
 
 
 def in_flags(refusal: Refusal) -> str:
-    """A featstore error or warning as this command says it: each field it names as the option of this command
-    that sets it (found in the command's declarations), the value as the user typed it where it is the value
-    they gave, and a next step as the command that takes it."""
+    """A featstore error or warning as this command says it: each field it names as the option that sets it
+    (found in this command's declarations, else in another command's: `--anchors` of build in a probe's advice),
+    the value as the user typed it where it is the value they gave, and a next step as the command that takes
+    it."""
     ctx = click.get_current_context(silent=True)
     if ctx is None:
         return str(refusal)
+    root = ctx.find_root().command
+    commands = [ctx.command, *(root.commands.values() if isinstance(root, click.Group) else ())]
 
     def flag(field: str) -> str | None:
-        found = option_for(ctx.command, field)
+        found = next((o for o in (option_for(c, field) for c in commands) if o is not None), None)
         return found.opts[0] if found is not None else None
 
     def value(field: str, value: object) -> str:
@@ -63,7 +66,6 @@ def in_flags(refusal: Refusal) -> str:
         return ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
     def step(step: Step) -> str:
-        root = ctx.find_root().command
         known = isinstance(root, click.Group) and step.function in root.commands
         return f"`featstore {step.function}`" if known else step.call
 

@@ -99,14 +99,14 @@ class TunedLens(HeadReadout):
         other = [a for a in anchors if a.dim != width]
         if other:
             same = [a.name for a in anchors if a.dim == width]
-            build = (f"build a store of those only (`featstore build --anchors {','.join(same)}`)" if same else
-                     "no anchor of this store is that wide")
+            build = (("build a store of those only (", Name("anchors", ",".join(same)), ")") if same else
+                     ("no anchor of this store is that wide",))
             raise FeatstoreError(f"{len(other)} of {len(anchors)} anchors of {key!r} are not "
                                  f"as wide as the head's input ({width}): "
                                  f"{', '.join(f'{a.name} ({a.dim})' for a in other[:4])}"
                                  f"{' ...' if len(other) > 4 else ''}; the tuned lens starts each translator at the "
-                                 f"identity, which needs that width, and a run predicts every anchor: {build}, or "
-                                 f"use ", Name("variant", "head-probe"),
+                                 f"identity, which needs that width, and a run predicts every anchor: ", *build,
+                                 ", or use ", Name("variant", "head-probe"),
                                  " (a map into the head's input from any width)",
                                  field="variant", value=self.name)
         kept = store.read_head_reading(key)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # reading a store's metadata (`featstore info`) loads no torc
     from featstore.store.location import StoreLocation
 
 IMAGE_ARRAYS = ("image_id", "label", "path")
-REWRITE_IMAGES = "featstore build rewrites it from --data"
+REWRITE_IMAGES = "a build rewrites it from the image folder"
 UNFINISHED = "not finished (a build stopped while writing it)"
 
 
