@@ -98,7 +98,7 @@ def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path |
     try:
         stored = data.stored_probe(name, version)
     except FeatstoreError as e:
-        raise FeatstoreError(f"run {run!r}: {e}") from None
+        raise FeatstoreError(f"run {run!r}: ", *e.whole()) from None
     fits, attrs = [], []
     for anchor in data.anchors:
         held = stored.anchors.get(anchor.name)

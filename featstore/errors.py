@@ -67,6 +67,11 @@ class Refusal:
     def reason(self) -> str:
         return "".join(map(str, self.parts))
 
+    def whole(self) -> tuple[Part, ...]:
+        """Its field and value (as a `Name`) and its reason, as parts: what a refusal that wraps it (`study file
+        X: ...`) says after its own words, each face still saying the field its own way."""
+        return self.parts if self.field is None else (Name(self.field, self.value), ": ", *self.parts)
+
     def one_line(self, flag: Callable[[str], str | None] = lambda _: None,
                  value: Callable[[str, Any], str] | None = None, step: Callable[[Step], str] = str) -> str:
         """The one line, with each field as `flag` spells it (None: as a Python caller writes it), the value as

@@ -156,7 +156,7 @@ class References:
             store = FeatureStore(refs)
             theirs = store.source(key)
         except FeatstoreError as e:
-            raise FeatstoreError(str(e), **about) from None
+            raise FeatstoreError(*e.whole(), **about) from None
         ours = probed.source(key)
         differ = replace(ours, images="").differences(replace(theirs, images=""), holder="the probed store")
         differ += _preprocessing_differences(probed.config(key), store.config(key))
@@ -171,7 +171,7 @@ class References:
         try:
             check_complete(store, key, view)
         except FeatstoreError as e:
-            raise FeatstoreError(str(e), **about) from None
+            raise FeatstoreError(*e.whole(), **about) from None
         shared = _shared_images(probed, store)
         if shared:
             raise FeatstoreError(f"{shared}; the probed images would vote for themselves: build the references "

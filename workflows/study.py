@@ -165,7 +165,7 @@ def load_study(path: str | Path, data: str | Path | None = None, out: str | Path
         for v in views:
             parse_view(v)
     except FeatstoreError as e:
-        raise FeatstoreError(f"{where}: {e}") from None
+        raise FeatstoreError(f"{where}: ", *e.whole()) from None
     for key, values in (("[build] views", views), ("[probe] variants", variants),
                         ("[probe] seeds", probe_section.get("seeds", []))):
         twice = [v for i, v in enumerate(values) if v in values[:i]]
