@@ -56,20 +56,20 @@ def in_flags(refusal: Refusal) -> str:
         found = next((o for o in (option_for(c, field) for c in commands) if o is not None), None)
         return found.opts[0] if found is not None else None
 
-    def value(field: str, value: object) -> str:
+    def as_typed(field: str, held: object) -> str:
         found = option_for(ctx.command, field)
         typed = None if found is None else typed_value(ctx, found)
-        if typed is not None and found is not None and _same(value, ctx.params.get(found.name or "")):
+        if typed is not None and found is not None and _same(held, ctx.params.get(found.name or "")):
             return typed
         if found is None:
-            return shown(value)
-        return ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+            return shown(held)
+        return ",".join(map(str, held)) if isinstance(held, list | tuple) else str(held)
 
-    def step(step: Step) -> str:
-        known = isinstance(root, click.Group) and step.function in root.commands
-        return f"`featstore {step.function}`" if known else step.call
+    def command(next_step: Step) -> str:
+        known = isinstance(root, click.Group) and next_step.function in root.commands
+        return f"`featstore {next_step.function}`" if known else next_step.call
 
-    return refusal.one_line(flag, value, step)
+    return refusal.one_line(flag, as_typed, command)
 
 
 def _same(value: object, given: object) -> bool:

@@ -108,3 +108,17 @@ def test_a_field_named_inside_a_reason_is_said_as_the_commands_flag(tmp_path):
     """A field the reason names (`Name`) is the flag of the command that runs: `merge` without a source."""
     line = fails("merge", "--db", tmp_path / "t.duckdb")
     assert line == "featstore: error: name at least one source database to fold into --db", line
+
+
+def test_a_warning_that_names_a_field_carries_it():
+    """featstore's warnings are data as its errors are: `--threads` past the cores names the field and the value."""
+    import os
+
+    from featstore.threads import TooManyThreads, check_pinned
+
+    many = len(os.sched_getaffinity(0)) + 1  # the cores this process may run on, read independently
+    with pytest.warns(TooManyThreads) as caught:
+        check_pinned(many)
+    warning = caught[0].message
+    assert (warning.field, warning.value) == ("threads", many)
+    assert str(warning) == f"threads={many}: {warning.reason}" and "`threads`" in warning.reason
