@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from featstore.analytics.interrupts import interruptible
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name, Step
 
 if TYPE_CHECKING:
     import numpy as np
@@ -242,7 +242,7 @@ def check_database_path(path: Path) -> None:
     DuckDB opens it (it would wait forever on a FIFO)."""
     what = not_a_file(path)
     if what is not None:
-        raise FeatstoreError(f"{path} is {what}, not a database file; pass the DuckDB file itself as `db`")
+        raise FeatstoreError(f"{path} is {what}, not a database file; pass the DuckDB file itself as ", Name("db"))
 
 
 def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
@@ -257,7 +257,8 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
     path = Path(path)
     check_database_path(path)
     if read_only and not path.exists():
-        raise FeatstoreError(f"no database at {path}; fill one with `featstore probe --db {path}`")
+        raise FeatstoreError("no database there; fill one with ", Step("fs.probe(db=db, ...)", "probe"),
+                             field="db", value=path)
     creating = not read_only and not path.exists()
     deadline = time.monotonic() + wait_s
     try:
@@ -275,13 +276,13 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
         if "lock" in msg.lower():  # another process holds the file (it may have just created it): left alone
             holder = msg.split("Conflicting lock is held in", 1)[-1].split("\n")[0].strip() if "held" in msg else ""
             raise FeatstoreError(f"database {path} is in use by another process ({holder or 'locked'}); "
-                                 f"close it or pass another `db`") from e
+                                 f"close it or pass another ", Name("db")) from e
         if creating:  # a file this call began but could not finish (a full disk): unreadable, so not left behind
             remove_database(path)
         raise FeatstoreError(f"cannot open database {path}: {msg.splitlines()[0]}") from e
     except duckdb.Error as e:
         raise FeatstoreError(f"{path} is not a DuckDB database ({str(e).splitlines()[0]}); "
-                             f"pass another `db`") from e
+                             f"pass another ", Name("db")) from e
     try:
         if reach:
             seal(con, reach)
@@ -299,8 +300,9 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
             remove_empty(con, path)
         con.close()
         if isinstance(e, duckdb.CatalogException) and read_only:
-            raise FeatstoreError(f"{path} is not a featstore database ({str(e).splitlines()[0]}); pass the `db` "
-                                 f"that featstore probe filled") from e
+            raise FeatstoreError(f"{path} is not a featstore database ({str(e).splitlines()[0]}); pass the ",
+                                 Name("db"), " "
+                                 "that ", Step("fs.probe(...)", "probe"), " filled") from e
         if isinstance(e, duckdb.IOException | duckdb.TransactionException):  # a full disk, a file size limit
             raise FeatstoreError(f"cannot write database {path}: {str(e).splitlines()[0]}") from e
         raise  # a macro that does not bind on a write connection is featstore's own bug
@@ -319,8 +321,9 @@ def _check_shadowing(con: duckdb.DuckDBPyConnection, path: Path) -> None:
         kind, name = found
         what = (f"{name} is a view where featstore keeps a table" if kind == "view"
                 else f"it defines {name}, a function DuckDB already has, which it would replace in every query")
-        raise FeatstoreError(f"{path}: {what}, so reading it would run the file's own SQL; pass a `db` that "
-                             f"featstore wrote")
+        raise FeatstoreError(f"{path}: {what}, so reading it would run the file's own SQL; pass a ", Name("db"),
+                             " that "
+                             "featstore wrote")
     _CHECKED[key] = True
 
 
@@ -364,7 +367,7 @@ def _check_not_foreign(con: duckdb.DuckDBPyConnection, path: Path) -> None:
                                         "current_database() AND NOT temporary ORDER BY 1").fetchall()]
     if tables and "meta" not in tables:
         raise FeatstoreError(f"{path} is a DuckDB database featstore did not write (it holds table {tables[0]}"
-                             f"{f' and {len(tables) - 1} more' if len(tables) > 1 else ''}); pass another `db`")
+                             f"{f' and {len(tables) - 1} more' if len(tables) > 1 else ''}); pass another ", Name("db"))
 
 
 def remove_database(path: str | Path) -> None:
@@ -442,7 +445,7 @@ def _check_one_experiment(con: duckdb.DuckDBPyConnection, aliases: Sequence[str]
                         "anchors": f"the anchors of model {key}"}[what]
                 raise FeatstoreError(f"databases {paths[0]} and {p} are not one experiment: {said} differs "
                                      f"({first[(what, key)]} vs {value}); query them one at a time, or probe them "
-                                     f"with one store and one `split_seed`")
+                                     f"with one store and one ", Name("split_seed"))
 
 
 def _distinct_files(paths: Sequence[Path]) -> list[Path]:
@@ -512,7 +515,8 @@ def connect_several(paths: Sequence[str | Path], runs: Sequence[str] | None = No
     for kind, run_id, copies in con.execute("SELECT * FROM duplicate_runs()").fetchall():
         con.close()
         raise FeatstoreError(f"{kind} {run_id!r} is held by {copies} of the databases; query them one at a time "
-                             f"or fold them with `featstore merge` (which checks that both are the same)")
+                             f"or fold them with ",
+                             Step("fs.merge(db, sources)", "merge"), " (which checks that both are the same)")
     return con
 
 
@@ -577,7 +581,7 @@ def check_image_set(con: duckdb.DuckDBPyConnection, path: Path, fingerprint: str
     rows = dict(con.execute("SELECT key, value FROM meta").fetchall())
     if rows and rows.get("dataset") != fingerprint:
         raise FeatstoreError(f"database {path} holds another image set ({rows.get('source')}); "
-                             f"one database per image set: pass a new `db`")
+                             f"one database per image set: pass a new ", Name("db"))
     return rows
 
 
@@ -587,11 +591,12 @@ def check_dataset(con: duckdb.DuckDBPyConnection, path: Path, info: DatasetInfo)
     if not rows:
         return False
     if int(rows.get("split_seed", 0)) != info.split_seed:
-        raise FeatstoreError(f"database {path} splits its images with split seed {rows.get('split_seed')}; pass "
-                             f"split_seed={rows.get('split_seed')} (`seed` is the probe seed) or a new `db`")
+        raise FeatstoreError(f"database {path} splits its images with split seed {rows.get('split_seed')}; pass ",
+                             Name("split_seed", rows.get("split_seed")), " (", Name("seed"),
+                             " is the probe seed) or a new ", Name("db"))
     if float(rows.get("val_frac", 0.1)) != info.val_frac:
         raise FeatstoreError(f"database {path} records a val fraction of {rows.get('val_frac')} in its images "
-                             f"table; probe with that value or use a new `db`")
+                             f"table; probe with that value or use a new ", Name("db"))
     return True
 
 
@@ -618,7 +623,8 @@ def check_source(con: duckdb.DuckDBPyConnection, path: Path, source: ModelSource
     if differs:
         raise FeatstoreError(f"database {path} holds model {source.model!r} probed from another store "
                              f"({held.store or 'an older featstore'}): {source.store} has {'; '.join(differs)}; "
-                             f"one database per store and model: pass a new `db` (or `name` the other build)")
+                             f"one database per store and model: pass a new ", Name("db"), " (or ", Name("name"),
+                             " the other build)")
 
 
 def register_source(con: duckdb.DuckDBPyConnection, source: ModelSource) -> None:

@@ -29,7 +29,8 @@ class ExitPolicies:
         """Refused in one line naming the field (the Python API's words: `combined_thresholds`), before a query: a
         confidence outside [0, 1] is no policy, and every threshold is a policy simulated over every image."""
         if not self.ks or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in self.ks):
-            raise FeatstoreError(f"ks={','.join(map(str, self.ks)) or '()'}: give stability windows, integers >= 1")
+            raise FeatstoreError("give stability windows, integers >= 1",
+                                 field="ks", value=self.ks)
         named = {"thresholds": self.thresholds, "combined_thresholds": self.combined, "learned": self.learned or ()}
         for name, values in named.items():
             if len(values) > MAX_THRESHOLDS:

@@ -32,7 +32,7 @@ from featstore.analytics.read_only import (  # noqa: F401 (read from here by oth
     stability_windows,
     sweep_statement,
 )
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.schema import BAND, JOINT_MIN_CONF, MIN_CONF, PER_PAIR, SCOPE, K, check_field
 
 
@@ -203,17 +203,16 @@ def exit_device(db: Db, run_id: str, batch_size: int = 1, device: str | None = N
     device measured at that batch size."""
     run = query(db, "SELECT model FROM runs WHERE run_id = ?", [run_id])
     if run.is_empty():
-        raise FeatstoreError(f"no run {run_id!r} in {db}; list them with featstore sql --db {db} "
-                             f"\"SELECT run_id FROM runs\"")
+        raise FeatstoreError(f"no run {run_id!r} in {db}; list them with ", Step("fs.connect(db).runs", "sql"))
     model = run["model"][0]
     devices = cost_devices(db, model, batch_size)
     if device is None:
         if not devices:
-            raise FeatstoreError(f"no costs of {model!r} at batch size {batch_size} in {db}; run featstore cost "
-                                 f"--model {model} --db {db}")
+            raise FeatstoreError(f"no costs of {model!r} at batch size {batch_size} in {db}; measure them with ",
+                                 Step(f"fs.cost({model!r}, db)", "cost"))
         if len(devices) > 1:
             raise FeatstoreError(f"costs of {model!r} exist for several devices ({'; '.join(devices)}): pick one "
-                                 f"with `device`")
+                                 f"with ", Name("device"))
         return devices[0]
     if device not in devices:
         raise FeatstoreError(f"no costs of {model!r} measured on {device!r} at batch size {batch_size} "
@@ -238,10 +237,12 @@ def early_exit(db: Db, run_id: str, device: str | None = None, batch_size: int =
     population = exit_population(db, run_id, policies, scope)
     row = population.row(0, named=True)
     if row["n"] == 0:
-        why = (f"the learned gate of {run_id!r} learnt from every image scope={scope} counts (its "
-               f"{row['gate_learnt_on']} split); pass another `scope`, or `no_gate`" if row["gate_learnt_on"]
-               and row["scoped"] else f"scope={scope} counts no image of {run_id!r}; pass another `scope`")
-        raise FeatstoreError(f"no image to simulate early exit on: {why}")
+        if row["gate_learnt_on"] and row["scoped"]:
+            raise FeatstoreError(f"no image to simulate early exit on: the learned gate of {run_id!r} learnt from "
+                                 f"every image this scope counts (its {row['gate_learnt_on']} split); pass another ",
+                                 Name("scope"), ", or ", Name("no_gate"), field="scope", value=scope)
+        raise FeatstoreError(f"no image to simulate early exit on: this scope counts no image of {run_id!r}; pass "
+                             f"another ", Name("scope"), field="scope", value=scope)
     return EarlyExit(device, population, exit_simulation(db, run_id, device, batch_size, policies, scope),
                      exit_pareto(db, run_id, device, batch_size, policies, scope))
 
@@ -314,7 +315,7 @@ def comparison_runs(db: Db, runs: Sequence[str] | None = None) -> list[str]:
     known = query(db, "SELECT run_id, view FROM runs ORDER BY run_id")
     clean = known.filter(pl.col("view") == "clean")["run_id"].to_list()
     if not clean:
-        raise FeatstoreError("the database has no clean runs to compare; pass `runs`")
+        raise FeatstoreError("the database has no clean runs to compare; pass ", Name("runs"))
     return clean
 
 

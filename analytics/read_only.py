@@ -18,7 +18,7 @@ import duckdb
 
 from featstore.analytics.db import MACROS, connect, connect_several, schema_tables
 from featstore.analytics.plain_rows import PLAIN_TYPES, Rows
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Step
 from featstore.schema import BAND, KS, MIN_CONF, SCOPE, check_field
 
 Db = str | Path | Sequence[str | Path] | duckdb.DuckDBPyConnection  # a database, several, or an open connection
@@ -48,7 +48,7 @@ def _sql_error(e: duckdb.Error) -> FeatstoreError:
     first = str(e).splitlines()[0]
     if any(m in first.lower() for m in ("read-only", "disabled", "locked", "cannot attach")):
         return FeatstoreError(f"queries open the database read-only and reach no other file, extension or "
-                              f"setting ({first}); featstore probe is what writes")
+                              f"setting ({first}); ", Step("fs.probe(...)", "probe"), " is what writes")
     missing = re.match(r"Catalog Error: (.+?) with name (\w+) does not exist!", first)
     if missing:
         return FeatstoreError(f"SQL error: no {missing.group(1).lower()} named {missing.group(2)}"
@@ -227,14 +227,14 @@ def stability_windows(db: Db, ks: Sequence[int] | None = None, runs: Sequence[st
                    [runs, runs])[0][0]
     if isinstance(ks, str) or (ks is not None and not (len(ks) and all(
             isinstance(k, numbers.Integral) and not isinstance(k, bool) for k in ks))):
-        raise FeatstoreError(f"k={ks!r}: give stability windows as integers (one, or a list)")
+        raise FeatstoreError("give stability windows as integers (one, or a list)", field="k", value=ks)
     if ks is None or list(ks) == list(KS):  # the default: trimmed to what the runs have
         return [k for k in KS if most is None or k < most] or [1]
     where = f"run {runs[0]!r} has" if runs and len(runs) == 1 else "the runs in the database have at most"
     if min(ks) < 1 or (most is not None and max(ks) >= most):
         bad = min(ks) if min(ks) < 1 else max(ks)
-        raise FeatstoreError(f"k={bad}: {where} {most} anchors, so k (anchors after the first that must agree) "
-                             f"must be from 1 to {(most or 2) - 1}")
+        raise FeatstoreError(f"{where} {most} anchors, so k (anchors after the first that must agree) "
+                             f"must be from 1 to {(most or 2) - 1}", field="k", value=bad)
     return sorted(ks)
 
 
@@ -253,8 +253,8 @@ def known_runs(db: Db, runs: Sequence[str]) -> list[str]:
     known = [r for (r,) in fetched(db, "SELECT run_id FROM runs")]
     missing = [r for r in runs if r not in known]
     if missing:
-        raise FeatstoreError(f"`runs`: no run {missing[0]!r} in the database; list them with featstore sql "
-                             f"\"SELECT run_id FROM runs\"")
+        raise FeatstoreError(f"no run {missing[0]!r} in the database; list them with ",
+                             Step("fs.connect(db).runs", "sql"), field="runs")
     return list(dict.fromkeys(runs))
 
 

@@ -30,7 +30,7 @@ from featstore.analytics.report_figures import PAGE_PX, _Figures, _slug, _table
 from featstore.analytics.report_plots import PlotlyFigures, page_scripts
 from featstore.analytics.report_readouts import readout_sections
 from featstore.analytics.report_robustness import robustness_section
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Step
 from featstore.schema import FIGURE_FORMATS, JOINT_MIN_CONF, SCOPE, K
 
 
@@ -90,7 +90,7 @@ SECTION_RENDERERS: list[Callable[[ReportContext], str]] = [_readouts]
 def check_figures(figures: str | None) -> str | None:
     """The publication figures' format (png, svg or pdf), or None for none."""
     if figures is not None and figures not in FIGURE_FORMATS:
-        raise FeatstoreError(f"figures={figures!r}: choose one of {', '.join(FIGURE_FORMATS)} (or none)")
+        raise FeatstoreError(f"choose one of {', '.join(FIGURE_FORMATS)} (or none)", field="figures", value=figures)
     return figures
 
 
@@ -112,8 +112,10 @@ def write_report(db: str | Path, out: str | Path, ks: Sequence[int] | None = Non
         if k is not None and k not in ks:
             ks = sorted({*ks, *q.stability_windows(con, [k])})
         if q.runs(con).is_empty() and q.circuit_runs(con).is_empty():
-            raise FeatstoreError(f"database {db} has no probe or circuit runs yet; run `featstore probe --db {db}` "
-                                 f"or `featstore circuits --db {db}` first")
+            raise FeatstoreError(f"database {db} has no probe or circuit runs yet; run ",
+                                 Step("fs.probe(db=db, ...)", "probe"), " or ",
+                                 Step("fs.circuits(db=db, ...)", "circuits"),
+                                 " first")
         real = Path(os.path.realpath(out))  # staged beside where the files land: moved in by rename, never copied
         real.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{real.name}.partial-", dir=real.parent))
@@ -635,7 +637,7 @@ def image_timeline(db, image_id: int, k: int = K, runs: Sequence[str] | None = N
         frame = frame.filter(pl.col("run_id").is_in(chosen))
     if frame.is_empty():
         which = f"run {', '.join(chosen)}" if chosen else "run of this database"
-        raise FeatstoreError(f"image_id={image_id}: no {which} predicted an image of that id")
+        raise FeatstoreError(f"no {which} predicted an image of that id", field="image_id", value=image_id)
     return frame
 
 

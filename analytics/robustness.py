@@ -59,7 +59,8 @@ def robust_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = SCOPE, ru
         raise FeatstoreError(f"bootstrap of {replicates} replicate(s) at level {level:g}: give at least 1 replicate "
                              f"and a level between 0 and 1")
     if not isinstance(refits, bool | np.bool_):
-        raise FeatstoreError(f"refits={refits!r}: give True (the interval covers the probe seeds too) or False")
+        raise FeatstoreError("give True (the interval covers the probe seeds too) or False",
+                             field="refits", value=refits)
     chosen = known_runs(db, run_set) if run_set else None
     ks = stability_windows(db, ks, chosen)
     sweep = query(db, "SELECT * FROM robust_sweep(?, scope := ?, run_set := ?, min_conf := ?, seeds := ?)",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from featstore.analytics.read_only import Db, stability_windows
-from featstore.errors import FeatstoreError, FeatstoreTypeError
+from featstore.errors import FeatstoreError, FeatstoreTypeError, Name, Step
 from featstore.schema import K, shown
 
 T = TypeVar("T")
@@ -89,8 +89,8 @@ def image_id(value: object) -> int:
     if _numpy(value, "ndarray") and value.ndim == 0:
         value = value.tolist()
     if not _integer(value):
-        raise FeatstoreTypeError(f"image_id={shown(value)}: give an image id, an integer (the `images` table "
-                                 f"lists them)")
+        raise FeatstoreTypeError("give an image id, an integer (the `images` table "
+                                 "lists them)", field="image_id", value=value)
     return int(value)
 
 
@@ -126,7 +126,7 @@ def run_ids(given: str | Sequence[str] | None) -> list[str] | None:
     if not isinstance(given, str):
         items = _items(given)
         if items is None or not all(isinstance(r, str) for r in items):
-            raise FeatstoreTypeError(f"runs={shown(given)}: give run ids, a list of them or a comma list")
+            raise FeatstoreTypeError("give run ids, a list of them or a comma list", field="runs", value=given)
         return items or None
     from featstore.records import RunIdentity  # with numpy: only a comma list of runs needs it
 
@@ -144,16 +144,17 @@ def only_run(db: Db, given: str | None) -> str:
     naming them."""
     if given is not None:
         if not isinstance(given, str):
-            raise FeatstoreTypeError(f"run={shown(given)}: give a run id (.runs lists them)")
+            raise FeatstoreTypeError("give a run id (.runs lists them)", field="run", value=given)
         return given
     from featstore.analytics.queries import runs
 
     have = runs(db)["run_id"].to_list()
     if not have:
-        raise FeatstoreError(f"`run`: {db} holds no probe run; run featstore probe first")
+        raise FeatstoreError(f"{db} holds no probe run; run ", Step("fs.probe(...)", "probe"), " first", field="run")
     if len(have) > 1:
         named = ", ".join(have[:8]) + (f" … ({len(have)} in all)" if len(have) > 8 else "")
-        raise FeatstoreError(f"`run`: {db} holds {len(have)} runs ({named}); name one with run=RUN_ID")
+        raise FeatstoreError(f"{db} holds {len(have)} runs ({named}); name one with ", Name("run", "RUN_ID"),
+                             field="run")
     return have[0]
 
 
@@ -166,9 +167,9 @@ def one_window(db: Db, ks: Sequence[int] | None = None, chosen: Sequence[str] | 
         return windows[0]
     if K in windows:
         return K
-    raise FeatstoreError(f"k={','.join(map(str, windows))}: this command shows one stability window, the one k "
-                         f"given, or {K} of a list holding it (as the default 1,2,3,4 does); give one, e.g. "
-                         f"k={windows[0]}")
+    raise FeatstoreError(f"this command shows one stability window, the one k given, or {K} of a list holding it "
+                         "(as the default 1,2,3,4 does); give one, e.g. ", Name("k", windows[0]), field="k",
+                         value=list(windows))
 
 
 def runs_written(db: str | Path) -> dict[str, str]:
@@ -192,7 +193,7 @@ def probe_summary(db: Db, run_id: str):
     """Per anchor of a run: accuracy on its scored images (the test split) and whether the fit converged; a run
     the database does not hold is one line naming it, not an empty table."""
     if not isinstance(run_id, str):
-        raise FeatstoreTypeError(f"run={shown(run_id)}: give a run id (.runs lists them)")
+        raise FeatstoreTypeError("give a run id (.runs lists them)", field="run", value=run_id)
     from featstore.analytics.queries import query, runs
 
     summary = query(db, "SELECT * FROM probe_summary(?)", [run_id])

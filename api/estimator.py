@@ -225,7 +225,8 @@ class Probe:
         from featstore.probing.base import get_variant
 
         if not isinstance(self.variant, str):
-            raise FeatstoreError(f"variant={self.variant!r}: give a registered variant's name ('linear', 'knn', ...)")
+            raise FeatstoreError("give a registered variant's name ('linear', 'knn', ...)",
+                                 field="variant", value=self.variant)
         variant = get_variant(self.variant)
         return type(variant)(**{**variant.params, **self._params}) if self._params else variant
 

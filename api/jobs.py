@@ -74,8 +74,8 @@ def probe(config: ProbeConfig | None = None, /, *, variant: Any = None, name: st
         return _said(_estimator_probe(variant, name, fields))
     if config is None:
         if name is not None:
-            raise FeatstoreError(f"name={name!r}: a registered variant's runs are named by the variant; name is for "
-                                 f"an estimator")
+            raise FeatstoreError("a registered variant's runs are named by the variant; name is for "
+                                 "an estimator", field="name", value=name)
         config = ProbeConfig(variant=variant or VARIANT, **fields)
     return _said(probe_job(config))
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from featstore.analytics.exit_policies import DEFAULT_POLICIES
 from featstore.analytics.plain_rows import Rows
-from featstore.errors import FeatstoreError, FeatstoreTypeError
+from featstore.errors import FeatstoreError, FeatstoreTypeError, Name
 from featstore.schema import BAND, CSS_DISTANCES, JOINT_MIN_CONF, MIN_CONF, PER_PAIR, SCOPE, TOP_N
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ class Results:
         from featstore.analytics.selection import image_id as checked_id
 
         if not isinstance(run, str):
-            raise FeatstoreTypeError(f"run={run!r}: give a run id (.runs lists them)")
+            raise FeatstoreTypeError("give a run id (.runs lists them)", field="run", value=run)
         frame = self.sql("SELECT anchor, pred, conf FROM predictions WHERE run_id = ? AND image_id = ? "
                          "ORDER BY anchor", [run, checked_id(image_id)])
         if not len(frame):
@@ -187,7 +187,8 @@ class Results:
         frame = robust_sweep(self.db, windows(ks), scope, run_ids(runs), fraction(min_conf, "min_conf"),
                              refits=refits)
         if frame.is_empty():
-            raise FeatstoreError("no images that every probe of the set counts in this scope; pass `runs` or `scope`")
+            raise FeatstoreError("no images that every probe of the set counts in this scope; pass ", Name("runs"),
+                                 " or ", Name("scope"))
         return Sweep(frame, spread_table(frame), self.notes(sorted(set(frame["k"])), frame["run_id"].to_list()))
 
     def image_timeline(self, image_id: int, k: Ks = None, runs: Runs = None) -> ImageTimeline:
@@ -247,8 +248,8 @@ class Results:
         run_id = self.only_run(run)
         grid = tap_grid(self.db, run_id, scope)
         if grid.is_empty():
-            raise FeatstoreError(f"run {run_id!r} in {self.db} has no (block, tap) anchors; build the store with "
-                                 f"`taps`")
+            raise FeatstoreError(f"run {run_id!r} in {self.db} has no (block, tap) anchors; build the store with ",
+                                 Name("taps"))
         table = grid.pivot(on="tap", index="block", values="accuracy", aggregate_function="first").sort("block")
         return TapGrid(run_id, grid, table, tap_gains(self.db, run_id, scope))
 
@@ -283,7 +284,7 @@ class Results:
 
         db = self._one_db("report")
         if not isinstance(out, str | Path | None):
-            raise FeatstoreTypeError(f"out={out!r}: give the report's folder, a path")
+            raise FeatstoreTypeError("give the report's folder, a path", field="out", value=out)
         out = db.parent / "report" if out is None else Path(out).absolute()
         ks = windows(ks)
         return write_report(db, out, ks, scope, k=self.window(ks), min_conf=fraction(min_conf, "min_conf"),
@@ -297,7 +298,7 @@ class Results:
 
 def _statement(query: object) -> str:
     if not isinstance(query, str):
-        raise FeatstoreTypeError(f"query={query!r}: give one SQL statement, a string")
+        raise FeatstoreTypeError("give one SQL statement, a string", field="query", value=query)
     return query
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from featstore.api.estimator import _predict, _proba
 from featstore.api.results import Results
 from featstore.api.store import ModelData, Store, open_store
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.records import RunIdentity
 from featstore.store.probes import GROUP_NAME
 
@@ -36,8 +36,9 @@ class LoadedProbe:
     def _fit(self, anchor: str | int, fold: int) -> FittedProbe:
         fits = self.fits[self.model.anchor(anchor).index]
         if isinstance(fold, bool) or not isinstance(fold, int | np.integer) or not 0 <= fold < len(fits):
-            raise FeatstoreError(f"fold={fold!r}: {self.name} holds {len(fits)} fit(s) per anchor (folds "
-                                 f"0..{len(fits) - 1}; a run fitted with cross_fit=K holds K)")
+            raise FeatstoreError(f"{self.name} holds {len(fits)} fit(s) per anchor (folds "
+                                 f"0..{len(fits) - 1}; a run fitted with ", Name("cross_fit", "K"), " holds K)",
+                                 field="fold", value=fold)
         return fits[int(fold)]
 
     def predict(self, anchor: str | int, X: np.ndarray, fold: int = 0) -> np.ndarray:
@@ -98,7 +99,7 @@ def load_probe(store: str | Path | Store, model: str, run: str, db: str | Path |
     try:
         stored = data.stored_probe(name, version)
     except FeatstoreError as e:
-        raise FeatstoreError(f"run {run!r}: {e}") from None
+        raise FeatstoreError(f"run {run!r}: ", *e.whole()) from None
     fits, attrs = [], []
     for anchor in data.anchors:
         held = stored.anchors.get(anchor.name)

@@ -43,7 +43,7 @@ class Store:
 
     def __init__(self, location: str | Path):
         if not isinstance(location, str | os.PathLike):
-            raise FeatstoreTypeError(f"location={location!r}: give a store's folder or its URL (s3://...)")
+            raise FeatstoreTypeError("give a store's folder or its URL (s3://...)", field="location", value=location)
         self._named = str(location)  # as given: what info() says the store is
         where = StoreLocation.parse(location)  # a scheme featstore cannot reach is refused, never read as a folder
         if where.path is not None:  # a folder: where it is now, whatever cwd later

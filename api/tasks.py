@@ -35,8 +35,8 @@ def anchors(model: str, every: bool = False) -> list[str]:
 
 def _model_name(model: object) -> str:
     if not isinstance(model, str):
-        raise FeatstoreTypeError(f"model={model!r}: give a model's name ('resnet18', 'timm/vit_small_patch16_224', "
-                                 f"...)")
+        raise FeatstoreTypeError("give a model's name ('resnet18', 'timm/vit_small_patch16_224', "
+                                 "...)", field="model", value=model)
     return model
 
 

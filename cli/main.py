@@ -18,39 +18,87 @@ import click
 from featstore.api.declared import ImageSource, ModelSpec, RunOptions, split_options
 from featstore.cli.options import (
     DB_PATH,
-    as_said,
+    Command,
     image_source_options,
     model_spec_options,
     option,
+    option_for,
     options,
     run_options,
+    typed_value,
 )
-from featstore.errors import FeatstoreError, FeatstoreWarning, Interrupted, RunReplaced, interrupted, storage_failure
+from featstore.errors import (
+    FeatstoreError,
+    FeatstoreWarning,
+    Interrupted,
+    Refusal,
+    RunReplaced,
+    Step,
+    interrupted,
+    shown,
+    storage_failure,
+)
 
 if TYPE_CHECKING:
     from featstore.api.store import StoreInfo
 
 
-GIVEN: dict[str, object] = {}  # the options of the command running (one per process)
+def in_flags(refusal: Refusal) -> str:
+    """A featstore error or warning as this command says it: each field it names as the option that sets it
+    (found in this command's declarations, else in another command's: `--anchors` of build in a probe's advice),
+    the value as the user typed it where it is the value they gave, and a next step as the command that takes
+    it."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return str(refusal)
+    root = ctx.find_root().command
+    commands = [ctx.command, *(root.commands.values() if isinstance(root, click.Group) else ())]
+
+    def flag(field: str) -> str | None:
+        found = next((o for o in (option_for(c, field) for c in commands) if o is not None), None)
+        return found.opts[0] if found is not None else None
+
+    def as_typed(field: str, held: object) -> str:
+        found = option_for(ctx.command, field)
+        typed = None if found is None else typed_value(ctx, found)
+        if typed is not None and found is not None and _same(held, ctx.params.get(found.name or "")):
+            return typed
+        if found is None:
+            return shown(held)
+        return ",".join(map(str, held)) if isinstance(held, list | tuple) else str(held)
+
+    def command(next_step: Step) -> str:
+        known = isinstance(root, click.Group) and next_step.function in root.commands
+        return f"`featstore {next_step.function}`" if known else next_step.call
+
+    return refusal.one_line(flag, as_typed, command)
 
 
-def said(text: str) -> str:
-    """The library's words as this command says them (`as_said`): its flags, the user's values as given."""
-    return as_said(text, GIVEN)
+def _same(value: object, given: object) -> bool:
+    """Whether an error's value is the value the command was given (a path the library made absolute, a list it
+    read from a comma list, a number it normalised)."""
+    if isinstance(given, list | tuple) and not isinstance(value, list | tuple):
+        given = ",".join(map(str, given))
+    if value == given or str(value) == str(given):
+        return True
+    if given is None or isinstance(value, list | tuple) or "://" in f"{value}{given}":
+        return False
+    return Path(str(value)).expanduser().absolute() == Path(str(given)).expanduser().absolute()
 
 
 def user_errors(fn):
-    """Turn FeatstoreError (its fields said as the flags that set them), object storage that stopped answering and
+    """Turn FeatstoreError (its fields as the options that set them), object storage that stopped answering and
     a full disk into one line on stderr and exit status 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        GIVEN.clear()  # this command's options only (tests run several commands in one process)
-        GIVEN.update(kwargs)
         try:
             return fn(*args, **kwargs)
-        except (FeatstoreError, Interrupted) as e:  # the library names fields; the CLI says the flags that set them
-            click.echo(f"featstore: error: {said(str(e))}", err=True)
+        except FeatstoreError as e:  # the library names fields; the CLI says the options that set them
+            click.echo(f"featstore: error: {in_flags(e)}", err=True)
+            sys.exit(2)
+        except Interrupted as e:
+            click.echo(f"featstore: error: {e}", err=True)
             sys.exit(2)
         except Exception as e:
             if interrupted(e):  # DuckDB's own Ctrl-C, as every other Ctrl-C: one line, exit status 130
@@ -86,9 +134,9 @@ def disk_full(error: BaseException) -> str | None:
         if isinstance(current, OSError) and current.errno in FULL_DISK:
             return FULL_DISK[current.errno]
         text = str(current)
-        for number, said in FULL_DISK.items():
+        for number, words in FULL_DISK.items():
             if f'"errno":"{number}"' in text or os.strerror(number) in text:  # DuckDB's IO errors carry the errno
-                return said
+                return words
         current = current.__cause__ or current.__context__
     return None
 
@@ -120,7 +168,7 @@ def _output_flag(error: BaseException, given: dict) -> str:
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """featstore's own warnings as `featstore: warning: ...` on stderr; any other as Python shows it."""
     if issubclass(category, FeatstoreWarning):
-        click.echo(f"featstore: warning: {said(str(message))}", err=True)
+        click.echo(f"featstore: warning: {in_flags(message) if isinstance(message, Refusal) else message}", err=True)
     else:
         _python_showwarning(message, category, filename, lineno, file, line)
 
@@ -136,7 +184,9 @@ def _visible_options(command: click.Command) -> set[str]:
 
 class _OneLineErrors(click.Group):
     """Usage errors (a bad choice, an unknown option) as one line and exit status 2, like every bad input;
-    featstore's warnings as one line each."""
+    featstore's warnings as one line each. Its commands record the arguments they were given (`Command`)."""
+
+    command_class = Command
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> NoReturn:
@@ -147,9 +197,9 @@ class _OneLineErrors(click.Group):
         except click.ClickException as e:
             ctx = getattr(e, "ctx", None)
             if isinstance(e, click.NoSuchOption) and ctx is not None:  # never suggest a hidden (old) spelling
-                shown = [o for o in e.possibilities or () if o in _visible_options(ctx.command)]
-                e = click.NoSuchOption(e.option_name, e.message, shown, ctx)
-            command = self._command_said(ctx, args)
+                visible = [o for o in e.possibilities or () if o in _visible_options(ctx.command)]
+                e = click.NoSuchOption(e.option_name, e.message, visible, ctx)
+            command = self._command_named(ctx, args)
             click.echo(f"featstore: error: {e.format_message()} ({command} -h lists the options)", err=True)
             sys.exit(e.exit_code)
         except click.Abort:  # Ctrl-C outside a write (a write rolls back and says so itself), or EOF at a prompt
@@ -157,7 +207,7 @@ class _OneLineErrors(click.Group):
             sys.exit(130)
         sys.exit(0)
 
-    def _command_said(self, ctx: click.Context | None, args) -> str:
+    def _command_named(self, ctx: click.Context | None, args) -> str:
         """`featstore NAME` of the command whose options were wrong (its context, else its name on the command
         line), or `featstore` where none was named."""
         if ctx is not None and ctx.command is not self:
@@ -658,7 +708,7 @@ def info(store: str, fmt: str) -> None:
 
     summary = open_store(store).info()
     if fmt == "json":
-        click.echo(said(json.dumps(summary.to_dict(), indent=2)))  # a damaged part's words as this command says them
+        click.echo(json.dumps(summary.to_dict(), indent=2))
         return
     click.echo(format_info(summary))
 
@@ -674,7 +724,7 @@ def format_info(summary: StoreInfo) -> str:
     im = summary.images
     repair = "run featstore verify, then the same featstore build to repair it"
     if isinstance(im, Damaged):
-        lines.append(f"images DAMAGED: {said(im.what)}; {repair}")
+        lines.append(f"images DAMAGED: {im.what}; {repair}")
     elif im:
         space = " labelled as ImageNet-1k indices" if im.label_space == "imagenet-1k" else ""
         lines.append(f"images {im.count} in {im.classes} classes{space} ({im.source})")
@@ -685,7 +735,7 @@ def format_info(summary: StoreInfo) -> str:
             lines.append(f"classes {shown}{more}")
     for key, m in summary.models.items():
         if isinstance(m, Damaged):
-            lines.append(f"\nmodel  {key}: DAMAGED: {said(m.what)}")
+            lines.append(f"\nmodel  {key}: DAMAGED: {m.what}")
             continue
         p = m.preprocessing
         top1 = f" (published top-1 {m.published_top1:.2f}%)" if m.published_top1 is not None else ""
@@ -696,7 +746,7 @@ def format_info(summary: StoreInfo) -> str:
         lines.append("  anchors " + ", ".join(f"{a.index}:{a.name}[{a.dim}]" for a in m.anchors))
         for view, v in m.views.items():
             if isinstance(v, Damaged):
-                lines.append(f"  view {view}: DAMAGED: {said(v.what)}; {repair}")
+                lines.append(f"  view {view}: DAMAGED: {v.what}; {repair}")
                 continue
             state = "complete" if v.complete else "INCOMPLETE (rerun build to resume)"
             if v.damaged_chunks:
@@ -770,9 +820,9 @@ def verify(store: str, model: str | None, quick: bool, dbs: tuple[Path, ...]) ->
     found = open_store(store).verify(model, deep=not quick, dbs=dbs)
     problems, leftovers = found.problems, found.unreferenced
     for problem in problems:
-        click.echo(said(str(problem)))
+        click.echo(str(problem))
     for u in leftovers:
-        click.echo(said(str(u)))
+        click.echo(str(u))
     if any(u.removable for u in leftovers):
         click.echo(f"{sum(u.removable for u in leftovers)} probe weight version(s) no run names: `featstore gc "
                    f"--store {store}` removes them", err=True)
@@ -799,7 +849,7 @@ def gc(store: str, model: str | None, dbs: tuple[Path, ...], min_age: float, dry
     found = collect(store, dbs, model, min_age, dry_run)
     for u in found:
         verb = ("would remove" if dry_run else "removed") if u.removable else "kept"
-        click.echo(f"{verb} {said(str(u))}")
+        click.echo(f"{verb} {u}")
     removed = sum(u.removable for u in found)
     click.echo(f"{store}: {removed} probe weight version(s) {'to remove' if dry_run else 'removed'}, "
                f"{len(found) - removed} kept")

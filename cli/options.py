@@ -5,16 +5,15 @@
 here. Options that fill a record take their default and choices from the record or from `featstore.schema`
 (`declared`), where the record reads them too, so the library and the CLI cannot disagree. Commands get options
 only through `option` and the record decorators below; tests/test_every_option.py checks that no other
-`click.option` call exists and that no option repeats a declared default or choice. `as_flags` says the fields
-that the library's errors name as the flags that set them.
+`click.option` call exists and that no option repeats a declared default or choice. `option_for` finds the option
+that sets a field a library error names, and `typed_value` what the user typed for it.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -452,80 +451,52 @@ ALIASES: dict[str, dict[str, str | None]] = {
 }
 
 
-def _flags_by_field() -> dict[str, str]:
-    """field name -> the flag that sets it, from the declarations above: the flag's own name (`val_frac`), the
-    name click hands the command (`run_id` for --run) and an old spelling's name (`runs`)."""
-    table: dict[str, str] = {}
-    for flag, roles in OPTIONS.items():
-        name = flag.split("/")[0]
-        for extra, _ in roles.values():
-            for field in (name.lstrip("-").replace("-", "_"), *extra[:1]):
-                table.setdefault(field, name)
-    for flag, aliases in ALIASES.items():  # an old spelling is a field name too (`runs`: compare's argument)
-        for alias, means in aliases.items():
-            if means is None:
-                table.setdefault(alias.lstrip("-").replace("-", "_"), flag)
-    return table
+class Invocation(click.Context):
+    """A command's context that keeps the arguments of this invocation as the user typed them (`typed`), so that
+    a refusal can say the user's value as given (`./val`, not the absolute path the library made of it)."""
+
+    typed: tuple[str, ...] = ()
 
 
-FLAGS = _flags_by_field()
-_NAMES = "|".join(sorted(FLAGS, key=len, reverse=True))
-# a field the library names: `name=value` (at the start, or after a space or '(': not knn:k=30 nor 'a,k=3') or
-# `name` in backquotes (a mention without a value)
-_FIELD = re.compile(rf"(?<![^\s(])({_NAMES})=|`({_NAMES})`")
-# after a variant spec ('variant=knn:k=0: k=0 must be ...') a name=value is that variant's own parameter
-_AFTER_SPEC = re.compile(r"(?<![^\s(])variant=\S+: ")
-_IN_SPEC_TAIL = re.compile(rf"(?<![^\s(])(variant)=|`({_NAMES})`")
+class Command(click.Command):
+    """Every featstore command: its context records the arguments it was given (`Invocation.typed`)."""
+
+    context_class = Invocation
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if isinstance(ctx, Invocation):
+            ctx.typed = tuple(args)
+        return super().parse_args(ctx, args)
 
 
-def _flag(match: re.Match) -> str:
-    return f"{FLAGS[match[1]]} " if match[1] else FLAGS[match[2]]
+def _field_names(param: click.Parameter) -> set[str]:
+    """The field names `param` sets: the name click hands the command (`run_id`), its flags' own names (`run`)
+    and those of its old spellings (`runs`)."""
+    names = {param.name or ""} | {o.lstrip("-").replace("-", "_") for o in param.opts if o.startswith("--")}
+    return names | {dest.removeprefix("alias_") for dest in getattr(param, "aliases", {})}
 
 
-def as_flags(message: str) -> str:
-    """A library message, which names fields as a Python caller sets them (`val_frac=1.5: ...`, `` `taps` ``), as
-    the CLI says it: with the flags that set them (`--val-frac 1.5: ...`, `--taps`). The database's own words
-    (`SQL error: ...`, which may quote the user's `WHERE seed=0`) stay as they are."""
-    if message.startswith("SQL error: "):
-        return message
-    spec = _AFTER_SPEC.search(message)
-    if spec is None:
-        return _FIELD.sub(_flag, message)
-    return _FIELD.sub(_flag, message[:spec.end()]) + _IN_SPEC_TAIL.sub(_flag, message[spec.end():])
+def option_for(command: click.Command, field: str) -> click.Option | None:
+    """The shown option of `command` that sets the library's field `field`, from its declarations; None when the
+    command has none (the field is then said as a Python caller writes it)."""
+    return next((p for p in command.params if isinstance(p, click.Option) and not p.hidden
+                 and field in _field_names(p)), None)
 
 
-def _given_texts(given: Mapping[str, object]) -> list[str]:
-    """The text of every path and word a command was given (lists and tuples item by item)."""
-    texts = []
-    for value in given.values():
-        for item in value if isinstance(value, list | tuple) else (value,):
-            if isinstance(item, str | Path) and str(item):
-                texts.append(str(item))
-    return texts
-
-
-def _whole_path(path: str) -> re.Pattern:
-    """`path` where it stands as a whole path or a folder of one in a message: not inside a longer name
-    (`/x/val` is no part of `/x/val.zarr` or `/y/x/val`); a full stop that ends the sentence may follow it."""
-    return re.compile(rf"(?<![\w./~-]){re.escape(path)}(?![\w~-]|\.[^\s])")
-
-
-def as_said(message: str, given: Mapping[str, object]) -> str:
-    """A library message as the CLI says it: its fields as the flags that set them (`as_flags`), and what the user
-    gave as they gave it: a relative path the API made absolute said relative again, and a value of theirs that
-    reads like a field (a folder `seed=1.zarr`, a run id with ` image=3` in it) left as it is."""
-    texts = _given_texts(given)
-    relative = {str(Path(t).absolute()): t for t in texts if "://" not in t and not Path(t).is_absolute()}
-    for absolute in sorted(relative, key=len, reverse=True):  # a path inside another given one: the longer first
-        literal = relative[absolute].replace("\\", "\\\\")  # a backslash of theirs kept, not read as an escape
-        message = _whole_path(absolute).sub(literal, message)
-    protected = sorted({t for t in texts if "=" in t or "`" in t}, key=len, reverse=True)
-    for i, text in enumerate(protected):
-        message = message.replace(text, f"\0{i}\0")
-    message = as_flags(message)
-    for i, text in enumerate(protected):
-        message = message.replace(f"\0{i}\0", text)
-    return message
+def typed_value(ctx: click.Context, param: click.Option) -> str | None:
+    """The value the user typed for `param` in this invocation (under its name or an old spelling), as typed;
+    None when it was not given on the command line."""
+    typed = getattr(ctx, "typed", ())
+    if not typed:
+        return None
+    given, _, _ = ctx.command.make_parser(ctx).parse_args(list(typed))
+    for dest in (param.name, *getattr(param, "aliases", {})):
+        value = given.get(dest)
+        if isinstance(value, list | tuple):
+            value = ",".join(map(str, value)) if value else None
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def _alias_dest(flag: str) -> str:

@@ -121,7 +121,7 @@ class RunIdentity:
             value = getattr(self, what)
             object.__setattr__(self, what, check_field(what, value.item() if isinstance(value, np.generic) else value))
         if not isinstance(self.streamed, bool | np.bool_):
-            raise FeatstoreError(f"streamed={self.streamed!r}: a run identity's streamed is True or False")
+            raise FeatstoreError("a run identity's streamed is True or False", field="streamed", value=self.streamed)
         object.__setattr__(self, "streamed", bool(self.streamed))
 
     @classmethod

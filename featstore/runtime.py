@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -38,11 +38,12 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise FeatstoreError(f"device={device}: torch sees no CUDA GPU here; use device=cpu or auto")
+            raise FeatstoreError("torch sees no CUDA GPU here; use ", Name("device", "cpu"), " or auto", field="device",
+                                 value=device)
         if device == "cuda":
             device = f"cuda:{local_rank}"
     elif device != "cpu":
-        raise FeatstoreError(f"device={device!r} is not one of auto, cpu, cuda, cuda:N")
+        raise FeatstoreError("is not one of auto, cpu, cuda, cuda:N", field="device", value=device)
     return torch.device(device)
 
 

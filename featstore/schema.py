@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from featstore.errors import FeatstoreError
+from featstore.errors import shown as shown  # how every message quotes a value, read from here too
 
 
 class Value:
@@ -40,11 +41,6 @@ class Value:
     def refuse(self, value: Any) -> ValueError:
         """The error for `value` (the caller names the value and where it came from)."""
         return ValueError(f"must be {self.describe()}")
-
-
-def shown(value: Any) -> str:
-    """How a message quotes a value: strings and lists as Python writes them, numbers plainly."""
-    return repr(value) if isinstance(value, str | list | dict | bool) or value is None else str(value)
 
 
 def _bound_text(kind: str, ge, gt, le, lt) -> str:
@@ -335,11 +331,11 @@ def comma_list(text: str) -> list[str]:
 
 def check_field(name: str, value: Any) -> Any:
     """`value` checked as `FIELDS[name]`; else one FeatstoreError that names the field as a caller sets it
-    (`val_frac=1.5: must be ...`; the CLI says the flag that sets it instead: `--val-frac 1.5: ...`)."""
+    (`val_frac=1.5: must be ...`), carrying the field, the value and the reason."""
     try:
         return FIELDS[name].check(value)
     except ValueError as e:
-        raise FeatstoreError(f"{name}={shown(value)}: {e}") from None
+        raise FeatstoreError(str(e), field=name, value=value) from None
 
 
 def check_fields(record: object, names: Sequence[str]) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from featstore.errors import FeatstoreWarning
+from featstore.errors import FeatstoreWarning, Name
 
 Reading = Callable[[], float]  # other processes' runnable threads, now
 
@@ -38,9 +38,10 @@ def check_pinned(threads: int | None) -> None:
     """`--threads N` beyond the cores this process may run on: one warning line; the work runs on `pinned_count`
     threads, the cores (100,000 threads crashed OpenMP, a million exhausted the machine's processes)."""
     if threads is not None and threads > cores():
-        warnings.warn(f"threads={threads}: this process may run on {cores()} core(s), so it runs {cores()} threads "
-                      f"(more threads than cores make every kernel wait for descheduled threads); give at most "
-                      f"{cores()} or leave `threads` out", TooManyThreads, stacklevel=3)
+        warnings.warn(TooManyThreads(
+            f"this process may run on {cores()} core(s), so it runs {cores()} threads (more threads than cores make "
+            f"every kernel wait for descheduled threads); give at most {cores()} or leave ", Name("threads"), " out",
+            field="threads", value=threads), stacklevel=3)
 
 
 def pinned_count(threads: int) -> int:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError, FeatstoreWarning
+from featstore.errors import FeatstoreError, FeatstoreWarning, Name
 from featstore.records import check_variant_end
 from featstore.schema import Value, shown
 
@@ -380,8 +380,8 @@ def get_variant(spec: str) -> ProbeVariant:
     name, _, args = spec.partition(":")
     if name in RENAMED:
         now, why = RENAMED[name]
-        warnings.warn(f"variant={name} is now variant={now}, {why}; this run lands as {now}", RenamedVariant,
-                      stacklevel=2)
+        warnings.warn(RenamedVariant("is now ", Name("variant", now), f", {why}; this run lands as {now}",
+                                     field="variant", value=name), stacklevel=2)
         name = now
     if name not in VARIANTS:
         raise FeatstoreError(f"unknown probe variant {name!r}: use one of {', '.join(sorted(VARIANTS))}")
@@ -402,5 +402,5 @@ def get_variant(spec: str) -> ProbeVariant:
                 raise ValueError(f"{key}={text} {e}") from None
         cls.checked(params)
     except ValueError as e:
-        raise FeatstoreError(f"variant={spec}: {e}") from None
+        raise FeatstoreError(f"{e}", field="variant", value=spec) from None
     return cls(**params)

@@ -246,16 +246,17 @@ class EstimatorVariant(ProbeVariant):
 
     def __init__(self, estimator: Any, name: str | None = None):
         if isinstance(estimator, type):
-            raise FeatstoreError(f"variant={estimator.__name__}: give an instance ({estimator.__name__}()), not the "
-                                 f"class")
+            raise FeatstoreError(f"give an instance ({estimator.__name__}()), not the "
+                                 f"class", field="variant", value=estimator.__name__)
         if not (callable(getattr(estimator, "fit", None)) and callable(getattr(estimator, "predict_proba", None))):
             raise FeatstoreError(f"variant {estimator!r}: give a registered variant name or an estimator with "
                                  f"fit(X, y) and predict_proba(X)")
         try:
             pickle.dumps(estimator)  # its fits are kept pickled: found now, not after every anchor is fitted
         except Exception as e:
-            raise FeatstoreError(f"variant={type(estimator).__name__}(...) does not pickle ({type(e).__name__}: {e}), "
-                                 f"and the store keeps each fit pickled; nothing was fitted") from None
+            raise FeatstoreError(f"does not pickle ({type(e).__name__}: {e}), and the store keeps each fit pickled; "
+                                 f"nothing was fitted", field="variant",
+                                 value=f"{type(estimator).__name__}(...)") from None
         name = check_probe_name(name if name is not None else default_name(estimator))
         if name in VARIANTS:
             raise FeatstoreError(f"name {name!r} is a registered probe variant; give the estimator's runs another "

@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.probing.base import AnchorContext, FittedProbe, Plan, ProbeGroup, ProbeVariant, register
 from featstore.schema import Int, Text
 from featstore.store.location import StoreLocation, StoreLocationValue
@@ -151,33 +151,34 @@ class References:
         `ModelSource` comparison, images aside) and the same class names, the view complete and sound."""
         from featstore.probing.run import check_complete
 
-        where = f"variant=knn:refs={refs}"
+        about = {"field": "variant", "value": f"knn:refs={refs}"}  # what each refusal below is about
         try:
             store = FeatureStore(refs)
             theirs = store.source(key)
         except FeatstoreError as e:
-            raise FeatstoreError(f"{where}: {e}") from None
+            raise FeatstoreError(*e.whole(), **about) from None
         ours = probed.source(key)
         differ = replace(ours, images="").differences(replace(theirs, images=""), holder="the probed store")
         differ += _preprocessing_differences(probed.config(key), store.config(key))
         if store.image_attrs().get("class_names") != probed.image_attrs().get("class_names"):
             differ.append("other class names than the probed store's (its labels would mean other classes)")
         if differ:
-            raise FeatstoreError(f"{where}: its {key!r} is another model's features: {'; '.join(differ)}; build "
-                                 f"the reference images with the same `model`, `weights` and `anchors`")
+            raise FeatstoreError(f"its {key!r} is another model's features: {'; '.join(differ)}; build "
+                                 f"the reference images with the same ", Name("model"), ", ", Name("weights"),
+                                 " and ", Name("anchors"), **about)
         if view not in store.views(key):
-            raise FeatstoreError(f"{where}: it has no view {view!r} of {key!r} (the training view); build it there")
+            raise FeatstoreError(f"it has no view {view!r} of {key!r} (the training view); build it there", **about)
         try:
             check_complete(store, key, view)
         except FeatstoreError as e:
-            raise FeatstoreError(f"{where}: {e}") from None
+            raise FeatstoreError(*e.whole(), **about) from None
         shared = _shared_images(probed, store)
         if shared:
-            raise FeatstoreError(f"{where}: {shared}; the probed images would vote for themselves: build the "
-                                 f"references from other images (Baldock et al.: the network's training set)")
+            raise FeatstoreError(f"{shared}; the probed images would vote for themselves: build the references "
+                                 f"from other images (Baldock et al.: the network's training set)", **about)
         rows = np.flatnonzero(~store.read_skipped(key, view))
         if not len(rows):
-            raise FeatstoreError(f"{where}: every row of its view {view!r} is skipped; there is nothing to vote")
+            raise FeatstoreError(f"every row of its view {view!r} is skipped; there is nothing to vote", **about)
         labels = np.asarray(store.image_table()["label"], dtype=np.int64)[rows]
         return cls(store, key, view, rows, labels, theirs.images)
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.probing import targets
 from featstore.probing.base import AnchorContext, LinearFit, Plan, ProbeGroup, ProbeVariant, register
 from featstore.probing.strength import (
@@ -175,7 +175,8 @@ class LinearGroup(ProbeGroup):
         self.solves = full_batch.on and ctx0.resident  # `finish` will solve: no SGD, so no preconditioning
         if full_batch.grid.step and not self.solves:
             raise FeatstoreError(f"linear:C_step={full_batch.grid.step} needs the C search, which needs the fit rows "
-                                 f"in memory; raise `memory_budget` (these rows are streamed from the store)")
+                                 f"in memory; raise ", Name("memory_budget"),
+                                 " (these rows are streamed from the store)")
         self.sgd_c = full_batch.grid.pinned or 1.0  # SGD has no search: the pinned C, or scikit-learn's default
         self.wd = 1.0 / (self.sgd_c * ctx0.n_fit)  # on the rows the final probe learns from
         self.held_out: dict[int, tuple[float, float]] = {}  # anchor -> val loss and accuracy, rows not learnt from

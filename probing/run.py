@@ -14,13 +14,13 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.nets.anchors import Anchor
 from featstore.probing.base import FittedProbe, ProbeVariant
 from featstore.probing.source import FeatureSource, holds_prepared
 from featstore.probing.split import make_folds, make_split
 from featstore.probing.trainer import FitRows, fit_probes, predict, predict_bar
-from featstore.schema import VAL_FRAC, parse_size, shown
+from featstore.schema import VAL_FRAC, parse_size
 from featstore.store.reader import FeatureStore
 
 
@@ -29,7 +29,7 @@ def parse_bytes(text: str | int) -> int:
     try:
         return parse_size(text)
     except ValueError as e:
-        raise FeatstoreError(f"memory_budget={shown(text)}: {e}") from None
+        raise FeatstoreError(f"{e}", field="memory_budget", value=text) from None
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class ProbeData:
             bad = low if low < 0 else top
             raise FeatstoreError(f"store {self.store.location}: label {bad} of its image table is no class index of "
                                  f"its {len(names)} classes (0..{len(names) - 1}); nothing was fitted: rebuild the "
-                                 f"store's image table (`featstore build` from `data`)")
+                                 f"store's image table (", Step("fs.build(...)", "build"), " from ", Name("data"), ")")
         absent = top + 1 - len(np.unique(labels))
         if not names and absent > len(labels):
             raise FeatstoreError(f"store {self.store.location}: its largest label, {top}, makes a {top + 1:,}-way "
@@ -220,7 +220,8 @@ def predict_view(data: ProbeData, fits: list[Fit], view: str, progress: bool = F
             fold[np.searchsorted(valid, fit.predicted)] = k
     if not np.isfinite(conf).all():  # the stored features were checked; this guards the arithmetic
         raise FeatstoreError(f"probes of {data.key!r} predict NaN on view {view!r}; nothing was written (check the "
-                             f"store with `featstore verify {data.store.location}`)")
+                             "store with ", Step(f"fs.open_store({str(data.store.location)!r}).verify()", "verify"),
+                             ")")
     records = [(k, a, f.record()) for k, fit in enumerate(fits) for a, f in enumerate(fit.probes)]
     return ViewPredictions(view, pred, conf, fold, records)
 
@@ -259,17 +260,21 @@ def check_complete(store: FeatureStore, key: str, view: str) -> None:
     wrote, no NaN or infinity outside skipped rows), before training."""
     damage = store.check_view_arrays(key, view)
     if damage:
-        raise FeatstoreError(f"store {store.location} is damaged: {damage[0]}; rerun the same `featstore build` to "
-                             f"make the view again (`featstore verify` lists the damage)")
+        raise FeatstoreError(f"store {store.location} is damaged: {damage[0]}; rerun the same ",
+                             Step("fs.build(...)", "build"), " to "
+                             "make the view again (",
+                             Step("fs.open_store(store).verify()", "verify"), " lists the damage)")
     done = store.done(key, view)
     if not done.all():
         missing = np.flatnonzero(~done)
         raise FeatstoreError(
             f"store {store.location}: view {view!r} of {key!r} is incomplete ({int(done.sum())}/{done.size} chunks, "
-            f"first missing chunk {int(missing[0])}); resume it by rerunning the same `featstore build` command")
+            f"first missing chunk {int(missing[0])}); resume it by rerunning the same ",
+            Step("fs.build(...)", "build"))
     problems = store.check_view(key, view)
     if problems:
         raise FeatstoreError(
             f"store {store.location} is damaged: {problems[0]}"
             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-            + "; rerun the same `featstore build` to re-do those chunks (`featstore verify` lists them)")
+            + "; rerun the same ", Step("fs.build(...)", "build"), " to re-do those chunks (",
+             Step("fs.open_store(store).verify()", "verify"), " lists them)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from featstore.errors import FeatstoreError
-from featstore.schema import FIELDS, VAL_FRAC, shown
+from featstore.schema import FIELDS, VAL_FRAC
 
 
 def checked(**fields: object) -> None:
@@ -19,7 +19,7 @@ def checked(**fields: object) -> None:
         try:
             FIELDS[name].check(value)
         except (ValueError, TypeError) as e:
-            raise FeatstoreError(f"{name}={shown(value)}: {e}") from None
+            raise FeatstoreError(str(e), field=name, value=value) from None
 
 
 def make_split(image_ids: np.ndarray, seed: int = 0, train_frac: float = 0.7, val_frac: float = VAL_FRAC) -> np.ndarray:

@@ -40,7 +40,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.probing import targets
 from featstore.probing.lbfgs import Objective, SoftmaxObjective, SolverState, minimise
 from featstore.schema import Int, Real, Value
@@ -175,8 +175,9 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, fam
     n_val = n - n_train
     cs = grid.values()
     if n_val == 0 and len(cs) > 1:
-        raise FeatstoreError(f"no val rows to choose the probe's L2 strength on ({n} fit rows); raise `val_frac`, "
-                             f"or pin it with C=1 (e.g. variant=linear:C=1)")
+        raise FeatstoreError(f"no val rows to choose the probe's L2 strength on ({n} fit rows); raise ",
+                             Name("val_frac"), ", "
+                             "or pin it with C=1 (e.g. ", Name("variant", "linear:C=1"), ")")
     key = _search_key(x, y, n_train, family, grid, tol)
     # only a neighbour run reads the memory: a chosen run always searches (a second one in this process, e.g. at
     # another thread count, is a check of the search, not a copy of it)

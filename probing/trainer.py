@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from featstore.errors import Name
 from featstore.probing.base import AnchorContext, FittedProbe, ProbeGroup, ProbeVariant, UnconvergedProbe
 from featstore.probing.source import FeatureSource, holds_prepared
 from featstore.threads import ThreadPolicy
@@ -115,9 +116,10 @@ def _fit(source: FeatureSource, variant: ProbeVariant, rows: FitRows, num_classe
                       stacklevel=2)
     elif unconverged:
         cap = probes[unconverged[0]].info.get("cap", variant.cap_param)  # the parameter that capped it
-        warnings.warn(f"{label}: the probes of anchor(s) {', '.join(map(str, unconverged))} stopped at their cap "
-                      f"({variant.name}:{cap}={variant.params.get(cap, plan.max_epochs)}) before converging; raise it "
-                      f"with variant={variant.name}:{cap}=N", UnconvergedProbe, stacklevel=2)
+        warnings.warn(UnconvergedProbe(
+            f"{label}: the probes of anchor(s) {', '.join(map(str, unconverged))} stopped at their cap "
+            f"({variant.name}:{cap}={variant.params.get(cap, plan.max_epochs)}) before converging; raise it with ",
+            Name("variant", f"{variant.name}:{cap}=N")), stacklevel=2)
     return probes
 
 

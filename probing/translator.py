@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.probing import targets
 from featstore.probing.base import AnchorContext, LinearFit, Plan, ProbeGroup, ProbeVariant, register
 from featstore.probing.lbfgs import add_row_products_, chunk_rows, class_major, row_major_zeros, strengths
@@ -75,18 +75,22 @@ def read_kept_head(store, key: str, variant: str) -> Head:
     or whose head does not match its logits, is one line naming the fix."""
     kept = store.read_head(key)
     if kept is None:
-        raise FeatstoreError(f"variant={variant}: store {store.location} keeps no head weights for {key!r} (built "
-                             f"before they were kept, or the model has no Linear head); rerun the same "
-                             f"`featstore build` to add them, or use variant=lens-direct")
+        raise FeatstoreError(f"store {store.location} keeps no head weights for {key!r} (built "
+                             f"before they were kept, or the model has no Linear head); rerun the same ",
+                             Step("fs.build(...)", "build"), " to add them, or use ", Name("variant", "lens-direct"),
+                             field="variant", value=variant)
     weight, bias, module = kept
     classes = store.config(key).num_classes
     if weight.shape[0] != classes:
-        raise FeatstoreError(f"variant={variant}: the head of {key!r} kept in {store.location} has "
-                             f"{weight.shape[0]} classes, its logits {classes}; rerun the same `featstore build`")
+        raise FeatstoreError(f"the head of {key!r} kept in {store.location} has "
+                             f"{weight.shape[0]} classes, its logits {classes}; rerun the same ",
+                             Step("fs.build(...)", "build"),
+                             field="variant", value=variant)
     if classes < 2:
-        raise FeatstoreError(f"variant={variant}: the head of {key!r} has {classes} class: any readout through it "
+        raise FeatstoreError(f"the head of {key!r} has {classes} class: any readout through it "
                              f"gives that class with probability 1, so there is nothing to learn; probe a model "
-                             f"whose head has 2 classes or more, or use variant=linear on the labels")
+                             f"whose head has 2 classes or more, or use ", Name("variant", "linear"), " on the labels",
+                             field="variant", value=variant)
     return Head(torch.from_numpy(weight), torch.from_numpy(bias), module)
 
 
@@ -94,10 +98,12 @@ def resident_head(variant: str, head: Head | None, ctxs, why: str) -> Head:
     """The head `bind` kept, on the rows' device, for a variant that trains on its fit rows held in memory; one
     line when it was never bound or the rows do not fit (`why` says what needs them in memory)."""
     if head is None:
-        raise FeatstoreError(f"variant={variant}: no head to read through (the variant was not bound to a store)")
+        raise FeatstoreError("no head to read through (the variant was not bound to a store)",
+                             field="variant", value=variant)
     if not ctxs[0].resident:
-        raise FeatstoreError(f"variant={variant}: its fit rows do not fit `memory_budget` and {why}; raise "
-                             f"`memory_budget`, or use variant=lens-direct")
+        raise FeatstoreError("its fit rows do not fit ", Name("memory_budget"), f" and {why}; raise ",
+                             Name("memory_budget"), ", or use ", Name("variant", "lens-direct"), field="variant",
+                              value=variant)
     return head.to(ctxs[0].device)
 
 
@@ -322,8 +328,8 @@ class TranslatorGroup(ProbeGroup):
         out = {}
         for i, a in enumerate(self.members):
             if a not in self.done:
-                raise FeatstoreError("variant=head-probe: the translator was never solved (its rows were not "
-                                     "resident)")
+                raise FeatstoreError("the translator was never solved (its rows were not resident)",
+                                     field="variant", value="head-probe")
             w, info, converged, loss, (val_loss, val_accuracy) = self.done[a]
             d, mean, std = self.dim, self.mean[i, 0], self.std[i, 0]
             a_t = w[:d] / std[:, None]  # raw space: u = x A^T + b

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.probing import targets
 from featstore.probing.base import FittedProbe, Plan, ProbeGroup, register
 from featstore.probing.translator import Head, HeadReadout, TranslatorFit, resident_head
@@ -99,29 +99,37 @@ class TunedLens(HeadReadout):
         other = [a for a in anchors if a.dim != width]
         if other:
             same = [a.name for a in anchors if a.dim == width]
-            build = (f"build a store of those only (`featstore build --anchors {','.join(same)}`)" if same else
-                     "no anchor of this store is that wide")
-            raise FeatstoreError(f"variant={self.name}: {len(other)} of {len(anchors)} anchors of {key!r} are not "
+            build = (("build a store of those only (", Name("anchors", ",".join(same)), ")") if same else
+                     ("no anchor of this store is that wide",))
+            raise FeatstoreError(f"{len(other)} of {len(anchors)} anchors of {key!r} are not "
                                  f"as wide as the head's input ({width}): "
                                  f"{', '.join(f'{a.name} ({a.dim})' for a in other[:4])}"
                                  f"{' ...' if len(other) > 4 else ''}; the tuned lens starts each translator at the "
-                                 f"identity, which needs that width, and a run predicts every anchor: {build}, or "
-                                 f"use variant=head-probe (a map into the head's input from any width)")
+                                 f"identity, which needs that width, and a run predicts every anchor: ", *build,
+                                 ", or use ", Name("variant", "head-probe"),
+                                 " (a map into the head's input from any width)",
+                                 field="variant", value=self.name)
         kept = store.read_head_reading(key)
         if kept is None:
-            raise FeatstoreError(f"variant={self.name}: store {store.location} keeps the head of {key!r} without "
+            raise FeatstoreError(f"store {store.location} keeps the head of {key!r} without "
                                  f"its final norm and the anchors' roles (built before they were kept); rerun the "
-                                 f"same `featstore build` to add them, or use variant=head-probe")
+                                 f"same ", Step("fs.build(...)", "build"), " to add them, or use ",
+                                 Name("variant", "head-probe"),
+                                 field="variant", value=self.name)
         reading, arrays = kept
         norm = reading.get("norm")
         if norm is not None and "unreadable" in norm:
-            raise FeatstoreError(f"variant={self.name}: the final norm of {key!r} ({norm['module']}) cannot be "
-                                 f"applied to the pooled features: {norm['unreadable']}; use variant=head-probe")
+            raise FeatstoreError(f"the final norm of {key!r} ({norm['module']}) cannot be "
+                                 f"applied to the pooled features: {norm['unreadable']}; use ", Name("variant",
+                                 "head-probe"),
+                                 field="variant", value=self.name)
         roles = reading.get("anchors", {})
         missing = [a.name for a in anchors if a.name not in roles]
         if missing:
-            raise FeatstoreError(f"variant={self.name}: store {store.location} records no role to the head for "
-                                 f"anchor(s) {', '.join(missing[:4])} of {key!r}; rerun the same `featstore build`")
+            raise FeatstoreError(f"store {store.location} records no role to the head for "
+                                 f"anchor(s) {', '.join(missing[:4])} of {key!r}; rerun the same ",
+                                 Step("fs.build(...)", "build"),
+                                 field="variant", value=self.name)
         self.roles = [roles[a.name] for a in anchors]
         self.norm = None if norm is None else FinalNorm(
             norm["kind"], float(norm["eps"]), torch.from_numpy(arrays["norm_weight"]).float(),
@@ -234,7 +242,8 @@ class TunedLensGroup(ProbeGroup):
         out = {}
         for a in self.members:
             if a not in self.fits:
-                raise FeatstoreError("variant=tuned-lens: the lens was never trained (its rows were not resident)")
+                raise FeatstoreError("the lens was never trained (its rows were not resident)", field="variant",
+                                     value="tuned-lens")
             fit = self.fits[a]
             with torch.no_grad():
                 logits = fit.logits(val_x[a].to(fit.map_t.device))

@@ -346,9 +346,9 @@ def test_a_loaded_probe_refuses_a_fold_it_does_not_have(small, tmp_path):
 def test_misused_estimators_are_refused_before_anything_is_written(small, tmp_path, case):
     db = tmp_path / "f.duckdb"
     variant, name, said = {
-        "class": (Counting, "c", r"variant=Counting: give an instance \(Counting\(\)\), not the class"),
+        "class": (Counting, "c", r"variant='Counting': give an instance \(Counting\(\)\), not the class"),
         "one-column": (OneColumn(), "c", r"the fitted OneColumn of anchor 0: predict_proba gives shape \(2, 1\)"),
-        "unpicklable": (Counting(hook=lambda x: x), "c", r"variant=Counting\(\.\.\.\) does not pickle .*nothing was "
+        "unpicklable": (Counting(hook=lambda x: x), "c", r"variant='Counting\(\.\.\.\)': does not pickle .*nothing was "
                                                          r"fitted"),
         "long-name": (Counting(), "a" * 300, r"name='a{60}…' \(300 characters\): use letters a-z"),
     }[case]

@@ -163,7 +163,7 @@ def test_cost_and_exit_sim_commands(image_dir, tmp_path):
     store, db = tmp_path / "s.zarr", tmp_path / "f.duckdb"
     run_cli("build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--data", image_dir,
             "--store", store, "--no-progress", "--workers", "0")
-    assert "no database at" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear")
+    assert f"--db {db}: no database there" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear")
     assert not db.exists()  # a query never creates the database it reads
     run_cli("probe", "--store", store, "--model", "resnet18", "--db", db, "--no-progress")
     assert "featstore cost" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear")
@@ -205,7 +205,7 @@ def test_the_macros_defaults_are_the_cli_and_report_defaults(db):
     ({"combined": (-0.1,)}, "combined_thresholds=-0.1: confidences lie in [0, 1]"),
     ({"thresholds": ()}, "thresholds=(): give at least one confidence threshold"),
     ({"ks": ()}, "ks=(): give stability windows, integers >= 1"),
-    ({"ks": (0, 2)}, "ks=0,2: give stability windows, integers >= 1"),
+    ({"ks": (0, 2)}, "ks=(0, 2): give stability windows, integers >= 1"),
     ({"thresholds": (0.5,) * 10_001}, "thresholds=(10,001 values): at most 10,000; give fewer"),
 ])
 def test_the_policies_are_checked_where_python_callers_make_them(given, said):

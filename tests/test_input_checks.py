@@ -157,7 +157,7 @@ def test_images_the_labels_file_leaves_out_are_counted(flat, tmp_path):
     assert images.paths == ["0.jpg", "2.jpg"]
     out = run_cli("build", "--data", flat, "--labels", csv, "--store", tmp_path / "s.zarr", *SMALL).output
     assert [line for line in out.splitlines() if "warning" in line] == [
-        f"featstore: warning: labels file {csv} lists 2 images; 2 other image file(s) in {flat} are left out (e.g. "
+        f"featstore: warning: --labels {csv}: lists 2 images; 2 other image file(s) in {flat} are left out (e.g. "
         f"'1.jpg'); add them to the file if they belong to the set"]
     full = labels_file(tmp_path, ["0.jpg,0", "1.jpg,1", "2.jpg,0", "3.jpg,1"], name="all.csv")
     with warnings.catch_warnings():

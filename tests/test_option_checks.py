@@ -61,7 +61,7 @@ def probe_args(store, db, *more):
 def test_variant_parameters_are_checked_as_declared(spec, message):
     with pytest.raises(FeatstoreError) as e:
         get_variant(spec)
-    assert str(e.value).startswith(f"variant={spec}: {message}"), e.value
+    assert str(e.value).startswith(f"variant={spec!r}: {message}"), e.value
 
 
 def test_good_variant_parameters_keep_their_meaning():

@@ -103,10 +103,10 @@ def test_the_unconverged_warning_names_each_variants_own_cap_parameter(imagenet_
     from featstore.probing.base import get_variant
 
     store, _, _ = imagenet_shaped
-    with pytest.warns(UnconvergedProbe, match="raise it with variant=paper:epochs=N$") as caught:
+    with pytest.warns(UnconvergedProbe, match="raise it with variant='paper:epochs=N'$") as caught:
         probe(ProbeConfig(store=store, model="synthetic", db=tmp_path / "p.duckdb", variant="paper:epochs=1",
                           run=RunOptions(progress=False)))
-    hint = str(caught[0].message).rsplit("variant=", 1)[1].replace("=N", "=3")
+    hint = str(caught[0].message).rsplit("variant=", 1)[1].strip("'").replace("=N", "=3")
     assert get_variant(hint).params["epochs"] == 3  # the hint parses
 
 

@@ -360,7 +360,7 @@ def test_register_probe_from_user_code():
 def test_results_are_read_only_and_one_line_when_missing(doc, tmp_path):
     import featstore as fs
 
-    with pytest.raises(fs.FeatstoreError, match="no database at"):
+    with pytest.raises(fs.FeatstoreError, match="no database there"):
         fs.connect(tmp_path / "none.duckdb")
     with pytest.raises(fs.FeatstoreError, match="read-only"):
         doc["results"].sql("DELETE FROM runs")

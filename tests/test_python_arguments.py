@@ -295,7 +295,7 @@ def test_11_cost_cka_and_gate_with_odd_inputs(tmp_path):
     assert "'x/y/z'" in fails("gate", "--db", db, "--run", "x/y/z")
     refused(lambda: fs.gate(empty), "holds no probe run")
     assert "holds no probe run" in fails("gate", "--db", empty)
-    refused(lambda: fs.gate(missing), "no database at")
+    refused(lambda: fs.gate(missing), f"db={missing}: no database there")
     # a store without the model
     refused(lambda: fs.cka(store, "nope", tmp_path / "c.duckdb"), "no model 'nope'")
     assert "no model 'nope'" in fails("cka", "--store", store, "--model", "nope", "--db", tmp_path / "c.duckdb")

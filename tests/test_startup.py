@@ -35,11 +35,12 @@ def refused_without_torch(*args: object) -> str:
 def test_a_job_given_what_is_not_there_is_refused_before_torch_loads(tmp_path):
     assert refused_without_torch("build", "--model", "resnet18", "--data", tmp_path / "no", "--store",
                                  tmp_path / "s.zarr") == (
-        f"featstore: error: image folder {tmp_path / 'no'} does not exist; pass --data <ImageFolder root or flat "
-        f"folder>")
+        f"featstore: error: image folder {tmp_path / 'no'} does not exist; pass --data (an ImageFolder root or a "
+        f"flat folder)")
     assert refused_without_torch("probe", "--store", tmp_path / "none.zarr", "--model", "resnet18", "--db",
                                  tmp_path / "f.duckdb") == (
-        f"featstore: error: no featstore store at {tmp_path / 'none.zarr'}; build one with `featstore build`")
+        f"featstore: error: --store {tmp_path / 'none.zarr'}: no featstore store there; build one with "
+        f"`featstore build`")
     assert not (tmp_path / "s.zarr").exists() and not (tmp_path / "f.duckdb").exists()
 
 

@@ -201,7 +201,7 @@ def test_an_estimator_variant_is_handed_to_the_job_not_registered(store, tmp_pat
     assert VARIANTS == before
     with pytest.raises(FeatstoreError, match="name 'linear' is a registered probe variant"):
         EstimatorVariant(Watching(), name="linear")
-    with pytest.raises(FeatstoreError, match=r"variant=Watching: give an instance \(Watching\(\)\)"):
+    with pytest.raises(FeatstoreError, match=r"variant='Watching': give an instance \(Watching\(\)\)"):
         EstimatorVariant(Watching)
 
 

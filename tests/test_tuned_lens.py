@@ -195,7 +195,7 @@ def test_lens_is_read_as_head_probes_old_name(store, tmp_path):
     db = tmp_path / "f.duckdb"
     result = run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--variant", "lens",
                      "--no-progress", "--threads", "1")
-    assert "--variant lens is now --variant head-probe" in result.output and "tuned-lens" in result.output
+    assert "--variant lens: is now --variant head-probe" in result.output and "tuned-lens" in result.output
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT run_id, probe FROM runs").fetchall() == [("synthetic/clean/head-probe", "head-probe")]
     con.close()

@@ -154,9 +154,9 @@ def test_timm_twins_of_the_papers_vit_and_convnext_stay_selectable(monkeypatch):
     assert published_top1("timm:timm/convnext_tiny.fb_in1k") == 82.066
     with pytest.raises(FeatstoreError, match="no timm pretrained tag 'in1k_v9'"):
         load_model("timm/convnext_tiny", "in1k_v9")
-    with pytest.raises(FeatstoreError, match="torchvision's vit_b_16 IMAGENET1K_V1; use model=vit_b_16"):
+    with pytest.raises(FeatstoreError, match="torchvision's vit_b_16 IMAGENET1K_V1; use model='vit_b_16'"):
         load_model("vit_base_patch16_224", "paper")
-    with pytest.raises(FeatstoreError, match="model=timm/vit_base_patch16_224 weights=TAG"):
+    with pytest.raises(FeatstoreError, match="model='timm/vit_base_patch16_224' weights='TAG'"):
         load_model("vit_b_16", "augreg_in1k")
 
 

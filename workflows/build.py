@@ -25,7 +25,7 @@ from featstore.compute.forward import (
     resolve_precision,
 )
 from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.images.datasets import ImageSet, labels_for_head
 from featstore.images.tensor_input import decoder_name, input_batches, resolve_decode
 from featstore.images.views import View, parse_views, with_generator
@@ -191,8 +191,9 @@ def compiled_forward(job: BuildJob) -> torch.nn.Module:
         with torch.inference_mode(), _autocast(job):
             forward(batch.contiguous(memory_format=job.memory_format))
     except Exception as e:
-        raise FeatstoreError(f"`compile`: torch.compile failed on this model ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0][:200] if str(e) else ''}); build without `compile`") from e
+        raise FeatstoreError(Name("compile"), f": torch.compile failed on this model ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:200] if str(e) else ''}); build without ",
+                             Name("compile")) from e
     return forward
 
 
@@ -394,8 +395,8 @@ def _skipped(job: BuildJob, rows: list[int], errors: list[str | None], result: B
             continue
         path = job.images.root / job.images.paths[rows[i]]
         if not job.cfg.skip_bad:
-            raise FeatstoreError(f"cannot decode image {path} ({error}); remove or replace the file, or pass "
-                                 f"`skip_bad` to record it as skipped and go on")
+            raise FeatstoreError(f"cannot decode image {path} ({error}); remove or replace the file, or pass ",
+                                 Name("skip_bad"), " to record it as skipped and go on")
         result.bad_images.append(str(path))
         skipped[i] = True
     return skipped

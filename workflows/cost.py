@@ -9,7 +9,7 @@ from pathlib import Path
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
 from featstore.compute.prefix_costs import ModelCost, measure_costs
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.nets.anchors import resolve_anchors
 from featstore.nets.models import load_model
 from featstore.runtime import resolve_device, tune_allocator
@@ -34,13 +34,14 @@ def measure_model(key: str, db: str | Path, store: str | Path | None = None, dev
         name, anchors, pool_kind = cfg.model, list(cfg.anchors), cfg.token_pool or "cls"
         if image_size is None and cfg.preprocessing is None:
             raise FeatstoreError(f"store {store} holds features of {key!r} written without images (no crop "
-                                 f"size recorded); pass `image_size`")
+                                 f"size recorded); pass ", Name("image_size"))
         crop = image_size or cfg.preprocessing.crop
         head, probe_classes = cfg.num_classes, len(fs.image_attrs().get("class_names", [])) or cfg.num_classes
     else:  # read only: a refusal leaves no database behind
         names = q.anchor_names(db, key) if Path(db).exists() else []
         if not names:
-            raise FeatstoreError(f"database {db} has no anchors of {key!r}; pass `store`, or probe the model first")
+            raise FeatstoreError(f"database {db} has no anchors of {key!r}; pass ", Name("store"),
+                                 ", or probe the model first")
         name, pool_kind, head = key, "cls", None
         probe_classes = q.label_count(db) or 1000
         crop = None

@@ -206,11 +206,11 @@ def run_demo(out: Path, dataset: str = DEMO_DATASET, epochs: int | None = None, 
     progress bars and CPU threads of every step (its device is the CPU's: the demo is a CPU demo)."""
     run = run or RunOptions()
     if dataset not in DATASETS:
-        raise FeatstoreError(f"dataset={dataset!r}: choose one of {', '.join(DATASETS)}")
+        raise FeatstoreError(f"choose one of {', '.join(DATASETS)}", field="dataset", value=dataset)
     preset = DATASETS[dataset]
     epochs = preset.epochs if epochs is None else epochs
     if epochs < 1:
-        raise FeatstoreError(f"epochs={epochs}: train for at least one epoch")
+        raise FeatstoreError("train for at least one epoch", field="epochs", value=epochs)
     home = Path(out) / dataset
     seconds: dict[str, float] = {}
 

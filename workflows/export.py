@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from featstore.analytics import db as fsdb
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.store.locks import locked
 
 # per-image (per-edge) rows, one folder per run; every other table of the schema is one file
@@ -38,7 +38,7 @@ def export(db: str | Path, to: str | Path) -> list[Path]:
         ours = (partial / MARKER).is_file()
         if not partial.is_dir() or partial.is_symlink():
             raise FeatstoreError(f"{partial} exists and is not a folder featstore export began; move it away or "
-                                 f"export to another `out`") from None
+                                 f"export to another ", Name("out")) from None
     try:
         _export_under_lock(db, to, partial, ours)
     except FileNotFoundError as e:  # the other export renamed its finished folder away meanwhile
@@ -49,12 +49,12 @@ def export(db: str | Path, to: str | Path) -> list[Path]:
 
 
 def _export_under_lock(db: str | Path, to: Path, partial: Path, ours: bool) -> None:
-    with locked(partial, wait=False, what=f"export folder {partial}", instead="or export to another `out`"):
+    with locked(partial, wait=False, what=f"export folder {partial}", instead=("or export to another ", Name("out"))):
         marker = partial / MARKER
         if not marker.is_file():
             if any(partial.iterdir()):
                 raise FeatstoreError(f"{partial} exists and holds files featstore export did not write; move it "
-                                     f"away or export to another `out`")
+                                     f"away or export to another ", Name("out"))
             marker.write_text(f"featstore export of {Path(db).resolve()}\n")
         for leftover in [p for p in partial.iterdir() if p.name != MARKER]:  # an interrupted export's own files
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()

@@ -26,7 +26,7 @@ import numpy as np
 
 from featstore.analytics import db as fsdb
 from featstore.analytics.queries import query, run_ids_among
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.records import Gate, GateScores
 from featstore.schema import GATE_SPLIT, check_field
 
@@ -128,12 +128,11 @@ def train_gate(db: str | Path, run_id: str, split: str = GATE_SPLIT, c: float = 
     says what it does then, not before a refusal)."""
     check_field("split", split)  # the gate learns from one split
     if not run_ids_among(db, [run_id]):
-        raise FeatstoreError(f"no run {run_id!r} in {db}; list them with featstore sql --db {db} "
-                             f"\"SELECT run_id FROM runs\"")
+        raise FeatstoreError(f"no run {run_id!r} in {db}; list them with ", Step("fs.connect(db).runs", "sql"))
     frame = query(db, "SELECT * FROM head_timelines(?)", [run_id])
     if frame["head_pred"].null_count() == len(frame):
         raise FeatstoreError(f"run {run_id!r} in {db} has no stored model outputs (the head's predictions the gate "
-                             f"learns to recognise); rerun featstore probe for it")
+                             f"learns to recognise); rerun ", Step("fs.probe(...)", "probe"), " for it")
     frame = frame.filter(frame["head_pred"].is_not_null())
     preds = np.array(frame["preds"].to_list(), dtype=np.int64)
     confs = np.array(frame["confs"].to_list(), dtype=np.float64)
@@ -145,7 +144,7 @@ def train_gate(db: str | Path, run_id: str, split: str = GATE_SPLIT, c: float = 
     if len(train_y) == 0 or train_y.min() == train_y.max():
         raise FeatstoreError(f"run {run_id!r}: the {split} split has {int(learnt.sum())} images and their anchors "
                              f"are {'all' if len(train_y) and train_y.max() else 'never'} right and final; a gate "
-                             f"needs both kinds (pass another `split`)")
+                             f"needs both kinds (pass another ", Name("split"), ")")
     if on_start is not None:
         on_start()
     fit = fit_logistic(train_x, train_y, c)

@@ -90,7 +90,7 @@ def _judge(fs: FeatureStore, pv: ProbeVersion, reach: list[Path], runs: list, mi
     if unread:
         return Unreferenced(pv, False, f"no run names it, but {unread[0]}: kept")
     if not reach:
-        return Unreferenced(pv, False, "no database is recorded for it (pass the --db it was probed into): kept")
+        return Unreferenced(pv, False, "no database is recorded for it (name the database it was probed into): kept")
     age = time.time() - (fs.location.last_written(str(pv)) or 0.0)
     if age < min_age_s:
         return Unreferenced(pv, False, f"no run of {', '.join(map(str, reach))} names it, but it was written "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from featstore.errors import FeatstoreWarning
+from featstore.errors import FeatstoreWarning, Name
 from featstore.images.datasets import IMAGENET_CLASSES
 
 Z = 3.0  # standard errors above chance an agreement must reach to be told apart from it
@@ -63,8 +63,8 @@ def warn_if_near_chance(agreement: HeadAgreement, model: str, source: str) -> No
     import warnings
 
     if agreement.near_chance:
-        warnings.warn(f"{model}'s pretrained head agrees with the labels of {source} on {agreement.agreement:.1%} of "
-                      f"the first chunk's {agreement.rows} images, about chance ({agreement.chance:.1%}): the labels "
-                      f"are likely in another class order than the head's (ImageNet: pass the devkit's ground truth "
-                      f"with its meta.mat, or LOC_val_solution.csv, as `labels`; docs/build.md)", LabelsNearChance,
-                      stacklevel=2)
+        warnings.warn(LabelsNearChance(
+            f"{model}'s pretrained head agrees with the labels of {source} on {agreement.agreement:.1%} of the first "
+            f"chunk's {agreement.rows} images, about chance ({agreement.chance:.1%}): the labels are likely in another "
+            f"class order than the head's (ImageNet: pass the devkit's ground truth with its meta.mat, or "
+            f"LOC_val_solution.csv, as ", Name("labels"), "; docs/build.md)"), stacklevel=2)

@@ -20,7 +20,7 @@ from pathlib import Path
 import duckdb
 
 from featstore.analytics import db as fsdb
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name, Step
 
 SPLIT_KEYS = ("dataset", "split_seed", "val_frac")  # meta rows that make two databases one experiment
 
@@ -38,7 +38,7 @@ def merge(target: str | Path, sources: Sequence[str | Path], replace: bool = Fal
     """Fold every source into `target` (created if missing) in one transaction; see the module docstring."""
     target, paths = Path(target), [Path(s) for s in sources]
     if not paths:
-        raise FeatstoreError("featstore merge: name at least one SOURCE database to fold into --db")
+        raise FeatstoreError("name at least one source database to fold into ", Name("db"))
     for p in paths:
         if not p.is_file():
             raise FeatstoreError(f"source database {p} does not exist")
@@ -75,7 +75,7 @@ def _fold(con: duckdb.DuckDBPyConnection, source: Path, replace: bool) -> list[s
     missing = sorted(set(fsdb.schema_tables()) - tables)
     if missing:
         raise FeatstoreError(f"source {source} predates table {missing[0]} (an older featstore wrote it); open it "
-                             f"once with this version's `featstore probe` or pass another source")
+                             f"once with this version's ", Step("fs.probe(...)", "probe"), " or pass another source")
     mine = dict(con.execute("SELECT key, value FROM meta").fetchall())
     theirs = dict(con.execute("SELECT key, value FROM src.meta").fetchall())
     if mine.get("dataset") and theirs.get("dataset"):
@@ -91,7 +91,7 @@ def _fold(con: duckdb.DuckDBPyConnection, source: Path, replace: bool) -> list[s
     if conflicts and not replace:
         more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
         raise FeatstoreError(f"source {source} holds {conflicts[0]}{more} with other content than the target; "
-                             f"pass `replace` to keep the source's, or leave that source out")
+                             f"pass ", Name("replace"), " to keep the source's, or leave that source out")
     con.execute(fsdb.sql_text("merge_rows"))
     con.execute(fsdb.sql_text("migrate_runs"))  # a source older than the identity columns brought runs without them
     return conflicts

@@ -30,7 +30,7 @@ import torch
 
 from featstore.analytics import db as fsdb
 from featstore.compute.specs import RunOptions
-from featstore.errors import FeatstoreError, Interrupted
+from featstore.errors import FeatstoreError, Interrupted, Name
 from featstore.probing.base import ProbeVariant, get_variant
 from featstore.probing.run import (
     ProbeData,
@@ -140,15 +140,15 @@ def check_val_rows(data: ProbeData, cfg: ProbeConfig) -> None:
     weights marked converged."""
     for k, (rows, _) in enumerate(fit_plans(data)):
         if not len(rows.train):
-            where = f"fold {k} of cross_fit={cfg.cross_fit}" if cfg.cross_fit else "the split"
-            raise FeatstoreError(f"val_frac={cfg.val_frac}: {where} holds no train rows ({len(rows.val)} val "
-                                 f"rows of {len(data.valid)} usable images); a probe learns from some: pass a "
-                                 f"smaller `val_frac`, or more images")
+            where = (f"fold {k} of ", Name("cross_fit", cfg.cross_fit)) if cfg.cross_fit else ("the split",)
+            raise FeatstoreError(*where, f" holds no train rows ({len(rows.val)} val rows of {len(data.valid)} "
+                                 f"usable images); a probe learns from some: pass a smaller ", Name("val_frac"),
+                                 ", or more images", field="val_frac", value=cfg.val_frac)
         if not len(rows.val):
-            where = f"fold {k} of cross_fit={cfg.cross_fit}" if cfg.cross_fit else "the split"
-            raise FeatstoreError(f"val_frac={cfg.val_frac}: {where} holds no val rows ({len(rows.train)} train "
-                                 f"rows of {len(data.valid)} usable images); early stopping and the val accuracy "
-                                 f"need some: pass a larger `val_frac`")
+            where = (f"fold {k} of ", Name("cross_fit", cfg.cross_fit)) if cfg.cross_fit else ("the split",)
+            raise FeatstoreError(*where, f" holds no val rows ({len(rows.train)} train rows of {len(data.valid)} "
+                                 f"usable images); early stopping and the val accuracy need some: pass a larger ",
+                                 Name("val_frac"), field="val_frac", value=cfg.val_frac)
 
 
 def planned_run_ids(cfg: ProbeConfig) -> list[str]:
@@ -231,8 +231,9 @@ def probe_job(cfg: ProbeConfig) -> ProbeResult:
         check_complete(store, key, v)
     store.location.check_writable(key)
     if cfg.cross_fit > len(data.valid) // 2:
-        raise FeatstoreError(f"cross_fit={cfg.cross_fit}: the store has {len(data.valid)} usable images, so at "
-                             f"most {len(data.valid) // 2} folds (each fold must hold out at least 2 images)")
+        raise FeatstoreError(f"the store has {len(data.valid)} usable images, so at "
+                             f"most {len(data.valid) // 2} folds (each fold must hold out at least 2 images)",
+                             field="cross_fit", value=cfg.cross_fit)
     check_val_rows(data, cfg)
     image_attrs = store.image_attrs()
     info = DatasetInfo(image_attrs["fingerprint"], image_attrs.get("source", ""), str(cfg.store),

@@ -24,7 +24,7 @@ from featstore.analytics import db as fsdb
 from featstore.analytics.queries import paper_table_spread, population, run_ids_among
 from featstore.analytics.report import write_report
 from featstore.compute.specs import ImageSource, ModelSpec, RunOptions
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.images.views import parse_view
 from featstore.nets.anchors import PRESETS
 from featstore.nets.depth import DEFAULT_COUNT
@@ -151,7 +151,7 @@ def load_study(path: str | Path, data: str | Path | None = None, out: str | Path
     section_data, build_section, probe_section = found["data"], found["build"], found["probe"]
     located = data or section_data.get("path")
     if not located:
-        raise FeatstoreError(f"study file {path} names no images: give `data` or [data] path")
+        raise FeatstoreError(f"study file {path} names no images: give ", Name("data"), " or [data] path")
     base = path.parent
     labels = section_data.get("labels")
     images = ImageSource(local_path(located, base if not data else Path.cwd()),
@@ -179,7 +179,7 @@ def load_study(path: str | Path, data: str | Path | None = None, out: str | Path
         for v in views:
             parse_view(v)
     except FeatstoreError as e:
-        raise FeatstoreError(f"{where}: {e}") from None
+        raise FeatstoreError(f"{where}: ", *e.whole()) from None
     for key, values in (("[build] views", views), ("[probe] variants", variants),
                         ("[probe] seeds", probe_section.get("seeds", []))):
         twice = [v for i, v in enumerate(values) if v in values[:i]]
@@ -308,7 +308,8 @@ def run_study(path: str | Path, data: str | Path | None = None, out: str | Path 
     study = replace(study, build_run=replace(study.build_run, threads=threads),
                     probe_run=replace(study.probe_run, threads=threads))
     if not study.images.data.is_dir():
-        raise FeatstoreError(f"image folder {study.images.data} does not exist; pass `data` or fix [data] path")
+        raise FeatstoreError(f"image folder {study.images.data} does not exist; pass ", Name("data"),
+                             " or fix [data] path")
     study.out.mkdir(parents=True, exist_ok=True)
     state_file = study.out / "study-state.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}

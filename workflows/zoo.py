@@ -132,7 +132,7 @@ def check_zoo(spec: ZooSpec, cfg: ZooConfig) -> None:
             try:
                 labels_for_head(images[s.name], loaded.num_classes)  # the rule compute_circuit scores with
             except FeatstoreError as e:
-                raise FeatstoreError(f"zoo model {model.name}, image set {s.name}: {e}") from e
+                raise FeatstoreError(f"zoo model {model.name}, image set {s.name}: ", *e.whole()) from e
         probe = ViewDataset(images[spec.id.name], loaded.preprocessing, [parse_view(spec.id.view)])
         x = torch.stack([probe[i][1][0] for i in range(min(4, len(probe)))])
         device = next(graph.model.parameters()).device

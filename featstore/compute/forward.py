@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.nets.extraction import Tapper
 from featstore.nets.stored_types import row_peaks
 from featstore.schema import PRECISIONS
@@ -20,11 +20,12 @@ from featstore.store.writer import ChunkData
 def resolve_precision(precision: str, device: torch.device) -> str:
     """`--precision` made concrete for a device (auto: fp16 on CUDA, fp32 elsewhere), refusing what it cannot run."""
     if precision not in PRECISIONS:
-        raise FeatstoreError(f"precision={precision!r}: use one of {', '.join(PRECISIONS)}")
+        raise FeatstoreError(f"use one of {', '.join(PRECISIONS)}", field="precision", value=precision)
     if precision == "auto":
         return "fp16" if device.type == "cuda" else "fp32"
     if precision == "fp16" and device.type != "cuda":
-        raise FeatstoreError("precision=fp16 needs device=cuda; use fp32 or bf16 on CPU")
+        raise FeatstoreError("needs ", Name("device", "cuda"), "; use fp32 or bf16 on CPU", field="precision",
+                             value=precision)
     return precision
 
 

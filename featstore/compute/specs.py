@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.schema import DEVICE, WEIGHTS, check_fields
 
 
@@ -51,8 +51,8 @@ class ImageSource:
         """Refuse a `data` folder that is not there without loading torch, so that a command says so at once,
         before it loads a model (`discover` reads the folder)."""
         if not self.data.expanduser().is_dir():
-            raise FeatstoreError(f"image folder {self.data} does not exist; pass data=<ImageFolder root or flat "
-                                 f"folder>")
+            raise FeatstoreError(f"image folder {self.data} does not exist; pass ", Name("data"),
+                                 " (an ImageFolder root or a flat folder)")
 
     def discover(self, seed: int = 0):
         """The images (featstore.images.datasets.ImageSet); `seed` draws the --limit subset."""

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from featstore.errors import FeatstoreError, FeatstoreWarning
+from featstore.errors import FeatstoreError, FeatstoreWarning, Name
 from featstore.images.files import IMAGE_EXTENSIONS
 from featstore.images.imagenet_val import (
     DEVKIT_FILE,
@@ -105,7 +105,8 @@ def discover(root: str | Path, labels: str | Path | None = None, limit: int | No
     """Find the images under `root` (an ImageFolder tree, or flat with a labels CSV)."""
     root = Path(root).expanduser()
     if not root.is_dir():
-        raise FeatstoreError(f"image folder {root} does not exist; pass data=<ImageFolder root or flat folder>")
+        raise FeatstoreError(f"image folder {root} does not exist; pass ",
+                             Name("data"), " (an ImageFolder root or a flat folder)")
     if labels is not None:
         paths, ys, classes = _from_labels(root, Path(labels).expanduser())
         source = f"flat folder {root} with labels {labels}"
@@ -118,7 +119,7 @@ def discover(root: str | Path, labels: str | Path | None = None, limit: int | No
     ys_arr = np.asarray([ys[i] for i in order], dtype=np.int64)
     if limit is not None:
         if limit <= 0:
-            raise FeatstoreError(f"limit={limit}: give a positive number of images")
+            raise FeatstoreError("give a positive number of images", field="limit", value=limit)
         if limit < len(paths):
             keep = np.sort(np.random.default_rng(seed).choice(len(paths), size=limit, replace=False))
             ids, ys_arr = ids[keep], ys_arr[keep]
@@ -130,7 +131,7 @@ def _from_tree(root: Path) -> tuple[list[str], list[int], list[str]]:
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not classes:
         raise FeatstoreError(f"{root} has no class folders; give an ImageFolder tree (root/<class>/<image>) "
-                             f"or a flat folder with labels=labels.csv")
+                             f"or a flat folder with ", Name("labels", "labels.csv"))
     paths: list[str] = []
     ys: list[int] = []
     for index, name in enumerate(classes):
@@ -180,8 +181,9 @@ def _normalised(labels: Path, line: int, name: str) -> str:
     """'./a.png', 'sub//a.png' -> the same relative posix path as the tree walk gives; outside paths refused."""
     norm = posixpath.normpath(name.replace("\\", "/"))
     if norm.startswith("/") or norm == ".." or norm.startswith("../"):
-        raise FeatstoreError(f"labels file {labels} line {line}: {name!r} is outside the `data` folder; give "
-                             f"paths relative to it")
+        raise FeatstoreError(f"labels file {labels} line {line}: {name!r} is outside the ", Name("data"),
+                             " folder; give "
+                             "paths relative to it")
     return norm
 
 
@@ -214,8 +216,9 @@ def _from_labels(root: Path, labels: Path) -> tuple[list[str], list[int], list[s
     found = match_files(root, labels, listed, _image_files(root))
     absent = [name for name in listed if name not in found]
     if absent:
-        warnings.warn(f"labels file {labels} lists {len(listed):,} images; {len(absent):,} of them are not in {root} "
-                      f"(e.g. {absent[0]!r}): the set is the {len(found):,} that are", MissingImages, stacklevel=4)
+        warnings.warn(MissingImages(f"lists {len(listed):,} images; {len(absent):,} of them are not in {root} (e.g. "
+                                    f"{absent[0]!r}): the set is the {len(found):,} that are", field="labels",
+                                    value=labels), stacklevel=4)
     names = [name for name in listed if name in found]
     classes = sorted({listed[name].wnid for name in names})
     index = {wnid: i for i, wnid in enumerate(classes)}
@@ -300,9 +303,9 @@ def _left_out(root: Path, labels: Path, listed: dict[str, int]) -> None:
     but a silently shorter image set looks like a complete one."""
     unlisted = [path for path in _image_files(root) if path not in listed]
     if unlisted:
-        warnings.warn(f"labels file {labels} lists {len(listed)} images; {len(unlisted)} other image file(s) in "
-                      f"{root} are left out (e.g. {unlisted[0]!r}); add them to the file if they belong to the set",
-                      UnlabelledImages, stacklevel=4)
+        warnings.warn(UnlabelledImages(f"lists {len(listed)} images; {len(unlisted)} other image file(s) in {root} "
+                                       f"are left out (e.g. {unlisted[0]!r}); add them to the file if they belong to "
+                                       f"the set", field="labels", value=labels), stacklevel=4)
 
 
 def check_labels(images: ImageSet, num_classes: int) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.images.files import IMAGE_EXTENSIONS
 
 DEVKIT_FILE = "ILSVRC2012_validation_ground_truth.txt"
@@ -215,5 +215,5 @@ def match_files(root: Path, labels: Path, listed: dict[str, ListedLabel], files:
     if not found:
         example = next(iter(listed))
         raise FeatstoreError(f"labels file {labels} lists {len(listed):,} images and none of them is in {root} "
-                             f"(e.g. {example}.JPEG); pass the folder that holds them as `data`")
+                             f"(e.g. {example}.JPEG); pass the folder that holds them as ", Name("data"))
     return found

@@ -48,7 +48,7 @@ from featstore.schema import DECODES
 def resolve_decode(decode: str, device: torch.device) -> str:
     """auto -> gpu on CUDA, cpu elsewhere. `gpu` on a CPU device runs the tensor path on CPU tensors."""
     if decode not in DECODES:
-        raise FeatstoreError(f"decode={decode!r}: use one of {', '.join(DECODES)}")
+        raise FeatstoreError(f"use one of {', '.join(DECODES)}", field="decode", value=decode)
     if decode == "auto":
         return "gpu" if device.type == "cuda" else "cpu"
     return decode

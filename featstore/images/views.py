@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.schema import comma_list
 
 if TYPE_CHECKING:
@@ -307,7 +307,7 @@ def with_generator(view: View, recorded: dict) -> View:
     generator = recorded.get("view_generator", 1)
     if isinstance(generator, bool) or not isinstance(generator, int) or generator not in VIEW_GENERATORS:
         raise FeatstoreError(f"view {view.name!r} was made with view generator {generator!r}, which this featstore "
-                             f"does not have; build it with that featstore's version, or under another `name`")
+                             f"does not have; build it with that featstore's version, or under another ", Name("name"))
     return View(view.name, view.corruption, view.severity, generator)
 
 
@@ -325,5 +325,5 @@ def parse_views(spec: str) -> list[View]:
     """'clean,gaussian_noise-1' -> views in the given order, without repeats."""
     names = comma_list(spec)
     if not names:
-        raise FeatstoreError("`views` is empty: give e.g. clean or clean,gaussian_noise-1")
+        raise FeatstoreError(Name("views"), " is empty: give e.g. clean or clean,gaussian_noise-1")
     return [parse_view(n) for n in dict.fromkeys(names)]

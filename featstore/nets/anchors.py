@@ -12,7 +12,7 @@ import difflib
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.schema import comma_list
 
 if TYPE_CHECKING:  # the records above are read without torch (`featstore info`); the functions below take a model
@@ -163,7 +163,7 @@ def resolve_anchor(model: nn.Module, name: str) -> tuple[str, str, str | None]:
     close = difflib.get_close_matches(name, valid_anchor_names(model), n=5, cutoff=0.5)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise FeatstoreError(f"anchor {name!r} is not a module of this model{hint}; "
-                         f"`featstore anchors --model <name> --all` lists the valid names")
+                         f"", Step("fs.anchors(model, every=True)", "anchors"), " lists the valid names")
 
 
 def head_name(model: nn.Module) -> str | None:
@@ -178,9 +178,10 @@ def check_anchor_names(names: list[str]) -> list[str]:
     """A usable anchor list: no name twice, a start and an end, and the input (if listed) first: it comes before
     every module, and a timeline is in depth order."""
     if len(set(names)) != len(names):
-        raise FeatstoreError(f"`anchors` lists a name twice: {','.join(names)}")
+        raise FeatstoreError(Name("anchors"), f" lists a name twice: {','.join(names)}")
     if INPUT_ANCHOR in names[1:]:
-        raise FeatstoreError(f"`anchors` lists {INPUT_ANCHOR} at place {names.index(INPUT_ANCHOR) + 1}: the model's "
+        raise FeatstoreError(Name("anchors"),
+                             f" lists {INPUT_ANCHOR} at place {names.index(INPUT_ANCHOR) + 1}: the model's "
                              f"input comes before every module, so it goes first ({INPUT_ANCHOR},{names[0]},...)")
     if len(names) < 2:
         raise FeatstoreError("need at least 2 anchors: a decision timeline has a start and an end")
@@ -203,11 +204,13 @@ def tap_anchor_names(model: nn.Module, taps: str) -> list[str]:
 
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, (nn.Sequential, nn.ModuleList)) or not all(hasattr(b, "norm2") for b in blocks):
-        raise FeatstoreError("`taps` needs a timm VisionTransformer-style model (blocks with norm1/attn/norm2/mlp)")
+        raise FeatstoreError(Name("taps"),
+                             " needs a timm VisionTransformer-style model (blocks with norm1/attn/norm2/mlp)")
     names = list(TAPS) if taps == "all" else comma_list(taps)
     unknown = [t for t in names if t not in TAPS]
     if unknown:
-        raise FeatstoreError(f"taps={taps}: unknown tap(s) {', '.join(unknown)}; use all or {','.join(TAPS)}")
+        raise FeatstoreError(f"unknown tap(s) {', '.join(unknown)}; use all or {','.join(TAPS)}",
+                             field="taps", value=taps)
     return [f"blocks.{i}.{tap}" for i in range(len(blocks)) for tap in names]
 
 

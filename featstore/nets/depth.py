@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.nets.anchors import DEFAULT_ANCHORS, INPUT_SUFFIX, check_anchor_names, preset_for
 from featstore.nets.extraction import is_channels_last, noisy_pair
 from featstore.schema import comma_list
@@ -74,7 +74,8 @@ def default_anchor_names(model: nn.Module, sample: torch.Tensor, token_pool: str
     chosen = _spread(layers, count - 1)
     if not chosen:
         raise FeatstoreError("found no module output that the whole forward passes through before the head; "
-                             "pass anchors=a,b,c (`featstore anchors --model <name> --all` lists the names)")
+                             "pass ", Name("anchors", "a,b,c"), " (", Step("fs.anchors(model, every=True)", "anchors"),
+                             " lists the names)")
     return [p.name for p in chosen] + [head + INPUT_SUFFIX]
 
 
@@ -136,14 +137,14 @@ def trace_places(model: nn.Module, sample: torch.Tensor, token_pool: str = "cls"
             logits = model(image)
             logits = logits[0] if isinstance(logits, (tuple, list)) else logits
     except RuntimeError as e:
-        raise FeatstoreError(f"cannot trace this model to choose its default anchors ({str(e)[:120]}); pass "
-                             f"anchors=a,b,c") from e
+        raise FeatstoreError(f"cannot trace this model to choose its default anchors ({str(e)[:120]}); pass ",
+                             Name("anchors", "a,b,c")) from e
     finally:
         for h in handles:
             h.remove()
     if not last_start or not isinstance(logits, torch.Tensor) or logits.grad_fn is None:
         raise FeatstoreError("cannot find this model's head (its output does not come from a module with "
-                             "parameters); pass anchors=a,b,c")
+                             "parameters); pass ", Name("anchors", "a,b,c"))
     head, head_input = last_start[0]
     chain = dominator_chain(logits.grad_fn, image.grad_fn)
     position = {node: i for i, node in enumerate(chain)}

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name, Step
 from featstore.nets.anchors import INPUT_GRID, Anchor, head_name, resolve_anchor, resolve_anchors, valid_anchor_names
 from featstore.nets.stored_types import choose_dtype
 from featstore.schema import FIELDS, STORE_DTYPES
@@ -47,7 +47,7 @@ def readout(x: torch.Tensor, anchor: Anchor, token_pool: str = "cls") -> torch.T
         x = _first(x)
         if x.ndim != 4:
             raise FeatstoreError(f"anchor {anchor.name!r}: the model's input has shape {tuple(x.shape)}, not an image "
-                                 f"batch [B, C, H, W]; leave {anchor.name} out of `anchors`")
+                                 f"batch [B, C, H, W]; leave {anchor.name} out of ", Name("anchors"))
         x = F.adaptive_avg_pool2d(x.float(), INPUT_GRID).flatten(1)
     return pool(x, token_pool, anchor.channels_last)
 
@@ -70,7 +70,7 @@ class Tapper:
 
     def __init__(self, model: nn.Module, anchors: Sequence[Anchor], token_pool: str = "cls"):
         if token_pool not in TOKEN_POOLS:
-            raise FeatstoreError(f"pool={token_pool!r}: use one of {', '.join(TOKEN_POOLS)}")
+            raise FeatstoreError(f"use one of {', '.join(TOKEN_POOLS)}", field="pool", value=token_pool)
         self.model = model
         self.anchors = list(anchors)
         self.token_pool = token_pool
@@ -89,7 +89,8 @@ class Tapper:
         missing = [a.name for a in self.anchors if a.name not in self._pooled]
         if missing:
             raise FeatstoreError(f"anchors {', '.join(missing)} never ran in the forward pass; pick modules "
-                                 f"that the model calls (`featstore anchors --model <name>`)")
+                                 "that the model calls (", Step("fs.anchors(model, every=True)", "anchors"),
+                                 " lists them)")
         feats = [self._pooled[a.name] for a in self.anchors]
         self._pooled.clear()
         return feats, logits.float()

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.images.preprocessing import Preprocessing
 from featstore.nets.anchors import head_name
 from featstore.schema import WEIGHTS, check_field
@@ -108,11 +108,13 @@ def resolve_weights(library: str, arch: str, weights: str) -> str:
             return paper
         if library == "timm" and base in PAPER_TWIN:
             raise FeatstoreError(
-                f"weights=paper: the paper's model is torchvision's {PAPER_TWIN[base]} IMAGENET1K_V1; use model="
-                f"{PAPER_TWIN[base]}, or weights={TIMM_IN1K[base]} for timm's ImageNet-1k checkpoint of {base}")
+                f"the paper's model is torchvision's {PAPER_TWIN[base]} IMAGENET1K_V1; use ",
+                Name("model", PAPER_TWIN[base]), ", or ", Name("weights", TIMM_IN1K[base]),
+                f" for timm's ImageNet-1k checkpoint of {base}", field="weights", value=weights)
         models = ", ".join(arch for _, arch in PAPER_WEIGHTS)
-        raise FeatstoreError(f"weights=paper: the paper studies torchvision's {models} ({library}/{arch} is not "
-                             f"one of them); use weights=default, a weights name, a PATH or none")
+        raise FeatstoreError(f"the paper studies torchvision's {models} ({library}/{arch} is not one of them); use ",
+                             Name("weights", "default"), ", a weights name, a PATH or none", field="weights",
+                             value=weights)
     return weights
 
 
@@ -161,7 +163,8 @@ def _weights_path(weights: str) -> Path | None:
     p = Path(weights).expanduser()
     if p.suffix in (".pth", ".pt", ".bin", ".ckpt") or os.sep in weights or p.exists():
         if not p.is_file():
-            raise FeatstoreError(f"weights={weights}: no such file; pass a state-dict path, default or none")
+            raise FeatstoreError("no such file; pass a state-dict path, default or none",
+                                 field="weights", value=weights)
         return p
     return None
 
@@ -177,15 +180,17 @@ def _torchvision(arch: str, weights: str, path: Path | None, seed: int, image_si
     chosen = None
     if path is None and weights != "none":
         if enum is None:
-            raise FeatstoreError(f"torchvision has no pretrained weights for {arch}; use weights=none or PATH")
+            raise FeatstoreError(f"torchvision has no pretrained weights for {arch}; use ", Name("weights", "none"),
+                                 " or PATH")
         try:
             chosen = enum.DEFAULT if weights == "default" else enum[weights]
         except KeyError as e:
             names = ", ".join(w.name for w in enum)
             twin = {tv: tm for tm, tv in PAPER_TWIN.items()}.get(arch)
-            hint = f" (timm's {twin} checkpoints: model=timm/{twin} weights=TAG)" if twin else ""
-            raise FeatstoreError(f"weights={weights}: {arch} weights are {names}, default, none or a path"
-                                 f"{hint}") from e
+            hint = (f" (timm's {twin} checkpoints: ", Name("model", f"timm/{twin}"), " ", Name("weights", "TAG"),
+                    ")") if twin else ()
+            raise FeatstoreError(f"{arch} weights are {names}, default, none or a path", *hint, field="weights",
+                                 value=weights) from e
     reference = chosen or (enum.DEFAULT if enum is not None else None)
     prep = _torchvision_preprocessing(reference)
     if chosen is not None:
@@ -195,7 +200,7 @@ def _torchvision(arch: str, weights: str, path: Path | None, seed: int, image_si
             target = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(chosen.url)
             raise FeatstoreError(
                 f"could not get {arch} weights {chosen.name} ({type(e).__name__}); download {chosen.url} "
-                f"and place it at {target}, or pass weights=PATH"
+                f"and place it at {target}, or pass ", Name("weights", "PATH")
             ) from e
         return LoadedModel(arch, arch, "torchvision", model, f"torchvision:{chosen}", prep,
                            _num_classes(model))
@@ -238,8 +243,9 @@ def _timm(arch: str, weights: str, path: Path | None, seed: int, image_size: int
     if tag is not None:
         tags = [t.partition(".")[2] for t in timm.list_pretrained(f"{arch.partition('.')[0]}.*")]
         if tag not in tags:
-            raise FeatstoreError(f"weights={weights}: {arch} has no timm pretrained tag {tag!r}; use one of "
-                                 f"{', '.join(tags) or 'none'}, default, none or a state-dict path")
+            raise FeatstoreError(f"{arch} has no timm pretrained tag {tag!r}; use one of "
+                                 f"{', '.join(tags) or 'none'}, default, none or a state-dict path",
+                                 field="weights", value=weights)
         arch = f"{arch.partition('.')[0]}.{tag}"
     torch.manual_seed(seed)
     if path is None and weights != "none":
@@ -250,7 +256,7 @@ def _timm(arch: str, weights: str, path: Path | None, seed: int, image_size: int
             where = cfg.get("hf_hub_id") or cfg.get("url") or "the timm hub"
             raise FeatstoreError(
                 f"could not get timm weights for {arch} from {where} ({type(e).__name__}); fetch them once "
-                f"online into the Hugging Face cache, or save the state dict and pass weights=PATH"
+                f"online into the Hugging Face cache, or save the state dict and pass ", Name("weights", "PATH")
             ) from e
         weights_id = f"timm:{model.pretrained_cfg.get('hf_hub_id') or arch}"
     else:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.schema import STORE_DTYPES
 
 FLOAT16_MAX = 65504.0
@@ -37,7 +37,7 @@ def choose_dtype(policy: str, values: torch.Tensor) -> str:
     """The type an array gets under `policy`, from its pooled values [2, D] on the blank image and on a noisy
     copy of it (`featstore.nets.extraction.noisy_pair`)."""
     if policy not in STORE_DTYPES:
-        raise FeatstoreError(f"store_dtype={policy!r}: use one of {', '.join(STORE_DTYPES)}")
+        raise FeatstoreError(f"use one of {', '.join(STORE_DTYPES)}", field="store_dtype", value=policy)
     if policy != STORE_DTYPES[0]:
         return policy
     values = values.double()
@@ -71,11 +71,13 @@ def unstorable_rows(values: Sequence[torch.Tensor], dtypes: Sequence[str]) -> np
 def refusal(what: str, dtype: str, value: float, where: str) -> FeatstoreError:
     """The one-line error for a value `what` (an anchor, the logits) cannot be stored as."""
     if math.isfinite(value):
-        return FeatstoreError(f"{what} reaches {value:.4g} on {where}, beyond float16's ±65504; rebuild with "
-                              f"store_dtype=float32 (in a new `store`, or under `name`)")
-    return FeatstoreError(f"{what} is {value} on {where} ({dtype}): the network itself computes it (NaN or infinite "
-                          f"`weights`, or an fp16/bf16 overflow: then build with precision=fp32); nothing of it is "
-                          f"stored")
+        return FeatstoreError(f"{what} reaches {value:.4g} on {where}, beyond float16's ±65504; rebuild with ",
+                              Name("store_dtype", "float32"), " (in a new ", Name("store"), ", or under ",
+                              Name("name"), ")")
+    return FeatstoreError(f"{what} is {value} on {where} ({dtype}): the network itself computes it (NaN or infinite ",
+                          Name("weights"), ", or an fp16/bf16 overflow: then build with ", Name("precision", "fp32"),
+                          "); nothing of it is "
+                          "stored")
 
 
 def check_peaks(peaks: np.ndarray, dtypes: Sequence[str], names: Sequence[str], skipped: np.ndarray,

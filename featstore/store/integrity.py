@@ -30,7 +30,7 @@ NO_CHECKSUM = 0  # a chunk committed before checksums were recorded: its values 
 CHANGED = "values differ from those its commit wrote (checksum)"  # a checksum that no longer matches
 UNREADABLE = 2**64 - 1  # stands for a recorded checksum that cannot be decoded (no checksum takes either value)
 IMAGE_ARRAYS = ("image_id", "label", "path")  # the image table's arrays, each checksummed in the images attrs
-REWRITE_IMAGES = "featstore build rewrites it from --data"
+REWRITE_IMAGES = "a build rewrites it from the image folder"
 UNFINISHED = "not finished (a build stopped while writing it)"  # an image table whose attrs were never written
 CONTENT_HASH_BYTES = 1 << 30  # image sets up to this size also record a checksum of every file's bytes
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import obstore
 from obstore.exceptions import AlreadyExistsError, NotFoundError, NotSupportedError, PreconditionError
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 
 TTL_SECONDS = 60.0
 POLL_SECONDS = 0.25
@@ -157,7 +157,7 @@ class Lease:
                 raise FeatstoreError(
                     f"{self.what} is being written by {theirs} (its lease {self.where}/{self.key} runs "
                     f"{left} s more unless renewed); wait for that featstore command to finish (a rerun then resumes), "
-                    f"or use another `store`")
+                    f"or use another ", Name("store"))
             time.sleep(POLL_SECONDS)
         try:  # renew once now: a backend that can create but not replace conditionally cannot hold a lease
             self.etag = self._put(self.holder, {"e_tag": self.etag})

@@ -27,7 +27,7 @@ import zarr
 import zarr.buffer
 import zarr.storage
 
-from featstore.errors import FeatstoreError, FeatstoreWarning
+from featstore.errors import FeatstoreError, FeatstoreWarning, Name
 from featstore.schema import Value
 from featstore.store.locks import locked
 from featstore.store.zarr_loop import sync
@@ -79,13 +79,14 @@ class StoreLocation:
         parts = urlsplit(text)
         if scheme == "file":
             if parts.netloc not in ("", "localhost") or not parts.path:
-                raise FeatstoreError(f"store={text}: a file:// URL names a local folder, file:///abs/path")
+                raise FeatstoreError("a file:// URL names a local folder, file:///abs/path", field="store", value=text)
             return cls(str(Path(unquote(parts.path))), Path(unquote(parts.path)))
         if scheme not in OBJECT_SCHEMES:
-            raise FeatstoreError(f"store={text}: {scheme}:// is not a storage featstore can reach; use a local "
-                                 f"path, file://, or one of {', '.join(s + '://' for s in OBJECT_SCHEMES)}")
+            raise FeatstoreError(f"{scheme}:// is not a storage featstore can reach; use a local "
+                                 f"path, file://, or one of {', '.join(s + '://' for s in OBJECT_SCHEMES)}",
+                                 field="store", value=text)
         if not text[match.end():].startswith("//") or not parts.netloc:
-            raise FeatstoreError(f"store={text}: write an object-store URL as {scheme}://BUCKET/PREFIX")
+            raise FeatstoreError(f"write an object-store URL as {scheme}://BUCKET/PREFIX", field="store", value=text)
         return cls(text.rstrip("/"))
 
     def __str__(self) -> str:
@@ -111,9 +112,9 @@ class StoreLocation:
         try:
             return from_url(self.url, client_options=options)
         except Exception as e:
-            raise FeatstoreError(f"store={self.url}: cannot reach it ({_brief(e)}); set the storage's standard "
+            raise FeatstoreError(f"cannot reach it ({_brief(e)}); set the storage's standard "
                                  f"environment (for S3: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, "
-                                 f"AWS_ENDPOINT_URL)") from e
+                                 f"AWS_ENDPOINT_URL)", field="store", value=self.url) from e
 
     def zarr_store(self, read_only: bool = False) -> zarr.abc.store.Store:
         if self.path is not None:
@@ -134,15 +135,16 @@ class StoreLocation:
             if self.path.exists() and (not self.path.is_dir()
                                        or any(not zarr_temporary(p.name) for p in self.path.iterdir())):
                 kind = "a folder with other files" if self.path.is_dir() else "a file"
-                raise FeatstoreError(f"{self.path} is {kind}, not a featstore store (no zarr.json); point `store` "
-                                     f"at a new path or an existing store")
+                raise FeatstoreError(f"{self.path} is {kind}, not a featstore store (no zarr.json); point ",
+                                     Name("store"), " "
+                                     "at a new path or an existing store")
             return
         keys = self.keys("")
         if "zarr.json" in keys:  # another build made the store since has_store() looked: a store, not foreign
             return
         if any(not k.startswith(f"{LEASES}/") for k in keys):  # a lease is ours, not foreign
-            raise FeatstoreError(f"{self.url} holds other objects, not a featstore store (no zarr.json); point "
-                                 f"`store` at a new prefix or an existing store")
+            raise FeatstoreError(f"{self.url} holds other objects, not a featstore store (no zarr.json); point ",
+                                 Name("store"), " at a new prefix or an existing store")
 
     def create(self) -> None:
         """Make the folder of a new local store (object storage needs nothing)."""
@@ -217,9 +219,9 @@ class StoreLocation:
         except Exception as e:
             if self.path is not None:
                 raise
-            raise FeatstoreError(f"store={self.url}: cannot {what} it ({_brief(e)}); check the bucket and the "
+            raise FeatstoreError(f"cannot {what} it ({_brief(e)}); check the bucket and the "
                                  f"storage's standard environment (for S3: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
-                                 f"AWS_REGION, AWS_ENDPOINT_URL)") from e
+                                 f"AWS_REGION, AWS_ENDPOINT_URL)", field="store", value=self.url) from e
 
 
 def _brief(error: BaseException) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name, Part
 
 UNKNOWN_HOLDER = "another process"
 LOOKS = 3  # attempts at a lock whose holder /proc/locks does not show (it may have just let go)
@@ -34,7 +34,8 @@ def lock_holder(path: Path) -> str:
 
 
 @contextmanager
-def locked(path: Path, wait: bool, what: str, instead: str = "or use another `store`") -> Iterator[None]:
+def locked(path: Path, wait: bool, what: str, instead: tuple[Part, ...] = ("or use another ", Name("store"))
+           ) -> Iterator[None]:
     """Hold an exclusive lock on directory `path`: wait for it, or refuse at once naming its holder (`instead`:
     what else the refusal suggests)."""
     fd = os.open(path, os.O_RDONLY)
@@ -49,7 +50,7 @@ def locked(path: Path, wait: bool, what: str, instead: str = "or use another `st
                 if holder == UNKNOWN_HOLDER and attempt + 1 < LOOKS:
                     continue
                 raise FeatstoreError(f"{what} is being written by {holder}; wait for that featstore command to "
-                                     f"finish (a rerun then resumes), {instead}") from e
+                                     f"finish (a rerun then resumes), ", *instead) from e
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock

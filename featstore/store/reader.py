@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 import zarr
 
-from featstore.errors import FeatstoreError, FeatstoreTypeError
+from featstore.errors import FeatstoreError, FeatstoreTypeError, Name, Step
 from featstore.records import ModelSource
 from featstore.store.config import StoreConfig
 from featstore.store.integrity import (
@@ -99,7 +99,7 @@ def model_key(name: str) -> str:
     """A model name as a store group name: 'timm/vit_base_patch16_224' -> 'timm_vit_base_patch16_224'."""
     key = name.replace("/", "_")
     if not _KEY.match(key):
-        raise FeatstoreError(f"{name!r} cannot name a store group; use `name` with letters, digits, _ . -")
+        raise FeatstoreError(f"{name!r} cannot name a store group; use ", Name("name"), " with letters, digits, _ . -")
     return key
 
 
@@ -117,7 +117,8 @@ class FeatureStore:
         mode = self._mode
         self.location = StoreLocation.parse(path)
         if mode == "r" and not self.location.has_store():
-            raise FeatstoreError(f"no featstore store at {self.location}; build one with `featstore build`")
+            raise FeatstoreError("no featstore store there; build one with ", Step("fs.build(store=..., ...)", "build"),
+                                 field="store", value=str(self.location))
         self.location.check_usable()
         try:
             # a new store is created with its format attr in its first zarr.json: another build starting at the
@@ -126,12 +127,13 @@ class FeatureStore:
                                         **({} if mode == "r" else {"attributes": {"featstore_format": FORMAT}}))
         except Exception as e:
             raise FeatstoreError(f"cannot open {self.location} as a Zarr v3 store ({type(e).__name__}: "
-                                 f"{brief(e)}); point `store` at a featstore store or a new path") from e
+                                 f"{brief(e)}); point ", Name("store"), " at a featstore store or a new path") from e
         fmt = self.root.attrs.get("featstore_format")
         if fmt is None and mode != "r" and not list(self.root.keys()):
             self.root.attrs["featstore_format"] = FORMAT
         elif fmt != FORMAT:
-            raise FeatstoreError(f"{self.location} is not a featstore store (format {fmt!r}); use a new `store` path")
+            raise FeatstoreError(f"{self.location} is not a featstore store (format {fmt!r}); use a new ",
+                                 Name("store"), " path")
 
     @contextmanager
     def damage_is_one_line(self, where: str) -> Iterator[None]:
@@ -142,9 +144,10 @@ class FeatureStore:
         except FeatstoreError:
             raise
         except Exception as e:
-            raise FeatstoreError(f"store {self.location} is damaged: {where} cannot be read ({brief(e)}); "
-                                 f"`featstore verify` lists the damage, and `featstore build` repairs what it can "
-                                 f"recompute") from e
+            raise FeatstoreError(f"store {self.location} is damaged: {where} cannot be read ({brief(e)}); ",
+                                 Step("fs.open_store(store).verify()", "verify"), " lists the damage, and ",
+                                 Step("fs.build(...)", "build"), " repairs what it can "
+                                 "recompute") from e
 
     # -- the image table (`images/`): ids, labels, paths, their checksums, the files' stats -----------------------
 
@@ -160,19 +163,21 @@ class FeatureStore:
         if attrs.get("fingerprint") != images.fingerprint() and space != images.label_space:
             raise FeatstoreError(
                 f"store {self.location} labels its images as {space} classes, but this model's head needs "
-                f"{images.label_space} labels (ImageNet-1k indices only fit a 1000-way head); use a new `store`")
+                f"{images.label_space} labels (ImageNet-1k indices only fit a 1000-way head); use a new ",
+                Name("store"))
         if attrs.get("fingerprint") != images.fingerprint():
             raise FeatstoreError(
                 f"store {self.location} holds a different image list ({attrs.get('count')} images from "
-                f"{attrs.get('source')}) than {images.source} ({len(images)} images); use the same `data`, "
-                f"`labels` and `limit`, or a new `store`")
+                f"{attrs.get('source')}) than {images.source} ({len(images)} images); use the same ",
+                Name("data"), ", ", Name("labels"), " and ", Name("limit"), ", or a new ", Name("store"))
 
     def image_table(self) -> dict[str, np.ndarray]:
         """The image ids, paths and labels, as written: a table that is damaged is refused, never read as zeros."""
         table, damage = self._read_image_table()
         if damage:
-            raise FeatstoreError(f"store {self.location} is damaged: {damage[0]}; rerun `featstore build` with "
-                                 f"the same `data` to rewrite the image table")
+            raise FeatstoreError(f"store {self.location} is damaged: {damage[0]}; rerun ",
+                                 Step("fs.build(...)", "build"), " with the same ", Name("data"),
+                                 " to rewrite the image table")
         return table
 
     def check_images_table(self) -> list[Damage]:
@@ -282,7 +287,7 @@ class FeatureStore:
         if key not in models:
             have = ", ".join(models) or "none"
             raise FeatstoreError(f"store {self.location} has no model {key!r} (it has: {have}); "
-                                 f"build it with `featstore build --model {key}`")
+                                 "build it with ", Step(f"fs.build(model={key!r}, ...)", "build"))
         with self.damage_is_one_line(f"{key}/zarr.json"):
             return dict(self.root[key].attrs)
 
@@ -325,8 +330,8 @@ class FeatureStore:
     def _open_view(self, key: str, view: str) -> zarr.Group:
         self.model_attrs(key)
         if not isinstance(view, str):
-            raise FeatstoreTypeError(f"view={view!r}: give a view's name (the views of {key!r}: "
-                                     f"{', '.join(self.views(key)) or 'none'})")
+            raise FeatstoreTypeError(f"give a view's name (the views of {key!r}: "
+                                     f"{', '.join(self.views(key)) or 'none'})", field="view", value=view)
         with self.damage_is_one_line(f"view {view!r} of {key!r}"):
             try:  # the view's own metadata, not each group's on the way (on object storage each is a request)
                 g = self.root[f"{key}/{view}"] if one_name(view) else None
@@ -335,7 +340,7 @@ class FeatureStore:
             if not isinstance(g, zarr.Group) or "done" not in g:
                 have = ", ".join(self.views(key)) or "none"
                 raise FeatstoreError(f"store {self.location} has no view {view!r} of {key!r} (it has: {have}); "
-                                     f"build it with `featstore build --views {view}`")
+                                     "build it with ", Step(f"fs.build(views={view!r}, ...)", "build"))
             return g
 
     def view_array(self, key: str, view: str, g: zarr.Group, name: str) -> zarr.Array:
@@ -402,7 +407,7 @@ class FeatureStore:
         for name, values in (("weight", weight), ("bias", bias)):
             if int(attrs["checksums"][name], 16) != checksum(values):
                 raise FeatstoreError(f"store {self.location} is damaged: {key}/{HEAD}/{name} {CHANGED}; rerun the "
-                                     f"same `featstore build` to write the head again")
+                                     f"same ", Step("fs.build(...)", "build"), " to write the head again")
         return weight, bias, str(attrs.get("module", ""))
 
     def read_head_reading(self, key: str) -> tuple[dict, dict[str, np.ndarray]] | None:
@@ -420,7 +425,7 @@ class FeatureStore:
         for name, values in arrays.items():
             if int(attrs["checksums"][name], 16) != checksum(values):
                 raise FeatstoreError(f"store {self.location} is damaged: {key}/{HEAD}/{name} {CHANGED}; rerun the "
-                                     f"same `featstore build` to write the head again")
+                                     f"same ", Step("fs.build(...)", "build"), " to write the head again")
         return dict(attrs["reading"]), arrays
 
     def has_head(self, key: str) -> bool:
@@ -465,13 +470,14 @@ class FeatureStore:
         FeatstoreError naming it."""
         self.model_attrs(key)  # an unknown model is a one-line error
         if not isinstance(name, str):
-            raise FeatstoreTypeError(f"name={name!r}: give the kept probes' name ('linear@clean'; `featstore info` "
-                                     f"lists them)")
+            raise FeatstoreTypeError("give the kept probes' name ('linear@clean'; ",
+                                     Step("fs.open_store(store).info()", "info"), " lists them)", field="name",
+                                     value=name)
         root = self.root[key]
         with self.damage_is_one_line(f"{key}/{PROBES}/{name}"):
             if PROBES not in root or not one_name(name) or name not in root[PROBES]:
-                raise FeatstoreError(f"store {self.location} holds no probes {name!r} of {key!r}; `featstore probe` "
-                                     f"saves them")
+                raise FeatstoreError(f"store {self.location} holds no probes {name!r} of {key!r}; ",
+                                     Step("fs.probe(...)", "probe"), " saves them")
             group = root[PROBES][name]
             version = version or group.attrs.get("current")
         if version is not None and not (isinstance(version, str) and GROUP_NAME.fullmatch(version)):
@@ -479,8 +485,8 @@ class FeatureStore:
                                  f"{name!r} (a name of letters, digits, _ . -)")
         held = group if version is None else group.get(version)
         if held is None:
-            raise FeatstoreError(f"store {self.location}: the probes {name}/{version} are gone (`featstore verify "
-                                 f"--db` lists such runs)")
+            raise FeatstoreError(f"store {self.location}: the probes {name}/{version} are gone (",
+                                 Step("fs.open_store(store).verify(dbs=[db])", "verify"), " lists such runs)")
         anchors = {}
         with self.damage_is_one_line(f"{key}/{PROBES}/{name}/{version}"):
             for anchor, g in sorted(held.groups()):

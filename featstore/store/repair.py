@@ -7,7 +7,7 @@ asked to recompute the chunks that hold them. Each function returns what it repa
 
 from __future__ import annotations
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.images.datasets import ImageSet
 from featstore.store.integrity import UNFINISHED, changed_images, image_stats
 from featstore.store.writer import StoreWriter
@@ -39,8 +39,9 @@ def repair_images(store: StoreWriter, images: ImageSet) -> list[str]:
     nothing_built = not known and not models
     if images.fingerprint() not in known and not nothing_built:
         raise FeatstoreError(f"store {store.location} is damaged: {damage[0]}; these images are not those the store "
-                             f"was built from, so their table cannot be rewritten: pass the `data`, `labels` and "
-                             f"`limit` it was built with, or use a new `store`")
+                             f"was built from, so their table cannot be rewritten: pass the ", Name("data"), ", ",
+                             Name("labels"), " and ",
+                             Name("limit"), " it was built with, or use a new ", Name("store"))
     repaired = [str(d) for d in damage if d.what != UNFINISHED]
     if nothing_built:
         store.delete("images")
@@ -67,8 +68,8 @@ def check_image_files(store: StoreWriter, images: ImageSet, rebuild: bool) -> li
     if not rebuild:
         more = f" and {len(names) - 1} more" if len(names) > 1 else ""
         raise FeatstoreError(f"image {names[0]}{more} changed since store {store.location} was built from it (size, "
-                             f"modification time or content), so its features would mix old and new images; pass "
-                             f"`rebuild_changed` to recompute the chunks that hold them, or restore the file")
+                             f"modification time or content), so its features would mix old and new images; pass ",
+                             Name("rebuild_changed"), " to recompute the chunks that hold them, or restore the file")
     store.undo_rows(changed)
     store.record_image_stats(now)
     return names

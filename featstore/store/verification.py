@@ -181,7 +181,7 @@ def rank_labels(attrs: dict | None, head_classes: Sequence[int]) -> Damage | Non
     return Damage("images/label", f"the labels are ranks among the {len(names)} WNIDs the images carry (one of "
                   f"them, {foreign}, no ImageNet-1k class), not the ImageNet-1k indices the store's 1000-way "
                   f"head predicts, so every accuracy scored against them is wrong",
-                  f"fix the rows or the folder of {foreign}, then build into a new `store`")
+                  f"fix the rows or the folder of {foreign}, then build a new store from them")
 
 
 def _blame(key: str, view: str, chunk: int, changed: list[str], agreed: list[str]) -> list[ChunkProblem]:

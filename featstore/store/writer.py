@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from featstore.errors import FeatstoreError
+from featstore.errors import FeatstoreError, Name
 from featstore.images.datasets import ImageSet
 from featstore.nets.anchors import Anchor
 from featstore.store.config import StoreConfig
@@ -91,15 +91,15 @@ class StoreWriter(FeatureStore):
         except Exception as e:
             raise FeatstoreError(f"store {self.location} is damaged: the metadata of model {key!r} ({key}/zarr.json) "
                                  f"cannot be read ({brief(e)}), so what built its arrays is unknown and build "
-                                 f"cannot repair it; remove {key} from the store and build it again, or use a new "
-                                 f"`store`") from e
+                                 f"cannot repair it; remove {key} from the store and build it again, or use a new ",
+                                 Name("store")) from e
         if key in self.listed(""):
             diff = self.config(key).differences(config)
             if diff:
                 raise FeatstoreError(
                     f"store {self.location} already holds {key!r} built with a different {', '.join(diff)}; "
-                    f"rebuild with the same settings, pass `name` to store this config beside it, or use a "
-                    f"new `store`")
+                    f"rebuild with the same settings, pass ", Name("name"), " to store this config beside it, or use a "
+                    "new ", Name("store"))
             return
         # its attrs in the group's one metadata write: a model group is never there without its config
         self.root.create_group(key, attributes={"config": config.to_dict(), "versions": versions})
