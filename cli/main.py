@@ -6,6 +6,7 @@ import errno
 import functools
 import json
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -68,8 +69,11 @@ def in_flags(refusal: Refusal) -> str:
         return ",".join(map(str, held)) if isinstance(held, list | tuple) else str(held)
 
     def command(next_step: Step) -> str:
-        known = isinstance(root, click.Group) and next_step.function in root.commands
-        return f"`featstore {next_step.function}`" if known else next_step.call
+        if not (isinstance(root, click.Group) and next_step.function in root.commands):
+            return next_step.call
+        target = root.commands[next_step.function]
+        switches = [found.opts[0] for found in (option_for(target, name) for name in next_step.switches) if found]
+        return f"`{' '.join(['featstore', next_step.function, *switches])}`"
 
     return refusal.one_line(flag, as_typed, command)
 
@@ -765,12 +769,12 @@ def format_info(summary: StoreInfo) -> str:
 @option("--model", "network", positional="MODEL")
 @option("--all")
 @user_errors
-def anchors(model: str, show_all: bool) -> None:
+def anchors(model: str, every: bool) -> None:
     """The anchors the model gets by default, or (with --all) every name --anchors accepts, one per line (a
     preset's defaults without loading the model)."""
     from featstore.api.tasks import anchors as anchor_listing
 
-    for line in anchor_listing(model, show_all):
+    for line in anchor_listing(model, every):
         click.echo(line)
 
 
@@ -910,7 +914,12 @@ def cka(store: str, model: str, db: Path, view: str, unbiased: bool, threads: in
 
 
 def main() -> None:
-    cli(prog_name="featstore")
+    """The `featstore` command. Once it has ended (its writes committed or rolled back, its line said), a Ctrl-C
+    can only interrupt Python's own cleanup at exit, which prints a traceback of it: it is ignored from then on."""
+    try:
+        cli(prog_name="featstore")
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

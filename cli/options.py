@@ -425,7 +425,7 @@ OPTIONS: dict[str, dict[str, tuple[tuple[str, ...], dict]]] = {
     "--unbiased": {"": ((), dict(is_flag=True, help="The unbiased HSIC estimator (Song et al. 2012) instead of the "
                                  "biased one of Kornblith et al.; both kept, side by side."))},
     # store inspection
-    "--all": {"": (("show_all",), dict(is_flag=True, help="List every name --anchors (and --taps) accepts "
+    "--all": {"": (("every",), dict(is_flag=True, help="List every name --anchors (and --taps) accepts "
                                        "instead."))},
     "--quick": {"": ((), dict(is_flag=True, help="Only look for missing chunk files (no chunk is read)."))},
     # gc

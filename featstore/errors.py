@@ -42,6 +42,7 @@ class Step:
 
     call: str
     function: str
+    switches: tuple[str, ...] = ()  # the call's boolean fields set to True (`every`: the CLI says its flag, `--all`)
 
     def __str__(self) -> str:
         return self.call

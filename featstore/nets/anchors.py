@@ -162,8 +162,8 @@ def resolve_anchor(model: nn.Module, name: str) -> tuple[str, str, str | None]:
         return target, "input", None
     close = difflib.get_close_matches(name, valid_anchor_names(model), n=5, cutoff=0.5)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise FeatstoreError(f"anchor {name!r} is not a module of this model{hint}; "
-                         f"", Step("fs.anchors(model, every=True)", "anchors"), " lists the valid names")
+    raise FeatstoreError(f"anchor {name!r} is not a module of this model{hint}; ",
+                         Step("fs.anchors(model, every=True)", "anchors", ("every",)), " lists the valid names")
 
 
 def head_name(model: nn.Module) -> str | None:
@@ -192,7 +192,7 @@ def check_anchor_choice(anchors: str | None, taps: str | None) -> None:
     """What of `anchors` and `taps` can be refused without the model (before torch loads): both given, or a list
     without `default` that `check_anchor_names` refuses (names that the model lacks are known once it loads)."""
     if taps and anchors:
-        raise FeatstoreError("`taps` and `anchors` exclude each other: taps define the anchors")
+        raise FeatstoreError(Name("taps"), " and ", Name("anchors"), " exclude each other: taps define the anchors")
     names = comma_list(anchors) if anchors else []
     if names and DEFAULT_ANCHORS not in names:
         check_anchor_names(names)
