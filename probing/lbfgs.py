@@ -36,6 +36,10 @@ MIN_CHUNK_ROWS = 256
 # CPU batched products with a narrow last axis are MKL's slow case (840 rows x 512 wide x 10 classes: 2.5 vs
 # 1.3 ms); at 100-1000 classes the two layouts were within 10% of each other, at 1000 the row-major one the faster
 FEW_CLASSES = 128
+# the rows an objective evaluates are copied once, in its precision and transposed for the gradient product, when
+# both copies together take at most this much memory (the demo's widest group: 2 x 7 MB); larger ones are
+# converted chunk by chunk on every evaluation, as they are read
+ROW_COPY_BYTES = 512 * 2**20
 
 Objective = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -45,14 +49,45 @@ def class_major(m: torch.Tensor) -> torch.Tensor:
     return m.mT.contiguous().mT if m.shape[2] <= FEW_CLASSES else m
 
 
-def add_row_products_(grad: torch.Tensor, z: torch.Tensor, p: torch.Tensor) -> None:
-    """grad += z^T p for rows z [g, r, D] and logit gradients p [g, r, C], into a row-major grad [g, D, C].
+def add_row_products_(grad: torch.Tensor, z: torch.Tensor, p: torch.Tensor, z_t: torch.Tensor | None = None) -> None:
+    """grad += z^T p for rows z [g, r, D] and logit gradients p [g, r, C], into a row-major grad [g, D, C]; from
+    `z_t`, the same rows transposed [g, D, r] with the rows contiguous, where the caller holds it (`RowCopies`).
 
     Always this product, never its transpose p^T z into class-major memory, although that is 5-7x faster at 10
     classes: MKL splits p^T z's sum over the rows differently at 1 and 2 threads (its last bits differ, measured
     at 840-1437 rows x 64-512 wide x 10 classes on an AMD EPYC), and the solver's path then stops elsewhere and
-    can choose another C; z^T p came out bit-identical at those shapes (docs/threads.md)."""
-    grad.baddbmm_(z.mT, p)
+    can choose another C; z^T p came out bit-identical at those shapes (docs/threads.md). Read from a transposed
+    copy rather than a transposed view, the same product is 1.5-2x faster at up to `FEW_CLASSES` classes and
+    the same bits (measured at the demo's and the digits' shapes, float32 and float64, 1 and 2 threads)."""
+    grad.baddbmm_(z.mT if z_t is None else z_t, p)
+
+
+class RowCopies:
+    """An objective's rows z [G, n, D] as its evaluations read them: in its precision `dtype` and, where
+    `transposed`, also [G, D, n] with the rows contiguous for the gradient product (`add_row_products_`), made
+    once when they fit `ROW_COPY_BYTES`; else each chunk is converted on every call, as it is read, and read
+    through a transposed view. The same values either way: an evaluation is not copied per call for nothing."""
+
+    def __init__(self, z: torch.Tensor, dtype: torch.dtype, transposed: bool) -> None:
+        self.z, self.dtype = z, dtype
+        self.kept = (1 + transposed) * z.numel() * dtype.itemsize <= ROW_COPY_BYTES
+        if self.kept:
+            self.rows = z.to(dtype).contiguous()
+            self.rows_t = self.rows.mT.contiguous() if transposed else None
+
+    def chunk(self, start: int, stop: int, picks: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows start:stop of every anchor (`picks` None: views, no copy) or of the anchors `picks`: [g, r, D], and
+        [g, D, r] where kept transposed (else None)."""
+        if not self.kept:
+            zc = self.z[:, start:stop] if picks is None else self.z[:, start:stop].index_select(0, picks)
+            return zc.to(self.dtype), None
+        rows = self.rows[:, start:stop]
+        rows_t = None if self.rows_t is None else self.rows_t[:, :, start:stop]
+        if picks is not None:
+            rows = rows.index_select(0, picks)
+            rows_t = None if rows_t is None else rows_t.index_select(0, picks)
+        return rows, rows_t
 
 
 def chunk_rows(anchors: int, classes: int, dtype: torch.dtype, device: torch.device) -> int:
@@ -88,7 +123,10 @@ class SoftmaxObjective:
     num_classes: int
     l2: float | torch.Tensor
     dtype: torch.dtype = torch.float32
+    rows: RowCopies = field(init=False)
 
+    def __post_init__(self) -> None:
+        self.rows = RowCopies(self.z, self.dtype, transposed=self.num_classes <= FEW_CLASSES)
 
     def __call__(self, w: torch.Tensor, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss [g] and gradient [g, D+1, C] of the anchors `which` (indices into z's first axis); a subset is
@@ -99,16 +137,13 @@ class SoftmaxObjective:
         loss = torch.zeros(g, dtype=torch.float64, device=self.z.device)
         m, bias = class_major(w[:, :d]), w[:, d:]
         grad_m, grad_b = row_major_zeros(m), torch.zeros_like(bias)
-        picks = None if everyone else [int(i) for i in which]
+        picks = None if everyone else which
         for start in range(0, n, rows):
             yc = self.y[start : start + rows]
-            if picks is None:
-                zc = self.z[:, start : start + rows].to(self.dtype)
-            else:
-                zc = torch.stack([self.z[i, start : start + rows] for i in picks]).to(self.dtype)
+            zc, zc_t = self.rows.chunk(start, start + rows, picks)
             nll, p = targets.nll_and_gradient_(torch.baddbmm(bias, zc, m), yc)
             loss += nll.sum(dim=1).double()
-            add_row_products_(grad_m, zc, p)
+            add_row_products_(grad_m, zc, p, zc_t)
             grad_b += p.sum(dim=1, keepdim=True)
         l2 = strengths(self.l2, self.z, which)
         grad = torch.cat([grad_m, grad_b], dim=1).div_(n)
