@@ -42,6 +42,46 @@ FEW_CLASSES = 128
 ROW_COPY_BYTES = 512 * 2**20
 
 Objective = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+Precondition = Callable[[torch.Tensor, int], torch.Tensor]  # (q [D+1, K], anchor) -> P q, P symmetric positive
+
+
+@dataclass
+class RowPreconditioner:
+    """P = (A + l2 I_D)^-1 per anchor, A = mean over rows of w_i z~_i z~_i^T (z~ = [z, 1], w_i the row's curvature
+    of the loss in its logits, taken at the solve's start): the feature side of the Hessian's Kronecker
+    approximation (K-FAC's, for one linear layer), applied to every class column alike. The features are
+    standardised but correlated, and the rows a probe already predicts confidently add almost no curvature, so
+    with a weak penalty the Hessian's eigenvalues span 4-6 decades that plain L-BFGS crawls across (the demo's
+    512-wide translator refit: 730 passes); with P as its initial inverse Hessian, 70 (same optimum, same
+    predictions). Made in float64 at one thread (its products' last bits then never depend on the count),
+    applied by a [D+1, D+1] x [D+1, K] product, whose bits did not move with the thread count at these shapes."""
+
+    inverse: torch.Tensor  # [G, D+1, D+1] float64
+    cast: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def at(cls, z: torch.Tensor, weights: torch.Tensor, l2: torch.Tensor) -> RowPreconditioner:
+        """z [G, n, D] rows, weights [G, n] their curvature (float64), l2 [G] the penalty strengths."""
+        g, n, d = z.shape
+        saved = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            out = torch.empty(g, d + 1, d + 1, dtype=torch.float64, device=z.device)
+            for a in range(g):
+                za = torch.cat([z[a].double(), torch.ones(n, 1, dtype=torch.float64, device=z.device)], dim=1)
+                gram = (za * (weights[a] / n)[:, None]).T @ za
+                gram.diagonal()[:d] += float(l2[a])
+                gram[d, d] += 1e-12  # every row confident: the bias's curvature ~0, its gradient too
+                out[a] = torch.linalg.inv(gram)
+        finally:
+            torch.set_num_threads(saved)
+        return cls(out)
+
+    def __call__(self, q: torch.Tensor, i: int) -> torch.Tensor:
+        inverse = self.cast.get(q.dtype)
+        if inverse is None:
+            inverse = self.cast[q.dtype] = self.inverse.to(q.dtype)
+        return inverse[i] @ q
 
 
 def class_major(m: torch.Tensor) -> torch.Tensor:
@@ -173,9 +213,12 @@ class SolverState:
 
 
 def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, memory: int = 10,
-             on_evaluation: Callable[[], None] | None = None) -> tuple[torch.Tensor, list[SolverState]]:
+             on_evaluation: Callable[[], None] | None = None, precondition: Precondition | None = None
+             ) -> tuple[torch.Tensor, list[SolverState]]:
     """Minimise every anchor's objective from `w` [G, ...]; returns the minimisers and each anchor's state.
-    `on_evaluation()` hears of every batched evaluation, one pass over the rows (for a progress bar)."""
+    `on_evaluation()` hears of every batched evaluation, one pass over the rows (for a progress bar).
+    `precondition(q, i)`: anchor i's initial inverse Hessian P applied to q (scaled as L-BFGS scales its
+    identity), where the curvature is known to be far from isotropic (`RowPreconditioner`)."""
     resolution = RESOLUTION.get(w.dtype, RESOLUTION[torch.float32])
     w = w.clone()
     states = [SolverState() for _ in range(w.shape[0])]
@@ -197,11 +240,13 @@ def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, 
         dirs, searches, steps, tried = {}, {}, {}, {}
         for i in active:
             st = states[i]
-            d = _direction(grad[i], st)
+            scale = None if precondition is None else (lambda q, i=i: precondition(q, i))
+            d = _direction(grad[i], st, scale)
             slope = float((grad[i] * d).sum())
-            if slope >= 0:  # stale curvature: restart from the gradient
+            if slope >= 0:  # stale curvature: restart from the (preconditioned) gradient
                 st.s.clear(), st.y.clear(), st.rho.clear()
-                d, slope = -grad[i], -float(grad[i].pow(2).sum())
+                d = _direction(grad[i], st, scale)
+                slope = float((grad[i] * d).sum())
             # the first step is one unit long (as scipy's L-BFGS-B takes it); later ones the quasi-Newton step
             first = 1.0 if st.s else min(1.0, 1.0 / max(float(d.norm()), 1e-12))
             dirs[i], tried[i] = d, []
@@ -258,15 +303,21 @@ def _accept(st: SolverState, s: torch.Tensor, yv: torch.Tensor, decrease: float,
             st.s.pop(0), st.y.pop(0), st.rho.pop(0)
 
 
-def _direction(grad: torch.Tensor, st: SolverState) -> torch.Tensor:
-    """-H grad by the two-loop recursion over the anchor's stored pairs."""
+def _direction(grad: torch.Tensor, st: SolverState,
+               precondition: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """-H grad by the two-loop recursion over the anchor's stored pairs, from H0 = gamma I (or gamma P with a
+    preconditioner P), gamma = s^T y / y^T H0 y of the newest pair (1 without pairs)."""
     q = grad.clone()
     alphas = []
     for s, y, rho in zip(reversed(st.s), reversed(st.y), reversed(st.rho), strict=True):
         a = rho * float((s * q).sum())
         alphas.append(a)
         q.add_(y, alpha=-a)
-    if st.s:
+    if precondition is not None:
+        q = precondition(q)
+        if st.s:
+            q.mul_(float((st.s[-1] * st.y[-1]).sum()) / float((st.y[-1] * precondition(st.y[-1])).sum()))
+    elif st.s:
         q.mul_(float((st.s[-1] * st.y[-1]).sum()) / float((st.y[-1] * st.y[-1]).sum()))
     for s, y, rho, a in zip(st.s, st.y, st.rho, reversed(alphas), strict=True):
         q.add_(s, alpha=a - rho * float((y * q).sum()))

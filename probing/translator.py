@@ -263,6 +263,13 @@ class Translation:
     def start(self, x: torch.Tensor) -> torch.Tensor:
         return torch.zeros(*self.w0.shape[:2], self.basis.shape[1], device=self.w0.device)
 
+    def row_curvature(self, x, v, a):
+        """trace(T (diag p - p p^T) T^T) / r per row, T = basis^T head_t [r, C]: the Hessian of the loss in V's
+        r columns (the identity's at the marginal prediction, where the basis whitens it)."""
+        through = self.basis.double().T @ self.head_t.double()
+        p = torch.softmax(self.logits(x, v, a).double(), dim=-1)
+        return ((p * through.pow(2).sum(dim=0)).sum(dim=1) - (p @ through.T).pow(2).sum(dim=1)) / through.shape[0]
+
 
 class TranslatorGroup(ProbeGroup):
     """The translators of the anchors of one width, solved together on their standardised fit rows."""
