@@ -212,7 +212,8 @@ def choose_and_solve(x: torch.Tensor, y: torch.Tensor, is_val: torch.Tensor, fam
     if rest:  # float32's floor: finish in float64
         idx = torch.tensor(rest, device=x.device)
         objective = family.objective(x, y, l2, dtype=torch.float64)
-        w64, finals = _minimise_subset(objective, w32.double(), idx, gtol, tol, on_pass, precondition)
+        w64, finals = _minimise_subset(objective, w32.double(), idx, gtol, tol, on_pass,
+                                       lambda q, j: precondition(q, rest[j]))
         w32[idx] = w64.float()
         for j, a in enumerate(rest):
             finals[j].evaluations += states[a].evaluations
@@ -309,7 +310,10 @@ def _search(x: torch.Tensor, y: torch.Tensor, n_train: int, family: Family, cs: 
         # warm-started, the previous solution already meets an absolute test when the penalty changes little in
         # absolute terms (l2 w): the test scales with the penalty, or weak penalties would all look alike
         gtol = min(tol.search_gtol, SEARCH_RELATIVE * l2)
-        solved, states = _minimise_subset(objective, w, idx, gtol, tol, on_pass)
+        # preconditioned at the warm start, the rows weighted by their curvature there (`RowPreconditioner`)
+        strength = torch.full((len(active),), l2, dtype=torch.float64)
+        precondition = preconditioner(family, train.index_select(0, idx), w.index_select(0, idx), strength)
+        solved, states = _minimise_subset(objective, w, idx, gtol, tol, on_pass, precondition)
         w[idx] = solved
         losses, accs = _scores(family, val, y[n_train:], w, idx)
         for j, a in enumerate(active):
@@ -342,14 +346,14 @@ def preconditioner(family: Family, x: torch.Tensor, w: torch.Tensor, l2: torch.T
 def _minimise_subset(objective, w: torch.Tensor, idx: torch.Tensor, gtol: float, tol: Tolerances,
                      on_pass: Callable[[], None] | None, precondition: Precondition | None = None
                      ) -> tuple[torch.Tensor, list[SolverState]]:
-    """Minimise the anchors `idx` of an objective over every anchor: their rows are read as views, not copied."""
+    """Minimise the anchors `idx` of an objective over every anchor: their rows are read as views, not copied.
+    `precondition` takes the anchors by their place in `idx`."""
     if len(idx) == objective.z.shape[0]:
         return minimise(objective, w, gtol, tol.max_iterations, tol.memory, on_evaluation=on_pass,
                         precondition=precondition)
     mapped = _Subset(objective, idx)
-    subset = None if precondition is None else (lambda q, j: precondition(q, int(idx[j])))
     return minimise(mapped, w.index_select(0, idx), gtol, tol.max_iterations, tol.memory, on_evaluation=on_pass,
-                    precondition=subset)
+                    precondition=precondition)
 
 
 @dataclass
