@@ -36,8 +36,52 @@ MIN_CHUNK_ROWS = 256
 # CPU batched products with a narrow last axis are MKL's slow case (840 rows x 512 wide x 10 classes: 2.5 vs
 # 1.3 ms); at 100-1000 classes the two layouts were within 10% of each other, at 1000 the row-major one the faster
 FEW_CLASSES = 128
+# the rows an objective evaluates are copied once, in its precision and transposed for the gradient product, when
+# both copies together take at most this much memory (the demo's widest group: 2 x 7 MB); larger ones are
+# converted chunk by chunk on every evaluation, as they are read
+ROW_COPY_BYTES = 512 * 2**20
 
 Objective = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+Precondition = Callable[[torch.Tensor, int], torch.Tensor]  # (q [D+1, K], anchor) -> P q, P symmetric positive
+
+
+@dataclass
+class RowPreconditioner:
+    """P = (A + l2 I_D)^-1 per anchor, A = mean over rows of w_i z~_i z~_i^T (z~ = [z, 1], w_i the row's curvature
+    of the loss in its logits, taken at the solve's start): the feature side of the Hessian's Kronecker
+    approximation (K-FAC's, for one linear layer), applied to every class column alike. The features are
+    standardised but correlated, and the rows a probe already predicts confidently add almost no curvature, so
+    with a weak penalty the Hessian's eigenvalues span 4-6 decades that plain L-BFGS crawls across (the demo's
+    512-wide translator refit: 730 passes); with P as its initial inverse Hessian, 70 (same optimum, same
+    predictions). Made in float64 at one thread (its products' last bits then never depend on the count),
+    applied by a [D+1, D+1] x [D+1, K] product, whose bits did not move with the thread count at these shapes."""
+
+    inverse: torch.Tensor  # [G, D+1, D+1] float64
+    cast: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def at(cls, z: torch.Tensor, weights: torch.Tensor, l2: torch.Tensor) -> RowPreconditioner:
+        """z [G, n, D] rows, weights [G, n] their curvature (float64), l2 [G] the penalty strengths."""
+        g, n, d = z.shape
+        saved = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            out = torch.empty(g, d + 1, d + 1, dtype=torch.float64, device=z.device)
+            for a in range(g):
+                za = torch.cat([z[a].double(), torch.ones(n, 1, dtype=torch.float64, device=z.device)], dim=1)
+                gram = (za * (weights[a] / n)[:, None]).T @ za
+                gram.diagonal()[:d] += float(l2[a])
+                gram[d, d] += 1e-12  # every row confident: the bias's curvature ~0, its gradient too
+                out[a] = torch.linalg.inv(gram)
+        finally:
+            torch.set_num_threads(saved)
+        return cls(out)
+
+    def __call__(self, q: torch.Tensor, i: int) -> torch.Tensor:
+        inverse = self.cast.get(q.dtype)
+        if inverse is None:
+            inverse = self.cast[q.dtype] = self.inverse.to(q.dtype)
+        return inverse[i] @ q
 
 
 def class_major(m: torch.Tensor) -> torch.Tensor:
@@ -45,14 +89,45 @@ def class_major(m: torch.Tensor) -> torch.Tensor:
     return m.mT.contiguous().mT if m.shape[2] <= FEW_CLASSES else m
 
 
-def add_row_products_(grad: torch.Tensor, z: torch.Tensor, p: torch.Tensor) -> None:
-    """grad += z^T p for rows z [g, r, D] and logit gradients p [g, r, C], into a row-major grad [g, D, C].
+def add_row_products_(grad: torch.Tensor, z: torch.Tensor, p: torch.Tensor, z_t: torch.Tensor | None = None) -> None:
+    """grad += z^T p for rows z [g, r, D] and logit gradients p [g, r, C], into a row-major grad [g, D, C]; from
+    `z_t`, the same rows transposed [g, D, r] with the rows contiguous, where the caller holds it (`RowCopies`).
 
     Always this product, never its transpose p^T z into class-major memory, although that is 5-7x faster at 10
     classes: MKL splits p^T z's sum over the rows differently at 1 and 2 threads (its last bits differ, measured
     at 840-1437 rows x 64-512 wide x 10 classes on an AMD EPYC), and the solver's path then stops elsewhere and
-    can choose another C; z^T p came out bit-identical at those shapes (docs/threads.md)."""
-    grad.baddbmm_(z.mT, p)
+    can choose another C; z^T p came out bit-identical at those shapes (docs/threads.md). Read from a transposed
+    copy rather than a transposed view, the same product is 1.5-2x faster at up to `FEW_CLASSES` classes and
+    the same bits (measured at the demo's and the digits' shapes, float32 and float64, 1 and 2 threads)."""
+    grad.baddbmm_(z.mT if z_t is None else z_t, p)
+
+
+class RowCopies:
+    """An objective's rows z [G, n, D] as its evaluations read them: in its precision `dtype` and, where
+    `transposed`, also [G, D, n] with the rows contiguous for the gradient product (`add_row_products_`), made
+    once when they fit `ROW_COPY_BYTES`; else each chunk is converted on every call, as it is read, and read
+    through a transposed view. The same values either way: an evaluation is not copied per call for nothing."""
+
+    def __init__(self, z: torch.Tensor, dtype: torch.dtype, transposed: bool) -> None:
+        self.z, self.dtype = z, dtype
+        self.kept = (1 + transposed) * z.numel() * dtype.itemsize <= ROW_COPY_BYTES
+        if self.kept:
+            self.rows = z.to(dtype).contiguous()
+            self.rows_t = self.rows.mT.contiguous() if transposed else None
+
+    def chunk(self, start: int, stop: int, picks: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows start:stop of every anchor (`picks` None: views, no copy) or of the anchors `picks`: [g, r, D], and
+        [g, D, r] where kept transposed (else None)."""
+        if not self.kept:
+            zc = self.z[:, start:stop] if picks is None else self.z[:, start:stop].index_select(0, picks)
+            return zc.to(self.dtype), None
+        rows = self.rows[:, start:stop]
+        rows_t = None if self.rows_t is None else self.rows_t[:, :, start:stop]
+        if picks is not None:
+            rows = rows.index_select(0, picks)
+            rows_t = None if rows_t is None else rows_t.index_select(0, picks)
+        return rows, rows_t
 
 
 def chunk_rows(anchors: int, classes: int, dtype: torch.dtype, device: torch.device) -> int:
@@ -88,7 +163,10 @@ class SoftmaxObjective:
     num_classes: int
     l2: float | torch.Tensor
     dtype: torch.dtype = torch.float32
+    rows: RowCopies = field(init=False)
 
+    def __post_init__(self) -> None:
+        self.rows = RowCopies(self.z, self.dtype, transposed=self.num_classes <= FEW_CLASSES)
 
     def __call__(self, w: torch.Tensor, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss [g] and gradient [g, D+1, C] of the anchors `which` (indices into z's first axis); a subset is
@@ -99,16 +177,13 @@ class SoftmaxObjective:
         loss = torch.zeros(g, dtype=torch.float64, device=self.z.device)
         m, bias = class_major(w[:, :d]), w[:, d:]
         grad_m, grad_b = row_major_zeros(m), torch.zeros_like(bias)
-        picks = None if everyone else [int(i) for i in which]
+        picks = None if everyone else which
         for start in range(0, n, rows):
             yc = self.y[start : start + rows]
-            if picks is None:
-                zc = self.z[:, start : start + rows].to(self.dtype)
-            else:
-                zc = torch.stack([self.z[i, start : start + rows] for i in picks]).to(self.dtype)
+            zc, zc_t = self.rows.chunk(start, start + rows, picks)
             nll, p = targets.nll_and_gradient_(torch.baddbmm(bias, zc, m), yc)
             loss += nll.sum(dim=1).double()
-            add_row_products_(grad_m, zc, p)
+            add_row_products_(grad_m, zc, p, zc_t)
             grad_b += p.sum(dim=1, keepdim=True)
         l2 = strengths(self.l2, self.z, which)
         grad = torch.cat([grad_m, grad_b], dim=1).div_(n)
@@ -138,9 +213,12 @@ class SolverState:
 
 
 def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, memory: int = 10,
-             on_evaluation: Callable[[], None] | None = None) -> tuple[torch.Tensor, list[SolverState]]:
+             on_evaluation: Callable[[], None] | None = None, precondition: Precondition | None = None
+             ) -> tuple[torch.Tensor, list[SolverState]]:
     """Minimise every anchor's objective from `w` [G, ...]; returns the minimisers and each anchor's state.
-    `on_evaluation()` hears of every batched evaluation, one pass over the rows (for a progress bar)."""
+    `on_evaluation()` hears of every batched evaluation, one pass over the rows (for a progress bar).
+    `precondition(q, i)`: anchor i's initial inverse Hessian P applied to q (scaled as L-BFGS scales its
+    identity), where the curvature is known to be far from isotropic (`RowPreconditioner`)."""
     resolution = RESOLUTION.get(w.dtype, RESOLUTION[torch.float32])
     w = w.clone()
     states = [SolverState() for _ in range(w.shape[0])]
@@ -162,11 +240,13 @@ def minimise(objective: Objective, w: torch.Tensor, gtol: float, max_iter: int, 
         dirs, searches, steps, tried = {}, {}, {}, {}
         for i in active:
             st = states[i]
-            d = _direction(grad[i], st)
+            scale = None if precondition is None else (lambda q, i=i: precondition(q, i))
+            d = _direction(grad[i], st, scale)
             slope = float((grad[i] * d).sum())
-            if slope >= 0:  # stale curvature: restart from the gradient
+            if slope >= 0:  # stale curvature: restart from the (preconditioned) gradient
                 st.s.clear(), st.y.clear(), st.rho.clear()
-                d, slope = -grad[i], -float(grad[i].pow(2).sum())
+                d = _direction(grad[i], st, scale)
+                slope = float((grad[i] * d).sum())
             # the first step is one unit long (as scipy's L-BFGS-B takes it); later ones the quasi-Newton step
             first = 1.0 if st.s else min(1.0, 1.0 / max(float(d.norm()), 1e-12))
             dirs[i], tried[i] = d, []
@@ -223,15 +303,21 @@ def _accept(st: SolverState, s: torch.Tensor, yv: torch.Tensor, decrease: float,
             st.s.pop(0), st.y.pop(0), st.rho.pop(0)
 
 
-def _direction(grad: torch.Tensor, st: SolverState) -> torch.Tensor:
-    """-H grad by the two-loop recursion over the anchor's stored pairs."""
+def _direction(grad: torch.Tensor, st: SolverState,
+               precondition: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """-H grad by the two-loop recursion over the anchor's stored pairs, from H0 = gamma I (or gamma P with a
+    preconditioner P), gamma = s^T y / y^T H0 y of the newest pair (1 without pairs)."""
     q = grad.clone()
     alphas = []
     for s, y, rho in zip(reversed(st.s), reversed(st.y), reversed(st.rho), strict=True):
         a = rho * float((s * q).sum())
         alphas.append(a)
         q.add_(y, alpha=-a)
-    if st.s:
+    if precondition is not None:
+        q = precondition(q)
+        if st.s:
+            q.mul_(float((st.s[-1] * st.y[-1]).sum()) / float((st.y[-1] * precondition(st.y[-1])).sum()))
+    elif st.s:
         q.mul_(float((st.s[-1] * st.y[-1]).sum()) / float((st.y[-1] * st.y[-1]).sum()))
     for s, y, rho, a in zip(st.s, st.y, st.rho, reversed(alphas), strict=True):
         q.add_(s, alpha=a - rho * float((y * q).sum()))

@@ -45,7 +45,15 @@ import torch
 from featstore.errors import FeatstoreError, Name, Step
 from featstore.probing import targets
 from featstore.probing.base import AnchorContext, LinearFit, Plan, ProbeGroup, ProbeVariant, register
-from featstore.probing.lbfgs import add_row_products_, chunk_rows, class_major, row_major_zeros, strengths
+from featstore.probing.lbfgs import (
+    FEW_CLASSES,
+    RowCopies,
+    add_row_products_,
+    chunk_rows,
+    class_major,
+    row_major_zeros,
+    strengths,
+)
 from featstore.probing.strength import (
     StrengthGrid,
     Tolerances,
@@ -161,6 +169,7 @@ class TranslatorObjective:
     dtype: torch.dtype = torch.float32
     entropy: float = field(init=False)
     composed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(init=False)
+    rows: RowCopies = field(init=False)
 
     def __post_init__(self) -> None:
         self.entropy = targets.entropy(self.y)  # cross-entropy minus it is the KL
@@ -176,6 +185,7 @@ class TranslatorObjective:
             self.composed = (w0[:, :d] @ head_t,  # [G, D, C]
                              w0[:, d:] @ head_t + self.head_b.to(self.dtype),  # [G, 1, C]
                              self.basis.to(self.dtype).T @ head_t)  # [r, C]
+        self.rows = RowCopies(self.z, self.dtype, transposed=self.composed is not None and classes <= FEW_CLASSES)
 
     def __call__(self, v: torch.Tensor, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         g, n, d = len(which), self.z.shape[1], self.z.shape[2]
@@ -193,13 +203,10 @@ class TranslatorObjective:
             head_t, head_b = self.head_t.to(self.dtype), self.head_b.to(self.dtype)
             grad = torch.zeros_like(w)
         everyone = g == self.z.shape[0] and bool((which == torch.arange(g, device=which.device)).all())
-        picks = None if everyone else [int(i) for i in which]
+        picks = None if everyone else which
         for start in range(0, n, rows):
             yc = self.y[start : start + rows]
-            if picks is None:  # views of z, no copy
-                zc = self.z[:, start : start + rows].to(self.dtype)
-            else:
-                zc = torch.stack([self.z[i, start : start + rows] for i in picks]).to(self.dtype)
+            zc, zc_t = self.rows.chunk(start, start + rows, picks)
             if self.composed is not None:
                 logits = torch.baddbmm(c, zc, m)
             else:
@@ -207,7 +214,7 @@ class TranslatorObjective:
             nll, gl = targets.nll_and_gradient_(logits, yc)  # gl: d loss / d logits, [g, r, C]
             loss += nll.sum(dim=1).double()
             if self.composed is not None:
-                add_row_products_(grad_m, zc, gl)
+                add_row_products_(grad_m, zc, gl, zc_t)
                 grad_c += gl.sum(dim=1, keepdim=True)
             else:
                 gu = gl @ head_t.T  # d loss / d u, [g, r, D_head]
@@ -261,6 +268,13 @@ class Translation:
 
     def start(self, x: torch.Tensor) -> torch.Tensor:
         return torch.zeros(*self.w0.shape[:2], self.basis.shape[1], device=self.w0.device)
+
+    def row_curvature(self, x, v, a):
+        """trace(T (diag p - p p^T) T^T) / r per row, T = basis^T head_t [r, C]: the Hessian of the loss in V's
+        r columns (the identity's at the marginal prediction, where the basis whitens it)."""
+        through = self.basis.double().T @ self.head_t.double()
+        p = torch.softmax(self.logits(x, v, a).double(), dim=-1)
+        return ((p * through.pow(2).sum(dim=0)).sum(dim=1) - (p @ through.T).pow(2).sum(dim=1)) / through.shape[0]
 
 
 class TranslatorGroup(ProbeGroup):

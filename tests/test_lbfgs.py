@@ -9,12 +9,14 @@ import duckdb
 import numpy as np
 import torch
 from sklearn.datasets import load_digits
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 from synthetic import class_clusters, write_feature_store
 
 from featstore.compute.specs import RunOptions
 from featstore.probing.lbfgs import SoftmaxObjective, _strong_wolfe, chunk_rows, minimise
+from featstore.probing.strength import Softmax, StrengthGrid, Tolerances, choose_and_solve
 from featstore.workflows.probe import ProbeConfig, probe
 
 
@@ -164,3 +166,31 @@ def test_the_line_search_takes_any_decrease_when_no_step_meets_the_conditions():
     slope = lambda t: -drop / width * np.exp(-t / width) - 0.3  # noqa: E731
     index, tried = _search(f, slope, 0.0043)
     assert index >= 0 and f(tried[index]) < f(0) - drop
+
+
+def _correlated(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """900 rows x 256 standardised features driven by 16 latent directions (as a network's pooled units are: most
+    columns correlated), 8 classes apart along those directions: a weak penalty's Hessian spans several decades."""
+    gen = np.random.default_rng(seed)
+    labels = gen.integers(0, 8, 900)
+    latent = gen.standard_normal((900, 16)) + 2.0 * gen.standard_normal((8, 16))[labels]
+    x = latent @ gen.standard_normal((16, 256)) + 0.05 * gen.standard_normal((900, 256))
+    return (x - x.mean(0)) / x.std(0), labels
+
+
+def test_correlated_features_reach_the_exact_optimum_in_few_passes():
+    """The C path and refit on correlated features, preconditioned by the feature side of the Hessian
+    (`RowPreconditioner`): every row predicted as scikit-learn's Newton-CG at tol 1e-8 at the chosen C, in at most
+    300 passes over the rows (plain L-BFGS took 371 here, the same predictions)."""
+    x, labels = _correlated()
+    is_val = np.arange(len(x)) % 10 == 0
+    z = torch.from_numpy(x.astype(np.float32))[None]
+    solved = choose_and_solve(z, torch.from_numpy(labels), torch.from_numpy(is_val), Softmax(8), StrengthGrid(),
+                              Tolerances())
+    assert solved.states[0].stop == "gradient"
+    assert solved.passes[0] <= 300, solved.passes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        exact = LogisticRegression(C=solved.c[0], tol=1e-8, max_iter=10_000, solver="newton-cg").fit(x, labels)
+    ours = (z[0] @ solved.w[0, :256] + solved.w[0, 256]).argmax(dim=-1).numpy()
+    assert np.array_equal(ours, exact.predict(x))
