@@ -1,6 +1,14 @@
-"""A build SIGKILLed at any moment of its first seconds resumes: killed right after each of 20 of its first object
-writes, from the first to its first chunk's commit, and run again, each store ends bit-identical to an
+"""A build SIGKILLed at any moment of its first seconds resumes: killed right after each moment class of its first
+object writes, from the first to its first chunk's commit, and run again, each store ends bit-identical to an
 uninterrupted build (every array, every node's attributes), on the S3 test server and on a local folder.
+
+The moment classes are the phases a build writes in, in order: the root group, the image table (its arrays, then
+its attributes, which say it is finished), the model's group, its head, the view's group and the declaration of
+its arrays, the first chunk's data and its done mark (and on S3 the lease's objects, wherever they fall). A kill
+right after the first write of a phase leaves that phase begun and nothing of it finished; right after its last,
+that phase whole and the next not begun. A kill between the two leaves the same kind of state as either (an
+unfinished image table, head or view, with more or fewer of its arrays), so each phase's first and last write (a
+dozen moments) cover every state a resume can meet, where an even spread of 20 tried some phases several times.
 
 The moments are counted exactly. On S3 a proxy between the build and the server (moto) counts the build's writes
 (PUT, POST, DELETE) on the wire and, once the server has applied the Nth, SIGKILLs the build before it hears the
@@ -33,7 +41,7 @@ from synthetic import make_image_folder
 
 from conftest import run_cli
 
-MOMENTS = 20
+PHASES = {"root", "images", "model", "head", "view", "chunk", "done"}  # each build's, on S3 "lease" too
 # a noise view (its attrs decide its draws) and two anchors: few arrays, so that a build makes few requests
 BUILD = ["build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--chunk-rows", "8",
          "--batch-size", "8", "--workers", "0", "--device", "cpu", "--no-progress", "--views", "gaussian_noise-1",
@@ -272,10 +280,33 @@ def unfinished_image_table(store: Path) -> bool:
     return meta.is_file() and "fingerprint" not in json.loads(meta.read_text()).get("attributes", {})
 
 
-def spread(last: int) -> list[int]:
-    """MOMENTS write counts from the first write to `last`, evenly spaced."""
-    assert last >= MOMENTS, f"only {last} writes before the first commit"
-    return sorted({round(1 + i * (last - 1) / (MOMENTS - 1)) for i in range(MOMENTS)})
+def phase(write: str) -> str:
+    """Which phase of a build a write belongs to, from its path in the store (a file path or "PUT /bucket/...")."""
+    inside = write.split(".zarr/", 1)[-1].split("?", 1)[0]
+    parts = inside.split("/")
+    if parts[0] == ".featstore":
+        return "lease"
+    if parts == ["zarr.json"]:
+        return "root"
+    if parts[0] == "images":
+        return "images"
+    if len(parts) == 2:
+        return "model"
+    if parts[1] == "head":
+        return "head"
+    if "/done/c/" in inside:
+        return "done"
+    return "chunk" if "/c/" in inside else "view"
+
+
+def moments(writes: list[str]) -> list[int]:
+    """The write counts to kill after: the first and the last write of each run of one phase, up to the first
+    chunk's commit (the module's docstring says why these cover every moment)."""
+    last = first_commit(writes)
+    phases = [phase(w) for w in writes[:last]]
+    assert PHASES <= set(phases), f"a phase is missing from the build's first writes: {sorted(set(phases))}"
+    return sorted({i + 1 for i, p in enumerate(phases)
+                   if i == 0 or i == last - 1 or phases[i - 1] != p or phases[i + 1] != p})
 
 
 def first_commit(writes: list[str]) -> int:
@@ -307,9 +338,9 @@ def test_a_build_killed_after_any_of_its_first_writes_on_s3_resumes_bit_identica
                                  started=proxy.started)
         assert exited_ok(status), out
         assert not differences(contents(f"{s3_url}/whole.zarr"), reference)
-        moments = spread(first_commit(proxy.writes))
+        kill_moments = moments(proxy.writes)
         failures = []
-        for n in moments:
+        for n in kill_moments:
             store = f"{s3_url}/killed-{n}.zarr"
             proxy.arm(n)
 
@@ -326,7 +357,7 @@ def test_a_build_killed_after_any_of_its_first_writes_on_s3_resumes_bit_identica
     finally:
         proxy.close()
     failures = [f for f in failures if f]
-    assert not failures, f"{len(failures)} of {len(moments)} moments:\n" + "\n".join(failures)
+    assert not failures, f"{len(failures)} of {len(kill_moments)} moments:\n" + "\n".join(failures)
 
 
 def test_a_build_killed_after_any_of_its_first_writes_on_a_local_folder_resumes_bit_identical(images, builds,
@@ -334,9 +365,9 @@ def test_a_build_killed_after_any_of_its_first_writes_on_a_local_folder_resumes_
     trace = tmp_path / "writes.txt"  # an uninterrupted build's file writes, in order
     status, out = builds.run([*BUILD, "--data", images, "--store", tmp_path / "whole.zarr"], trace=trace)
     assert exited_ok(status), out
-    moments = spread(first_commit(trace.read_text().splitlines()))
+    kill_moments = moments(trace.read_text().splitlines())
     failures = []
-    for n in moments:
+    for n in kill_moments:
         store = tmp_path / f"killed-{n}.zarr"
 
         def kill(store: Path = store, n: int = n) -> int:
@@ -349,4 +380,4 @@ def test_a_build_killed_after_any_of_its_first_writes_on_a_local_folder_resumes_
 
         failures.append(resumes(builds, images, store, reference, kill, n))
     failures = [f for f in failures if f]
-    assert not failures, f"{len(failures)} of {len(moments)} moments:\n" + "\n".join(failures)
+    assert not failures, f"{len(failures)} of {len(kill_moments)} moments:\n" + "\n".join(failures)
