@@ -2,14 +2,14 @@
 object writes, from the first to its first chunk's commit, and run again, each store ends bit-identical to an
 uninterrupted build (every array, every node's attributes), on the S3 test server and on a local folder.
 
-The moment classes are the phases a build writes in, in order: the root group, the image table (its arrays, then
-its attributes, which say it is finished), the model's group, its head, the view's group and the declaration of
-its arrays, the first chunk's data and its done mark (and on S3 the lease's first object: its renewals fall
-anywhere). A kill right after the first write of a phase leaves that phase begun and nothing of it finished; right
-after its last, that phase whole and the next not begun. A kill between the two leaves the same kind of state as
-either (an unfinished image table, head or view, with more or fewer of its arrays), so each phase's first and last
-write (a dozen moments) cover every state a resume can meet, where an even spread of 20 tried some phases several
-times.
+The moment classes are the phases a build writes in, in order: the root group, the image table (its arrays, then its
+attributes, which say it is finished), the model's group, its head, the view's group and the declaration of its
+arrays, the first chunk's data and its done mark (and on S3 the lease's first object: its renewals fall anywhere; a
+later rewrite of an earlier phase's object is no phase of its own). Each phase is killed in three states: right
+after its first write (begun, nothing of it finished), its middle one (some of its objects there, left by the killed
+build, the rest not) and its last (whole, the next not begun). Other moments inside a phase leave the middle one's
+state with more or fewer of its objects, so these cover every state a resume can meet (a killed build's objects to
+overwrite among them), where an even spread of 20 tried some phases several times and others' middle never.
 
 The moments are counted exactly. On S3 a proxy between the build and the server (moto) counts the build's writes
 (PUT, POST, DELETE) on the wire and, once the server has applied the Nth, SIGKILLs the build before it hears the
@@ -301,15 +301,20 @@ def phase(write: str) -> str:
 
 
 def moments(writes: list[str]) -> list[int]:
-    """The write counts to kill after: the first and the last write of each run of one phase, up to the first
-    chunk's commit (the module's docstring says why these cover every moment)."""
+    """The write counts to kill after: the first, the middle and the last write of each run of one phase, up to the
+    first chunk's commit (the module's docstring says why these cover every moment)."""
     phases = [phase(w) for w in writes[:first_commit(writes)]]
     assert PHASES <= set(phases), f"a phase is missing from the build's first writes: {sorted(set(phases))}"
     # the lease's renewals fall between any two writes and leave one state (a lease held): its first write stands
-    # for them, and they split no phase
-    steps = [(i, p) for i, p in enumerate(phases) if p != "lease"]
-    edges = {i for k, (i, p) in enumerate(steps)
-             if k in (0, len(steps) - 1) or steps[k - 1][1] != p or steps[k + 1][1] != p}
+    # for them; they and a rewrite of an earlier phase's object (on S3 the model group's attrs, as views are
+    # added) split no phase
+    steps: list[tuple[int, str]] = []
+    for i, p in enumerate(phases):
+        if p != "lease" and not (steps and p != steps[-1][1] and p in {q for _, q in steps}):
+            steps.append((i, p))
+    starts = [k for k in range(len(steps)) if k == 0 or steps[k - 1][1] != steps[k][1]]
+    edges = {steps[k][0] for a, b in zip(starts, [*starts[1:], len(steps)], strict=True) for k in (a, (a + b - 1) // 2,
+                                                                                                   b - 1)}
     leases = [i for i, p in enumerate(phases) if p == "lease"]
     print("the first writes' phases:", " ".join(f"{i + 1}:{p}" for i, p in enumerate(phases)))
     return sorted(i + 1 for i in edges | set(leases[:1]))
