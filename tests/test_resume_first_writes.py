@@ -1,6 +1,15 @@
-"""A build SIGKILLed at any moment of its first seconds resumes: killed right after each of 20 of its first object
-writes, from the first to its first chunk's commit, and run again, each store ends bit-identical to an
+"""A build SIGKILLed at any moment of its first seconds resumes: killed right after each moment class of its first
+object writes, from the first to its first chunk's commit, and run again, each store ends bit-identical to an
 uninterrupted build (every array, every node's attributes), on the S3 test server and on a local folder.
+
+The moment classes are the phases a build writes in, in order: the root group, the image table (its arrays, then its
+attributes, which say it is finished), the model's group, its head, the view's group and the declaration of its
+arrays, the first chunk's data and its done mark (and on S3 the lease's first object: its renewals fall anywhere; a
+later rewrite of an earlier phase's object is no phase of its own). Each phase is killed in three states: right
+after its first write (begun, nothing of it finished), its middle one (some of its objects there, left by the killed
+build, the rest not) and its last (whole, the next not begun). Other moments inside a phase leave the middle one's
+state with more or fewer of its objects, so these cover every state a resume can meet (a killed build's objects to
+overwrite among them), where an even spread of 20 tried some phases several times and others' middle never.
 
 The moments are counted exactly. On S3 a proxy between the build and the server (moto) counts the build's writes
 (PUT, POST, DELETE) on the wire and, once the server has applied the Nth, SIGKILLs the build before it hears the
@@ -33,7 +42,7 @@ from synthetic import make_image_folder
 
 from conftest import run_cli
 
-MOMENTS = 20
+PHASES = {"root", "images", "model", "head", "view", "chunk", "done"}  # each build's, on S3 "lease" too
 # a noise view (its attrs decide its draws) and two anchors: few arrays, so that a build makes few requests
 BUILD = ["build", "--model", "resnet18", "--weights", "none", "--image-size", "32", "--chunk-rows", "8",
          "--batch-size", "8", "--workers", "0", "--device", "cpu", "--no-progress", "--views", "gaussian_noise-1",
@@ -272,10 +281,43 @@ def unfinished_image_table(store: Path) -> bool:
     return meta.is_file() and "fingerprint" not in json.loads(meta.read_text()).get("attributes", {})
 
 
-def spread(last: int) -> list[int]:
-    """MOMENTS write counts from the first write to `last`, evenly spaced."""
-    assert last >= MOMENTS, f"only {last} writes before the first commit"
-    return sorted({round(1 + i * (last - 1) / (MOMENTS - 1)) for i in range(MOMENTS)})
+def phase(write: str) -> str:
+    """Which phase of a build a write belongs to, from its path in the store (a file path or "PUT /bucket/...")."""
+    inside = write.split(".zarr/", 1)[-1].split("?", 1)[0]
+    parts = inside.split("/")
+    if parts[0] == ".featstore":
+        return "lease"
+    if parts == ["zarr.json"]:
+        return "root"
+    if parts[0] == "images":
+        return "images"
+    if len(parts) == 2:
+        return "model"
+    if parts[1] == "head":
+        return "head"
+    if "/done/c/" in inside:
+        return "done"
+    return "chunk" if "/c/" in inside else "view"
+
+
+def moments(writes: list[str]) -> list[int]:
+    """The write counts to kill after: the first, the middle and the last write of each run of one phase, up to the
+    first chunk's commit (the module's docstring says why these cover every moment)."""
+    phases = [phase(w) for w in writes[:first_commit(writes)]]
+    assert PHASES <= set(phases), f"a phase is missing from the build's first writes: {sorted(set(phases))}"
+    # the lease's renewals fall between any two writes and leave one state (a lease held): its first write stands
+    # for them; they and a rewrite of an earlier phase's object (on S3 the model group's attrs, as views are
+    # added) split no phase
+    steps: list[tuple[int, str]] = []
+    for i, p in enumerate(phases):
+        if p != "lease" and not (steps and p != steps[-1][1] and p in {q for _, q in steps}):
+            steps.append((i, p))
+    starts = [k for k in range(len(steps)) if k == 0 or steps[k - 1][1] != steps[k][1]]
+    edges = {steps[k][0] for a, b in zip(starts, [*starts[1:], len(steps)], strict=True) for k in (a, (a + b - 1) // 2,
+                                                                                                   b - 1)}
+    leases = [i for i, p in enumerate(phases) if p == "lease"]
+    print("the first writes' phases:", " ".join(f"{i + 1}:{p}" for i, p in enumerate(phases)))
+    return sorted(i + 1 for i in edges | set(leases[:1]))
 
 
 def first_commit(writes: list[str]) -> int:
@@ -307,9 +349,10 @@ def test_a_build_killed_after_any_of_its_first_writes_on_s3_resumes_bit_identica
                                  started=proxy.started)
         assert exited_ok(status), out
         assert not differences(contents(f"{s3_url}/whole.zarr"), reference)
-        moments = spread(first_commit(proxy.writes))
+        kill_moments = moments(proxy.writes)
+        print(f"kill after writes {kill_moments}")
         failures = []
-        for n in moments:
+        for n in kill_moments:
             store = f"{s3_url}/killed-{n}.zarr"
             proxy.arm(n)
 
@@ -326,7 +369,7 @@ def test_a_build_killed_after_any_of_its_first_writes_on_s3_resumes_bit_identica
     finally:
         proxy.close()
     failures = [f for f in failures if f]
-    assert not failures, f"{len(failures)} of {len(moments)} moments:\n" + "\n".join(failures)
+    assert not failures, f"{len(failures)} of {len(kill_moments)} moments:\n" + "\n".join(failures)
 
 
 def test_a_build_killed_after_any_of_its_first_writes_on_a_local_folder_resumes_bit_identical(images, builds,
@@ -334,9 +377,10 @@ def test_a_build_killed_after_any_of_its_first_writes_on_a_local_folder_resumes_
     trace = tmp_path / "writes.txt"  # an uninterrupted build's file writes, in order
     status, out = builds.run([*BUILD, "--data", images, "--store", tmp_path / "whole.zarr"], trace=trace)
     assert exited_ok(status), out
-    moments = spread(first_commit(trace.read_text().splitlines()))
+    kill_moments = moments(trace.read_text().splitlines())
+    print(f"kill after writes {kill_moments}")
     failures = []
-    for n in moments:
+    for n in kill_moments:
         store = tmp_path / f"killed-{n}.zarr"
 
         def kill(store: Path = store, n: int = n) -> int:
@@ -349,4 +393,4 @@ def test_a_build_killed_after_any_of_its_first_writes_on_a_local_folder_resumes_
 
         failures.append(resumes(builds, images, store, reference, kill, n))
     failures = [f for f in failures if f]
-    assert not failures, f"{len(failures)} of {len(moments)} moments:\n" + "\n".join(failures)
+    assert not failures, f"{len(failures)} of {len(kill_moments)} moments:\n" + "\n".join(failures)
