@@ -143,8 +143,7 @@ def test_a_streamed_fit_has_its_own_name_and_both_paths_agree(clusters, tmp_path
     con = duckdb.connect(str(db), read_only=True)
     assert sorted(r for (r,) in con.execute("SELECT run_id FROM runs").fetchall()) == [in_memory,
                                                                                        f"{in_memory}/streamed"]
-    params = con.execute("SELECT params FROM runs ORDER BY run_id").fetchall()
-    assert [json.loads(p)["streamed"] for (p,) in params] == [False, True]
+    assert [s for (s,) in con.execute("SELECT streamed FROM runs ORDER BY run_id").fetchall()] == [False, True]
     con.close()
     accs = {run: probe_accuracy(db, run) for run in (in_memory, f"{in_memory}/streamed")}
     assert np.allclose(*accs.values(), atol=0.015), accs

@@ -145,7 +145,7 @@ class StoreWriter(FeatureStore):
 
     def record_image_stats(self, stats: np.ndarray) -> None:
         """Record the image files' stats (`images/stat`). Its `columns` attr is written after its values: a record
-        without it was interrupted and counts as none (`ImageTable.stats`), never as files of size 0."""
+        without it was interrupted and counts as none (`FeatureStore.image_stats`), never as files of size 0."""
         g = self.root["images"]
         stat = g.create_array("stat", shape=stats.shape, chunks=(max(1, min(len(stats), 1 << 16)), 3), dtype="int64",
                               overwrite=True)
