@@ -151,8 +151,11 @@ def stream(db: Db, sql: str, params: Sequence | dict | None = None, batch_rows: 
                 batches.put(("empty", pa.table({})))
                 batches.put(("end", None))
                 return
-            relation = _printable(relation)
-            empty = _plain(relation) if plain else None
+            printable = _printable(relation)
+            # a result with a column cast to text streams through Arrow: the plain path reads the statement's own
+            # result, which holds the uncast values
+            empty = _plain(relation) if plain and printable is relation else None
+            relation = printable
             if empty is not None:  # the relation gave the types; the connection's own result streams its rows
                 batches.put(("empty", empty))
                 result = con.execute(sql, params or None)

@@ -191,6 +191,19 @@ def test_sql_prints_polars_own_table_without_importing_polars_arrow_or_torch(toy
         assert imported == [] if plain else set(imported) <= {"polars", "pyarrow"}, (query, imported)
 
 
+def test_sql_prints_a_column_it_casts_to_text_as_duckdb_says_it(toy_db):
+    """An INTERVAL, which no output format prints as it is, is DuckDB's own text in the table (as `::VARCHAR`
+    gives it, read here through DuckDB and Polars), beside a plain column."""
+    query = "SELECT INTERVAL 3 DAY AS x, 1 AS y"
+    con = duckdb.connect(str(toy_db), read_only=True)
+    try:
+        frame = con.sql("SELECT (INTERVAL 3 DAY)::VARCHAR AS x, 1 AS y").pl()
+    finally:
+        con.close()
+    said, _ = answered_without(["sql", "--db", str(toy_db), query])
+    assert said == polars_table(frame) + "\n"
+
+
 def test_timeline_prints_the_sweep_without_importing_polars_arrow_or_torch(toy_db):
     """`featstore timeline`'s table is the k-sweep as Polars prints it (read here through DuckDB and Polars); the
     command imports neither."""
