@@ -168,6 +168,17 @@ def fails(*args) -> str:
     return lines[0]
 
 
+def db_rows(db, sql: str, params=()) -> list[tuple]:
+    """The rows of one query, read through a read-only DuckDB connection of its own (independent of featstore's)."""
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql, list(params)).fetchall()
+    finally:
+        con.close()
+
+
 def digest(db) -> dict[str, list]:
     """Every row of every table, timestamps included: what 'changes nothing' compares."""
     import duckdb

@@ -10,24 +10,15 @@ import json
 import subprocess
 import sys
 
-import duckdb
 import numpy as np
 import pytest
 
-from conftest import copy_db, fails, run_cli
+from conftest import copy_db, db_rows, fails, run_cli
 
 
 @pytest.fixture(scope="module")
 def probed(digits_store, digits_linear):
     return digits_store, *digits_linear
-
-
-def _rows(db, sql, params=()):
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql, list(params)).fetchall()
-    finally:
-        con.close()
 
 
 def _table_cells(output: str) -> list[list[str]]:
@@ -40,11 +31,11 @@ def test_probe_prints_test_accuracy_per_anchor_and_says_when_it_replaces(probed,
     store, db, first = probed
     (run_id,) = [line.split()[2] for line in first.splitlines() if line.startswith("wrote run")]
     assert "replaced" not in first
-    preds = _rows(db, "SELECT p.anchor, p.pred, i.label FROM predictions p JOIN images i USING (image_id) "
+    preds = db_rows(db, "SELECT p.anchor, p.pred, i.label FROM predictions p JOIN images i USING (image_id) "
                       "WHERE p.run_id = ? AND i.split = 'test' ORDER BY p.anchor", [run_id])
     anchors = sorted({a for a, _, _ in preds})
     expected = {a: np.mean([p == y for b, p, y in preds if b == a]) for a in anchors}  # a plain loop
-    converged = dict(_rows(db, "SELECT anchor, bool_and(converged) FROM probe_fits WHERE run_id = ? GROUP BY 1",
+    converged = dict(db_rows(db, "SELECT anchor, bool_and(converged) FROM probe_fits WHERE run_id = ? GROUP BY 1",
                            [run_id]))
     cells = [c for c in _table_cells(first) if c[0].isdigit()]
     assert [int(c[0]) for c in cells] == anchors
@@ -61,7 +52,7 @@ def test_sql_csv_writes_list_columns_as_json_and_full_shows_whole_timelines(prob
     statement = "SELECT run_id, image_id, preds, confs FROM timelines ORDER BY image_id LIMIT 5"
     out = run_cli("sql", "--db", db, "--format", "csv", statement).output
     parsed = list(csv.DictReader(io.StringIO(out)))
-    reference = _rows(db, statement)
+    reference = db_rows(db, statement)
     assert len(parsed) == len(reference) == 5
     for row, (run_id, image_id, preds, confs) in zip(parsed, reference, strict=True):
         assert row["run_id"] == run_id and int(row["image_id"]) == image_id
@@ -76,11 +67,11 @@ def test_sql_csv_writes_list_columns_as_json_and_full_shows_whole_timelines(prob
 
 def test_timeline_image_prints_every_anchor_of_every_run(probed):
     _, db, _ = probed
-    (image_id, label), *_ = _rows(db, "SELECT image_id, label FROM images WHERE split = 'test' ORDER BY 1 LIMIT 1")
+    (image_id, label), *_ = db_rows(db, "SELECT image_id, label FROM images WHERE split = 'test' ORDER BY 1 LIMIT 1")
     out = run_cli("timeline", "--db", db, "--image", image_id, "--k", "2").output
-    expected = _rows(db, "SELECT anchor, pred, conf FROM predictions WHERE image_id = ? ORDER BY anchor", [image_id])
-    (layer,) = _rows(db, "SELECT layer FROM decisions WHERE image_id = ? AND k = 2", [image_id])[0]
-    classes = dict(_rows(db, "SELECT label, any_value(class_name) FROM images GROUP BY 1"))
+    expected = db_rows(db, "SELECT anchor, pred, conf FROM predictions WHERE image_id = ? ORDER BY anchor", [image_id])
+    (layer,) = db_rows(db, "SELECT layer FROM decisions WHERE image_id = ? AND k = 2", [image_id])[0]
+    classes = dict(db_rows(db, "SELECT label, any_value(class_name) FROM images GROUP BY 1"))
     cells = [c for c in _table_cells(out) if c[0].isdigit()]
     assert len(cells) == len(expected)
     for (anchor, pred, conf), cell in zip(expected, cells, strict=True):
@@ -92,7 +83,7 @@ def test_timeline_image_prints_every_anchor_of_every_run(probed):
 
 def test_timeline_says_when_late_means_never_stable(probed):
     _, db, _ = probed
-    (n_anchors,) = _rows(db, "SELECT DISTINCT n_anchors FROM runs")[0]
+    (n_anchors,) = db_rows(db, "SELECT DISTINCT n_anchors FROM runs")[0]
     t = n_anchors - 1
     late_start = next(i for i in range(t + 1) if i >= 0.7 * t)
     for k in range(1, 6):
@@ -121,23 +112,23 @@ def test_the_demos_suggested_query_counts_each_test_image_once(demo):
     db, statement = line.split("--db ")[1].split(" ", 1)
     counted = run_cli("sql", "--db", db, "--format", "csv", statement.strip().strip('"')).output
     total = sum(int(row["images"]) for row in csv.DictReader(io.StringIO(counted)))
-    assert total == _rows(db, "SELECT count(*) FROM images WHERE split = 'test'")[0][0]
+    assert total == db_rows(db, "SELECT count(*) FROM images WHERE split = 'test'")[0][0]
 
 
 def test_timeline_run_keeps_the_sweep_and_the_image_to_the_runs_named(demo):
     out, printed = demo
     db = next(x for x in printed.splitlines() if x.startswith("try:")).split("--db ")[1].split(" ", 1)[0]
-    runs = [r for (r,) in _rows(db, "SELECT run_id FROM runs ORDER BY run_id")]
+    runs = [r for (r,) in db_rows(db, "SELECT run_id FROM runs ORDER BY run_id")]
     picked = runs[1:3]
     whole = list(csv.DictReader(io.StringIO(run_cli("timeline", "--db", db, "--format", "csv").stdout)))
     some = list(csv.DictReader(io.StringIO(run_cli("timeline", "--db", db, "--format", "csv", "--run",
                                                    ",".join(picked)).stdout)))
     assert {row["run_id"] for row in whole} == set(runs) and {row["run_id"] for row in some} == set(picked)
     assert some == [row for row in whole if row["run_id"] in picked]
-    (image_id,) = _rows(db, "SELECT image_id FROM images WHERE split = 'test' ORDER BY 1 LIMIT 1")[0]
+    (image_id,) = db_rows(db, "SELECT image_id FROM images WHERE split = 'test' ORDER BY 1 LIMIT 1")[0]
     image = list(csv.DictReader(io.StringIO(run_cli("timeline", "--db", db, "--image", image_id, "--run", picked[1],
                                                     "--format", "csv").stdout)))
-    expected = _rows(db, "SELECT anchor, pred FROM predictions WHERE run_id = ? AND image_id = ? ORDER BY anchor",
+    expected = db_rows(db, "SELECT anchor, pred FROM predictions WHERE run_id = ? AND image_id = ? ORDER BY anchor",
                      [picked[1], image_id])
     assert {row["run_id"] for row in image} == {picked[1]}
     assert [(int(row["anchor"]), int(row["pred"])) for row in image] == expected
@@ -158,7 +149,7 @@ def test_info_omits_the_pool_of_a_cnn_and_keeps_its_old_spellings(probed):
 
 def test_a_run_option_defaults_to_the_only_run_and_names_them_when_there_are_several(probed, tmp_path):
     store, db, _ = probed
-    (only,) = _rows(db, "SELECT run_id FROM runs")[0]
+    (only,) = db_rows(db, "SELECT run_id FROM runs")[0]
     # without --run exit-sim goes on with the database's one run, as far as it goes given it (no costs measured here)
     assert fails("exit-sim", "--db", db) == fails("exit-sim", "--db", db, "--run", only)
     assert "no costs of 'resnet18'" in fails("exit-sim", "--db", db)

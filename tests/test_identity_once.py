@@ -26,7 +26,7 @@ from featstore.records import ProbeRun, RunIdentity
 from featstore.schema import check_field
 from featstore.store.reader import FeatureStore
 
-from conftest import run_cli
+from conftest import db_rows, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 IDENTITY_KEYS = {"probe_id", "probe_name", "probe_version", "streamed"}
@@ -50,14 +50,6 @@ def probed(tmp_path_factory):
     return store, db
 
 
-def rows(db, sql, params=()):
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql, list(params)).fetchall()
-    finally:
-        con.close()
-
-
 def _variant_params(probe_id: str) -> dict:
     """What a variant id spells, read by hand: 'linear:C=0.5,tol=0.02' -> {'C': 0.5, 'tol': 0.02}."""
     spelled = probe_id.partition(":")[2]
@@ -67,7 +59,7 @@ def _variant_params(probe_id: str) -> dict:
 
 def test_a_fresh_runs_params_hold_no_identity_keys_and_its_columns_hold_the_identity(probed):
     store, db = probed
-    held = rows(db, "SELECT run_id, probe_id, probe_name, probe_version, streamed, cross_fit, seed, params "
+    held = db_rows(db, "SELECT run_id, probe_id, probe_name, probe_version, streamed, cross_fit, seed, params "
                     "FROM runs ORDER BY run_id")
     assert [r[0] for r in held] == ["synthetic/clean/knn:metric=cosine,ties=lowest",
                                     "synthetic/clean/linear:C=0.5,tol=0.02/cf2/seed1"]
@@ -100,12 +92,12 @@ def _old_shaped(db: Path, old: Path) -> None:
 
 def test_an_old_shaped_database_is_migrated_and_reads_the_same(probed, tmp_path):
     store, db = probed
-    want = rows(db, RUNS_SQL)
-    want_params = dict(rows(db, "SELECT run_id, params FROM runs"))
+    want = db_rows(db, RUNS_SQL)
+    want_params = dict(db_rows(db, "SELECT run_id, params FROM runs"))
     summary = q.decision_summary(db, 2, "all").sort("run_id")
     old = tmp_path / "old.duckdb"
     _old_shaped(db, old)
-    assert all(IDENTITY_KEYS <= json.loads(p).keys() for (p,) in rows(old, "SELECT params FROM runs"))
+    assert all(IDENTITY_KEYS <= json.loads(p).keys() for (p,) in db_rows(old, "SELECT params FROM runs"))
     before = hashlib.sha256(old.read_bytes()).hexdigest()
     # read-only: the same columns and params (no identity keys), the file untouched
     assert q.query(old, RUNS_SQL).rows() == want
@@ -115,13 +107,13 @@ def test_an_old_shaped_database_is_migrated_and_reads_the_same(probed, tmp_path)
     assert q.decision_summary(old, 2, "all").sort("run_id").equals(summary)
     assert hashlib.sha256(old.read_bytes()).hexdigest() == before
     fsdb.connect(old).close()  # a write connection upgrades the file itself
-    assert rows(old, RUNS_SQL) == want
-    assert not any(IDENTITY_KEYS & json.loads(p).keys() for (p,) in rows(old, "SELECT params FROM runs"))
-    assert {r: json.loads(p) for r, p in rows(old, "SELECT run_id, params FROM runs")} == {
+    assert db_rows(old, RUNS_SQL) == want
+    assert not any(IDENTITY_KEYS & json.loads(p).keys() for (p,) in db_rows(old, "SELECT params FROM runs"))
+    assert {r: json.loads(p) for r, p in db_rows(old, "SELECT run_id, params FROM runs")} == {
         r: json.loads(p) for r, p in want_params.items()}
     assert q.decision_summary(old, 2, "all").sort("run_id").equals(summary)
     run = "synthetic/clean/linear:C=0.5,tol=0.02/cf2/seed1"
-    (name, version), = rows(old, "SELECT probe_name, probe_version FROM runs WHERE run_id = ?", [run])
+    (name, version), = db_rows(old, "SELECT probe_name, probe_version FROM runs WHERE run_id = ?", [run])
     loaded = fs.load_probe(store, "synthetic", run, db=old)
     kept = FeatureStore(store).root["synthetic"]["probes"][name][version]
     assert loaded.version == version
@@ -139,7 +131,7 @@ def test_load_probe_reads_the_runs_name_and_version_from_its_columns(probed, tmp
     second = tmp_path / "second.duckdb"  # a database of its own: the first's version stays in the store
     run_cli("probe", "--store", store, "--model", "synthetic", "--db", second, "--no-progress", "--variant",
             "linear:C=0.5,tol=0.02", "--seed", "1", "--cross-fit", "2")  # a new version, now the store's current
-    ((v1,),), ((v2,),) = (rows(d, "SELECT probe_version FROM runs WHERE run_id = ?", [run]) for d in (first, second))
+    ((v1,),), ((v2,),) = (db_rows(d, "SELECT probe_version FROM runs WHERE run_id = ?", [run]) for d in (first, second))
     assert v1 != v2
     assert fs.load_probe(store, "synthetic", run, db=first).version == v1
     assert fs.load_probe(store, "synthetic", run, db=second).version == v2

@@ -26,7 +26,7 @@ from featstore.records import RunIdentity
 from featstore.store.reader import FeatureStore
 from featstore.store.writer import StoreWriter
 
-from conftest import fail_after_inserting, fails, run_cli
+from conftest import db_rows, fail_after_inserting, fails, run_cli
 
 DIMS = [8, 16, 32]
 
@@ -43,14 +43,6 @@ def probe(store, db, *args):
     return run_cli("probe", "--store", store, "--model", "synthetic", "--db", db, "--no-progress", *args)
 
 
-def rows(db, sql, params=()):
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql, list(params)).fetchall()
-    finally:
-        con.close()
-
-
 def test_parameters_name_runs_and_reruns_replace_only_their_own(store, tmp_path):
     db = tmp_path / "f.duckdb"
     probe(store, db)
@@ -58,14 +50,14 @@ def test_parameters_name_runs_and_reruns_replace_only_their_own(store, tmp_path)
     probe(store, db, "--variant", "linear:max_iterations=3.0,tol=0.002")  # the same parameters: replaces its own run
     probe(store, db, "--variant", "linear:max_iterations=3", "--seed", "1")
     probe(store, db, "--project-dim", "8")
-    got = [r[0] for r in rows(db, "SELECT run_id FROM runs ORDER BY run_id")]
+    got = [r[0] for r in db_rows(db, "SELECT run_id FROM runs ORDER BY run_id")]
     assert got == ["synthetic/clean/linear", "synthetic/clean/linear:max_iterations=3",
                    "synthetic/clean/linear:max_iterations=3/seed1", "synthetic/clean/projected8"]
-    assert rows(db, "SELECT count(*) FROM predictions")[0][0] == 4 * 900 * len(DIMS)
+    assert db_rows(db, "SELECT count(*) FROM predictions")[0][0] == 4 * 900 * len(DIMS)
     fs = FeatureStore(store)
     assert set(fs.info().models["synthetic"].probes) >= {
         "linear@clean", "linear:max_iterations=3@clean", "linear:max_iterations=3-seed1@clean", "projected8@clean"}
-    probe_id, params = rows(db, "SELECT probe_id, params FROM runs WHERE run_id = "
+    probe_id, params = db_rows(db, "SELECT probe_id, params FROM runs WHERE run_id = "
                                 "'synthetic/clean/linear:max_iterations=3'")[0]
     params = json.loads(params)
     assert probe_id == "linear:max_iterations=3" and params["max_iterations"] == 3
@@ -79,21 +71,21 @@ def test_probe_seed_is_not_the_split_seed_and_spread_is_one_query(store, tmp_pat
     db = tmp_path / "f.duckdb"
     for seed in (0, 1, 2):
         probe(store, db, "--seed", seed, "--variant", "linear:full_batch=0,tol=0.02")  # SGD: the seed shuffles
-    splits = rows(db, "SELECT split, count(*) FROM images GROUP BY split ORDER BY split")
+    splits = db_rows(db, "SELECT split, count(*) FROM images GROUP BY split ORDER BY split")
     assert splits == [("test", 270), ("train", 567), ("val", 63)]  # one split for every probe seed
     line = fails("probe", "--store", store, "--model", "synthetic", "--db", db, "--split-seed", "5")
     assert "--split-seed 0" in line
-    spread = {r[0]: r[1:] for r in rows(db, "SELECT statistic, seeds, seed_list, mean, std, min, max "
+    spread = {r[0]: r[1:] for r in db_rows(db, "SELECT statistic, seeds, seed_list, mean, std, min, max "
                                             "FROM seed_spread(2)")}
     assert set(spread) >= {"mean", "median", "std", "f_early", "f_mid", "f_late", "never_stable",
                            "stable_but_wrong", "accuracy@00", "accuracy@02"}
-    summary = rows(db, "SELECT seed, s.mean FROM decision_summary(2) s JOIN runs USING (run_id) ORDER BY seed")
+    summary = db_rows(db, "SELECT seed, s.mean FROM decision_summary(2) s JOIN runs USING (run_id) ORDER BY seed")
     means = np.array([m for _, m in summary])
     seeds, seed_list, mean, std, lo, hi = spread["mean"]
     assert seeds == 3 and seed_list == [0, 1, 2]
     assert mean == pytest.approx(means.mean()) and std == pytest.approx(means.std(ddof=1))
     assert (lo, hi) == (pytest.approx(means.min()), pytest.approx(means.max()))
-    acc = rows(db, "SELECT avg((p.pred = i.label)::INT) FROM predictions p JOIN images i USING (image_id) "
+    acc = db_rows(db, "SELECT avg((p.pred = i.label)::INT) FROM predictions p JOIN images i USING (image_id) "
                    "JOIN runs r USING (run_id) WHERE anchor = 2 AND split = 'test' GROUP BY r.seed ORDER BY r.seed")
     assert spread["accuracy@02"][2] == pytest.approx(np.mean([a for (a,) in acc]))
     assert std > 0 or spread["accuracy@00"][3] > 0  # different probe seeds do give different probes
@@ -106,8 +98,8 @@ NAME = "linear:tol=0.02@clean"
 def _state(store, db):
     fs = FeatureStore(store)
     weights = [read_probe(fs, "synthetic", NAME, f"anchor{a:02d}")[0] for a in range(len(DIMS))]
-    preds = rows(db, "SELECT image_id, anchor, pred FROM predictions ORDER BY ALL")
-    version = rows(db, "SELECT probe_version FROM runs")[0][0]
+    preds = db_rows(db, "SELECT image_id, anchor, pred FROM predictions ORDER BY ALL")
+    version = db_rows(db, "SELECT probe_version FROM runs")[0][0]
     return weights, preds, version
 
 
@@ -272,7 +264,7 @@ def typed_db(store, tmp_path_factory):
 def test_a_database_holds_each_runs_identity_and_strength_in_typed_columns(typed_db):
     db, knn = typed_db
     columns = ", ".join(IDENTITY)
-    runs = rows(db, f"SELECT run_id, {columns}, probe_name, probe_version, C, params FROM runs ORDER BY run_id")
+    runs = db_rows(db, f"SELECT run_id, {columns}, probe_name, probe_version, C, params FROM runs ORDER BY run_id")
     assert [r[0] for r in runs] == ["synthetic/clean/knn:metric=euclidean,ties=lowest",
                                     "synthetic/clean/linear:C=0.5,tol=0.02/cf2/seed1",
                                     "synthetic/clean/linear:tol=0.02"]
@@ -284,7 +276,7 @@ def test_a_database_holds_each_runs_identity_and_strength_in_typed_columns(typed
         variant = typed[IDENTITY.index("probe_id")]  # its parameters, read by hand: C as the variant string pins it
         pinned = dict(kv.split("=") for kv in variant.partition(":")[2].split(",") if kv).get("C")
         assert c == (float(pinned) if pinned else None), run_id
-    fits = rows(db, "SELECT run_id, fold, anchor, C, info FROM probe_fits ORDER BY ALL")
+    fits = db_rows(db, "SELECT run_id, fold, anchor, C, info FROM probe_fits ORDER BY ALL")
     assert len(fits) == len(DIMS) * (1 + 2 + 1)  # the cross-fit run's one per fold
     for run_id, fold, anchor, c, info in fits:
         assert c == json.loads(info).get("C"), (run_id, fold, anchor)
@@ -310,7 +302,7 @@ def test_an_older_database_is_upgraded_once_and_reads_the_same(typed_db, tmp_pat
     db, _ = typed_db
     runs_sql = "SELECT run_id, probe_id, probe_name, probe_version, streamed, C FROM runs ORDER BY run_id"
     fits_sql = "SELECT run_id, fold, anchor, C FROM probe_fits ORDER BY ALL"
-    want_runs, want_fits = rows(db, runs_sql), rows(db, fits_sql)
+    want_runs, want_fits = db_rows(db, runs_sql), db_rows(db, fits_sql)
     old = tmp_path / "old.duckdb"
     shutil.copy(db, old)
     con = duckdb.connect(str(old))
@@ -326,17 +318,17 @@ def test_an_older_database_is_upgraded_once_and_reads_the_same(typed_db, tmp_pat
     assert hashlib.sha256(old.read_bytes()).hexdigest() == before
     for target in (tmp_path / "empty.duckdb", shutil.copy(db, tmp_path / "same.duckdb")):
         run_cli("merge", "--db", target, old)  # into a new file, and onto the same runs: no conflict of content
-        assert rows(target, runs_sql) == want_runs and rows(target, fits_sql) == want_fits
+        assert db_rows(target, runs_sql) == want_runs and db_rows(target, fits_sql) == want_fits
     assert hashlib.sha256(old.read_bytes()).hexdigest() == before
     fsdb.connect(old).close()  # a write connection upgrades the file
-    assert rows(old, runs_sql) == want_runs and rows(old, fits_sql) == want_fits
+    assert db_rows(old, runs_sql) == want_runs and db_rows(old, fits_sql) == want_fits
     con = duckdb.connect(str(old))
     con.execute("""UPDATE runs SET params = json_merge_patch(params, '{"probe_name": "other", "C": 9, "streamed":
                    true}')""")
     con.execute("UPDATE probe_fits SET info = json_merge_patch(info, '{\"C\": 9}')")
     con.close()
     fsdb.connect(old).close()  # upgraded already: the columns are the file's own now, not a copy of params
-    assert rows(old, runs_sql) == want_runs and rows(old, fits_sql) == want_fits
+    assert db_rows(old, runs_sql) == want_runs and db_rows(old, fits_sql) == want_fits
 
 
 def test_a_database_an_older_featstore_wrote_reads_its_identity_and_strengths_typed(tmp_path):
@@ -345,13 +337,13 @@ def test_a_database_an_older_featstore_wrote_reads_its_identity_and_strengths_ty
     with tarfile.open(Path(__file__).parent / "data" / "legacy-format1.tar.gz") as archive:
         archive.extractall(tmp_path, filter="data")
     db = tmp_path / "format1" / "featstore.duckdb"
-    raw = rows(db, "SELECT run_id, params FROM runs ORDER BY run_id")
+    raw = db_rows(db, "SELECT run_id, params FROM runs ORDER BY run_id")
     want = [(run_id, *_by_hand(run_id).values(), json.loads(params).get("C") or None) for run_id, params in raw]
-    held = rows(db, "SELECT run_id, fold, anchor, info FROM probe_fits ORDER BY ALL")
+    held = db_rows(db, "SELECT run_id, fold, anchor, info FROM probe_fits ORDER BY ALL")
     fits = [(run_id, fold, anchor, json.loads(info).get("C")) for run_id, fold, anchor, info in held]
     assert len(want) == 2 and fits  # its fits predate the recorded C (None); the file made above holds some
     runs_sql = f"SELECT run_id, {', '.join(IDENTITY)}, C FROM runs ORDER BY run_id"
     fits_sql = "SELECT run_id, fold, anchor, C FROM probe_fits ORDER BY ALL"
     assert query(db, runs_sql).rows() == want and query(db, fits_sql).rows() == fits
     fsdb.connect(db).close()
-    assert rows(db, runs_sql) == want and rows(db, fits_sql) == fits
+    assert db_rows(db, runs_sql) == want and db_rows(db, fits_sql) == fits
