@@ -33,19 +33,6 @@ if TYPE_CHECKING:
 
     from featstore.records import CircuitRun, DatasetInfo, GateScores, ModelCost, ModelSource, RunRows, ZooRow
 
-RECORDS = ("CircuitRun", "DatasetInfo", "GateScores", "ModelCost", "ModelSource", "ProbeRun", "RunRows", "ZooRow")
-
-
-def __getattr__(name: str) -> object:
-    """The records the writes take (featstore.records, with numpy), imported on first use: reading a database
-    imports neither."""
-    if name in RECORDS:
-        from featstore import records
-
-        return getattr(records, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 _DEFINITION = re.compile(r"CREATE OR REPLACE (MACRO|VIEW) (\w+)")
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
+from featstore.records import DatasetInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the generated test data
 from synthetic import run_rows  # noqa: E402
@@ -78,7 +79,7 @@ def main() -> None:
     n = args.images
     ids = np.arange(n)
     labels = rng.integers(0, 1000, n)
-    fsdb.register_images(con, fsdb.DatasetInfo("bench", "synthetic", "-", 0), ids, np.array([f"{i}" for i in ids]),
+    fsdb.register_images(con, DatasetInfo("bench", "synthetic", "-", 0), ids, np.array([f"{i}" for i in ids]),
                          labels, np.full(n, "test"))
     write = []
     truth = {}

@@ -184,9 +184,10 @@ def register_toy_images(con, labels: np.ndarray, split: np.ndarray, models: tupl
     from types import SimpleNamespace
 
     from featstore.analytics import db as fsdb
+    from featstore.records import DatasetInfo
 
     n = len(labels)
-    fsdb.register_images(con, fsdb.DatasetInfo("fp", "t", "-", 0), np.arange(n), np.array(["x.png"] * n), labels,
+    fsdb.register_images(con, DatasetInfo("fp", "t", "-", 0), np.arange(n), np.array(["x.png"] * n), labels,
                          split)
     last = max(1, anchors - 1)
     for model in models:

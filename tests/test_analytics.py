@@ -11,6 +11,7 @@ from synthetic import run_rows
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
+from featstore.records import DatasetInfo
 
 from conftest import fails, run_cli
 
@@ -50,7 +51,7 @@ def world(tmp_path_factory):
     split = rng.choice(["train", "val", "test"], N, p=[0.6, 0.1, 0.3])
     split[:4] = "skipped"
     paths = np.array([f"{i}.png" for i in image_id])
-    fsdb.register_images(con, fsdb.DatasetInfo("fp", "test", "-", 0), image_id, paths, labels, split)
+    fsdb.register_images(con, DatasetInfo("fp", "test", "-", 0), image_id, paths, labels, split)
     runs = {}
     specs = [("m11/clean/linear", "m11", "clean", 11, 0), ("m11/noise-1/linear/train=clean", "m11", "noise-1", 11, 0),
              ("m11/clean/linear/cf3", "m11", "clean", 11, 3), ("m3/clean/linear", "m3", "clean", 3, 0),

@@ -15,6 +15,7 @@ from synthetic import run_rows
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
+from featstore.records import DatasetInfo
 
 from conftest import fails, run_cli
 
@@ -43,7 +44,7 @@ def world(tmp_path_factory):
     ids = np.arange(N) * 2 + 1
     labels = rng.integers(0, 4, N)
     split = rng.choice(["train", "val", "test"], N, p=[0.6, 0.1, 0.3])
-    fsdb.register_images(con, fsdb.DatasetInfo("fp", "t", "-", 0), ids, np.array([f"{i}.png" for i in ids]),
+    fsdb.register_images(con, DatasetInfo("fp", "t", "-", 0), ids, np.array([f"{i}.png" for i in ids]),
                          labels, split)
     fsdb.register_anchors(con, "m", [SimpleNamespace(index=a, name=f"a{a}", module=f"a{a}", dim=2, depth_frac=a / T)
                                      for a in range(T + 1)])
@@ -244,7 +245,7 @@ def test_every_depth_names_its_layer_0_and_the_rows_its_probes_learnt_from(tmp_p
     db = tmp_path / "f.duckdb"
     con = fsdb.connect(db)
     ids = np.arange(6)
-    fsdb.register_images(con, fsdb.DatasetInfo("fp", "t", "-", 0), ids, np.array([f"{i}.png" for i in ids]),
+    fsdb.register_images(con, DatasetInfo("fp", "t", "-", 0), ids, np.array([f"{i}.png" for i in ids]),
                          np.zeros(6, dtype=int), np.array(["test"] * 6))
     fsdb.register_anchors(con, "m", [SimpleNamespace(index=a, name=n, module="", dim=2, depth_frac=a / 2)
                                      for a, n in enumerate(["input", "b", "c"])])

@@ -17,6 +17,7 @@ from featstore.analytics import queries as q
 from featstore.compute.prefix_costs import AnchorCost, ModelCost, measure_costs
 from featstore.errors import FeatstoreError
 from featstore.nets.anchors import PRESETS, resolve_anchors
+from featstore.records import DatasetInfo
 
 from conftest import fails, run_cli
 
@@ -42,7 +43,7 @@ def db(tmp_path_factory):
     path = tmp_path_factory.mktemp("exit") / "f.duckdb"
     con = fsdb.connect(path)
     ids = np.arange(5)
-    fsdb.register_images(con, fsdb.DatasetInfo("fp", "test", "-", 0), ids, np.array(["a"] * 5), np.ones(5, int),
+    fsdb.register_images(con, DatasetInfo("fp", "test", "-", 0), ids, np.array(["a"] * 5), np.ones(5, int),
                          np.array(["test"] * 5))
     fsdb.register_anchors(con, "m", [SimpleNamespace(index=a, name=f"a{a}", module=f"a{a}", dim=2, depth_frac=a / 4)
                                      for a in range(5)])

@@ -14,6 +14,7 @@ import pytest
 from synthetic import class_clusters, run_rows, write_feature_store
 
 from featstore.analytics import db as fsdb
+from featstore.records import DatasetInfo
 
 from conftest import fails, run_cli
 
@@ -26,7 +27,7 @@ def small(tmp_path_factory):
     store = write_feature_store(root / "s.zarr", feats, labels, 3, chunk_rows=16)
     db = root / "f.duckdb"
     con = fsdb.connect(db)
-    info = fsdb.DatasetInfo("x", "synthetic", str(store), 0)
+    info = DatasetInfo("x", "synthetic", str(store), 0)
     ids = np.arange(60)
     fsdb.register_images(con, info, ids, np.array([f"{i}.png" for i in ids]), labels, np.array(["test"] * 60))
     run = {"run_id": "synthetic/clean/linear", "model": "synthetic", "view": "clean", "train_view": "clean",

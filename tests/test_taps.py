@@ -14,6 +14,7 @@ from synthetic import read_probe, run_rows
 from featstore.analytics import db as fsdb
 from featstore.analytics import queries as q
 from featstore.nets.anchors import TAPS
+from featstore.records import DatasetInfo
 from featstore.store.reader import FeatureStore
 
 from conftest import assert_fp16_close, fails, reference_batch, run_cli
@@ -84,7 +85,7 @@ def grid_db(tmp_path_factory):
     db = tmp_path_factory.mktemp("taps") / "f.duckdb"
     con = fsdb.connect(db)
     ids, labels = np.arange(N), np.zeros(N, dtype=int)
-    fsdb.register_images(con, fsdb.DatasetInfo("fp", "t", "-", 0), ids, np.array(["x"] * N), labels,
+    fsdb.register_images(con, DatasetInfo("fp", "t", "-", 0), ids, np.array(["x"] * N), labels,
                          np.array(["test"] * N))
     anchors = [SimpleNamespace(index=b * len(GRID_TAPS) + j, name=f"blocks.{b}.{t}", module="m", dim=4,
                                depth_frac=b / (L - 1), block=b, tap=t)
@@ -153,7 +154,7 @@ def test_taps_command_and_projected_probes(image_dir, tmp_path):
 def test_gains_without_a_resid_tap_keep_their_rows(tmp_path):
     db = tmp_path / "f.duckdb"
     con = fsdb.connect(db)
-    fsdb.register_images(con, fsdb.DatasetInfo("fp", "t", "-", 0), np.arange(10), np.array(["x"] * 10),
+    fsdb.register_images(con, DatasetInfo("fp", "t", "-", 0), np.arange(10), np.array(["x"] * 10),
                          np.zeros(10, int), np.array(["test"] * 10))
     anchors = [SimpleNamespace(index=2 * b + j, name=f"blocks.{b}.{t}", module="m", dim=4, depth_frac=b / 2,
                                block=b, tap=t) for b in range(3) for j, t in enumerate(["ln2", "act"])]
