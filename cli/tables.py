@@ -17,10 +17,13 @@ FLOAT_DECIMALS = 4  # decimals of every float cell
 TEXT_CHARS, FULL_TEXT_CHARS = 80, 10_000  # a text cell (or column name) is cut to this many characters, then '…'
 WIDTH_CHARS, FULL_WIDTH_CHARS = 240, 10_000  # a wider table is wrapped by Polars
 FIXED_BELOW = 1e12  # Polars writes larger floats in scientific notation (1.0000e14): those go through Polars
-# the dtype Polars names under each plain DuckDB type (analytics/plain_rows.py PLAIN_TYPES)
-DTYPES = {"BOOLEAN": "bool", "TINYINT": "i8", "SMALLINT": "i16", "INTEGER": "i32", "BIGINT": "i64",
-          "UTINYINT": "u8", "USMALLINT": "u16", "UINTEGER": "u32", "UBIGINT": "u64", "FLOAT": "f32", "DOUBLE": "f64",
-          "VARCHAR": "str"}
+# each plain DuckDB type (analytics/plain_rows.py PLAIN_TYPES): the Polars dtype DuckDB hands over for it, and the
+# name Polars prints under a column of it
+POLARS_DTYPES = {"BOOLEAN": ("Boolean", "bool"), "TINYINT": ("Int8", "i8"), "SMALLINT": ("Int16", "i16"),
+                 "INTEGER": ("Int32", "i32"), "BIGINT": ("Int64", "i64"), "UTINYINT": ("UInt8", "u8"),
+                 "USMALLINT": ("UInt16", "u16"), "UINTEGER": ("UInt32", "u32"), "UBIGINT": ("UInt64", "u64"),
+                 "FLOAT": ("Float32", "f32"), "DOUBLE": ("Float64", "f64"), "VARCHAR": ("String", "str")}
+DTYPES = {duckdb_type: shown for duckdb_type, (_, shown) in POLARS_DTYPES.items()}
 
 
 def polars_settings(full: bool) -> dict[str, object]:
@@ -96,11 +99,8 @@ def as_frame(rows: Rows) -> pl.DataFrame:
     """`rows` as the Polars frame DuckDB would have handed over (the same dtypes)."""
     import polars as pl
 
-    dtypes = {"BOOLEAN": pl.Boolean, "TINYINT": pl.Int8, "SMALLINT": pl.Int16, "INTEGER": pl.Int32,
-              "BIGINT": pl.Int64, "UTINYINT": pl.UInt8, "USMALLINT": pl.UInt16, "UINTEGER": pl.UInt32,
-              "UBIGINT": pl.UInt64, "FLOAT": pl.Float32, "DOUBLE": pl.Float64, "VARCHAR": pl.String}
-    return pl.DataFrame(rows.rows, schema={c: dtypes[t] for c, t in zip(rows.columns, rows.types, strict=True)},
-                        orient="row")
+    schema = {c: getattr(pl, POLARS_DTYPES[t][0]) for c, t in zip(rows.columns, rows.types, strict=True)}
+    return pl.DataFrame(rows.rows, schema=schema, orient="row")
 
 
 def table_text(rows: Rows, full: bool = False) -> str:
