@@ -39,9 +39,9 @@ from featstore.schema import BAND, JOINT_MIN_CONF, MIN_CONF, PER_PAIR, SCOPE, K,
 def query(db: Db, sql: str, params: Sequence | dict | None = None) -> pl.DataFrame:
     """Run one SQL statement read-only and return its result as a Polars DataFrame (held whole: see `stream` for
     results of any size)."""
-    _one_statement(sql)
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else open_read_only(db)
     try:
+        _one_statement(con, sql)
         relation = con.sql(sql, params=params or None)
         return pl.DataFrame() if relation is None else _printable(relation).pl()
     except duckdb.Error as e:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import duckdb
 
+from featstore.analytics.bands import late_notes
 from featstore.analytics.db import MACROS, connect, connect_several, schema_tables
 from featstore.analytics.plain_rows import PLAIN_TYPES, Rows
 from featstore.errors import FeatstoreError, Step
@@ -34,10 +35,11 @@ def open_read_only(db: str | Path | Sequence[str | Path]) -> duckdb.DuckDBPyConn
     return connect_several(db)
 
 
-def _one_statement(sql: str) -> None:
-    """Exactly one statement: text such as `SELECT 1; DETACH ...` is refused before anything runs."""
+def _one_statement(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    """Exactly one statement: text such as `SELECT 1; DETACH ...` is refused before anything runs (parsed by the
+    open connection: DuckDB's module-level parser would first create its default in-memory database)."""
     try:
-        count = len(duckdb.extract_statements(sql))
+        count = len(con.extract_statements(sql))
     except duckdb.Error as e:
         raise FeatstoreError(f"SQL error: {str(e).splitlines()[0]}") from e
     if count != 1:
@@ -125,7 +127,6 @@ def stream(db: Db, sql: str, params: Sequence | dict | None = None, batch_rows: 
     DuckDB runs the query in a worker thread and this generator waits for its batches in the calling thread:
     a KeyboardInterrupt (Ctrl-C) there, or closing the generator early, cancels the query at once
     (`interrupt`) instead of waiting for it to finish, and the interrupt propagates."""
-    _one_statement(sql)
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else open_read_only(db)
     batches: queue.Queue = queue.Queue(maxsize=2)  # the producer waits while the consumer prints
     stop = threading.Event()
@@ -144,6 +145,7 @@ def stream(db: Db, sql: str, params: Sequence | dict | None = None, batch_rows: 
         try:
             if stop.is_set():
                 return
+            _one_statement(con, sql)
             relation = con.sql(sql, params=params or None)
             if relation is None:  # a statement without a result
                 import pyarrow as pa
@@ -206,9 +208,9 @@ def stream(db: Db, sql: str, params: Sequence | dict | None = None, batch_rows: 
 
 def fetched(db: Db, sql: str, params: Sequence | dict | None = None) -> list[tuple]:
     """Every row of one read-only SQL statement, as Python tuples."""
-    _one_statement(sql)
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else open_read_only(db)
     try:
+        _one_statement(con, sql)
         return con.execute(sql, params or None).fetchall()
     except duckdb.Error as e:
         raise _sql_error(e) from e
@@ -271,10 +273,10 @@ def sweep_statement(ks: Sequence[int], scope: str, min_conf: float, runs: Sequen
 
 
 def k_sweep_rows(db: Db, ks: Sequence[int] | None = None, scope: str = SCOPE, min_conf: float = MIN_CONF,
-                 runs: Sequence[str] | None = None, band: str = BAND) -> tuple[Rows, list[int]]:
+                 runs: Sequence[str] | None = None, band: str = BAND) -> tuple[Rows, list[str]]:
     """`featstore timeline`'s table on one connection, as plain rows: decision_sweep at the windows ks without the
-    model, view and probe columns, of every run or of the runs named (each must exist); and the last anchors T of
-    the runs shown (their late caveats)."""
+    model, view and probe columns, of every run or of the runs named (each must exist); and, in the paper's band,
+    the late caveats of the runs shown (`late_notes`)."""
     check_scope(scope)
     check_band(band)
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else open_read_only(db)
@@ -285,9 +287,12 @@ def k_sweep_rows(db: Db, ks: Sequence[int] | None = None, scope: str = SCOPE, mi
         relation = con.sql(statement, params=params)
         table = Rows(tuple(relation.columns), tuple(str(t) for t in relation.types), relation.fetchall())
         shown = sorted({row[0] for row in table.rows})
+        if band != "paper":
+            return table, []
         lasts = fetched(con, "SELECT DISTINCT n_anchors - 1 FROM runs WHERE list_contains(?, run_id) ORDER BY 1",
                         [shown])
-        return table, [t for (t,) in lasts]
+        k_at = table.columns.index("k")
+        return table, late_notes([t for (t,) in lasts], ks or sorted({row[k_at] for row in table.rows}), con)
     except duckdb.Error as e:
         raise _sql_error(e) from e
     finally:

@@ -333,15 +333,11 @@ def stream_rows(db: str | Path | Sequence[str | Path], query: str,
 def k_sweep_rows(db: str | Path | Sequence[str | Path], ks: Ks = None, scope: str = SCOPE, min_conf: float = MIN_CONF,
                  runs: Runs = None, band: str = BAND) -> SweepRows:
     """`connect(db).k_sweep_rows(...)` opening the database once (`featstore timeline`)."""
-    from featstore.analytics.bands import late_notes
     from featstore.analytics.read_only import k_sweep_rows as sweep_rows
     from featstore.analytics.selection import fraction, run_ids, windows
 
-    ks = windows(ks)
-    shown, lasts = sweep_rows(_read_paths(db), ks, scope, fraction(min_conf, "min_conf"), run_ids(runs), band)
-    k_at = shown.columns.index("k")
-    notes = late_notes(lasts, ks or sorted({row[k_at] for row in shown.rows})) if band == "paper" else []
-    return SweepRows(shown, notes)
+    return SweepRows(*sweep_rows(_read_paths(db), windows(ks), scope, fraction(min_conf, "min_conf"), run_ids(runs),
+                                 band))
 
 
 def connect(db: str | Path | Sequence[str | Path]) -> Results:
