@@ -4,8 +4,10 @@ axhline, axvspan, text, ticks, labels, limits, legend, colorbar) and records it 
 annotations. The sections draw once, here, for the page; matplotlib (`report_figures._Figures`) draws the same calls
 only when publication figures are asked for. Nothing here imports matplotlib.
 
-The page embeds each figure's spec as JSON and draws it with plotly.js, inlined from the `plotly` package
-(`plotly/package_data/plotly.min.js`) so that the page works offline.
+The page embeds each figure's spec as JSON and draws it with plotly.js, inlined so that the page works offline: the
+minified cartesian bundle (scatter, bar, heatmap, image and a few other trace types; 1.5 MB where the full bundle is
+4.8 MB and costs the browser a second more to evaluate), vendored with its MIT licence in `assets/` from the npm
+package plotly.js-cartesian-dist-min (see `PLOTLY_JS`).
 """
 
 from __future__ import annotations
@@ -29,12 +31,19 @@ MARKERS = {"o": "circle", "s": "square", "*": "star", "D": "diamond", "x": "x", 
 DASHES = {"-": "solid", "--": "dash", ":": "dot", "-.": "dashdot"}
 SCALES = {"viridis": "Viridis", "magma": "Magma", "RdBu_r": "RdBu", "Oranges": "Oranges"}
 PX_PER_INCH = 100
+# Every axis: matplotlib's look. Tick labels may overflow: the layout (`Figure.spec`) leaves room for them, and
+# plotly.js's default ("hide past div") measures every tick label once per tick label, half the cost of a plot.
+AXIS = {"showgrid": False, "zeroline": False, "ticks": "outside", "showline": True, "mirror": True,
+        "linecolor": "#444", "ticklabeloverflow": "allow"}
+
+
+PLOTLY_JS = "plotly-cartesian.min.js"  # npm plotly.js-cartesian-dist-min 4.1.1, beside its licence plotly.js-LICENSE
 
 
 @cache
 def plotly_script() -> str:
-    """plotly.js, minified, from the `plotly` package: inlined in the page so that it draws offline."""
-    return (resources.files("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+    """plotly.js's cartesian bundle, minified: inlined in the page so that it draws offline."""
+    return (resources.files("featstore.analytics") / "assets" / PLOTLY_JS).read_text(encoding="utf-8")
 
 
 def _colour(colour: object) -> str | None:
@@ -118,10 +127,8 @@ class Axes:
         self.figure, self.index, self.row, self.col = figure, index, row, col
         suffix = "" if index == 1 else str(index)
         self.xref, self.yref = f"x{suffix}", f"y{suffix}"
-        self.xaxis: dict = {"anchor": self.yref, "showgrid": False, "zeroline": False, "ticks": "outside",
-                            "showline": True, "mirror": True, "linecolor": "#444"}
-        self.yaxis: dict = {"anchor": self.xref, "showgrid": False, "zeroline": False, "ticks": "outside",
-                            "showline": True, "mirror": True, "linecolor": "#444"}
+        self.xaxis: dict = {"anchor": self.yref, **AXIS}
+        self.yaxis: dict = {"anchor": self.xref, **AXIS}
         self.lines: list[Line] = []
         self._line_cycle = self._patch_cycle = 0
         self.title: str | None = None
@@ -389,7 +396,8 @@ class Figure:
     def colorbar(self, image: _Image, ax: Axes | None = None, label: str | None = None, **_) -> _Colorbar:
         owner = ax or image.ax
         image.trace["showscale"] = True
-        image.trace["colorbar"] = {"thickness": 12, "xanchor": "left", "yanchor": "middle", "outlinewidth": 0}
+        image.trace["colorbar"] = {"thickness": 12, "xanchor": "left", "yanchor": "middle", "outlinewidth": 0,
+                                   "ticklabeloverflow": "allow"}
         owner.colorbars.append(image.trace["colorbar"])
         bar = _Colorbar(image.trace)
         if label:
