@@ -31,10 +31,12 @@ MARKERS = {"o": "circle", "s": "square", "*": "star", "D": "diamond", "x": "x", 
 DASHES = {"-": "solid", "--": "dash", ":": "dot", "-.": "dashdot"}
 SCALES = {"viridis": "Viridis", "magma": "Magma", "RdBu_r": "RdBu", "Oranges": "Oranges"}
 PX_PER_INCH = 100
-# Every axis: matplotlib's look. Tick labels may overflow: the layout (`Figure.spec`) leaves room for them, and
-# plotly.js's default ("hide past div") measures every tick label once per tick label, half the cost of a plot.
+# Every axis: matplotlib's look. Tick labels stay level unless a section rotates them, and may overflow: the layout
+# (`Figure.spec`) leaves room for them as they are, and plotly.js's defaults measure every tick label to choose an
+# angle ("auto") and, once per tick label, every other one to hide those past the plot ("hide past div"): half
+# the cost of drawing a plot.
 AXIS = {"showgrid": False, "zeroline": False, "ticks": "outside", "showline": True, "mirror": True,
-        "linecolor": "#444", "ticklabeloverflow": "allow"}
+        "linecolor": "#444", "tickangle": 0, "ticklabeloverflow": "allow"}
 
 
 PLOTLY_JS = "plotly-cartesian.min.js"  # npm plotly.js-cartesian-dist-min 4.1.1, beside its licence plotly.js-LICENSE
@@ -224,7 +226,7 @@ class Axes:
         if bottom is not None:
             trace["base"] = _values(bottom)
         if hovertext is not None:
-            trace["hovertext"], trace["hovertemplate"] = list(hovertext), "%{hovertext}"
+            trace["hovertext"], trace["hovertemplate"] = list(hovertext), "%{hovertext}<extra></extra>"
         if customdata is not None:
             trace["customdata"] = list(customdata)
         self._add(trace, label)
@@ -525,8 +527,9 @@ class PlotlyFigures:
 
 
 # Draws every embedded spec, top first, yielding to the browser every 50 ms so that the first screen shows before
-# the rest is drawn; body[data-plots-drawn] is set once all are. A bar that carries the ids of the images it counts
-# lists them on a click, each a link to its per-image timeline where the page has one.
+# the rest is drawn (and a reader can scroll meanwhile); body[data-plots-drawn] is set once all are. A bar that
+# carries the ids of the images it counts lists them on a click, each a link to its per-image timeline where the
+# page has one.
 PAGE_SCRIPT = """
 (function () {
   function drawOne(div) {
@@ -553,13 +556,16 @@ PAGE_SCRIPT = """
   }
   function draw() {
     var start = performance.now(), divs = document.querySelectorAll('div.plot'), i = 0;
-    (function next() {
+    var channel = new MessageChannel();  // yields without setTimeout's 4 ms clamp on nested timers
+    function next() {
       var until = performance.now() + 50;
       while (i < divs.length && performance.now() < until) drawOne(divs[i++]);
-      if (i < divs.length) { setTimeout(next, 0); return; }
+      if (i < divs.length) { channel.port2.postMessage(0); return; }
       document.body.dataset.plotsDrawn = divs.length;
       document.body.dataset.drawMs = Math.round(performance.now() - start);
-    })();
+    }
+    channel.port1.onmessage = next;
+    next();
   }
   if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', draw); else draw();
 })();

@@ -85,6 +85,12 @@ def shoot(driver, out: Path, prefix: str) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    """Where the tests save what the browser shows (printed with -s): look at them after a change to the page."""
+    return Path(str(tmp_path_factory.mktemp("shots")))
+
+
+@pytest.fixture(scope="module")
 def page(demo):
     if _chromium() is None:
         pytest.skip("no Chromium with chromedriver here (apt-get install chromium chromium-driver)")
@@ -99,7 +105,7 @@ def page(demo):
         driver.quit()
 
 
-def test_the_report_fits_1400_px_and_every_image_loads(page, tmp_path_factory):
+def test_the_report_fits_1400_px_and_every_image_loads(page, shots):
     driver, home = page
     sizes = driver.execute_script("return [document.documentElement.scrollWidth, window.innerWidth,"
                                   " document.documentElement.scrollHeight]")
@@ -115,7 +121,6 @@ def test_the_report_fits_1400_px_and_every_image_loads(page, tmp_path_factory):
     assert not broken, f"{len(broken)} image(s) not decoded: {broken[:3]}"
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
-    shots = Path(str(tmp_path_factory.mktemp("shots")))  # look at them: `python tests/test_report_browser.py`
     driver.set_window_size(WIDTH, min(int(sizes[2]) + 200, 16384))
     driver.save_screenshot(str(shots / "report_full.png"))
     driver.set_window_size(WIDTH, HEIGHT)
@@ -140,6 +145,52 @@ def test_every_plot_is_drawn_from_its_data(page):
     assert not errors, errors
 
 
+HOVER_FIRST_POINT = """
+const div = arguments[0], data = JSON.parse(div.nextElementSibling.textContent).data;
+for (let c = 0; c < data.length; c++) {
+  const t = data[c];
+  if (t.hoverinfo === 'skip' || !['scatter', 'bar', 'heatmap'].includes(t.type)) continue;
+  let point = null;
+  if (t.type === 'heatmap') {
+    t.z.forEach((row, r) => row.forEach((v, i) => { if (point === null && v !== null) point = [r, i]; }));
+  } else {
+    point = (t.y || []).findIndex(v => v !== null);
+    if (point < 0) point = null;
+  }
+  if (point === null) continue;
+  div.scrollIntoView(true);
+  const subplot = (t.xaxis || 'x') + (t.yaxis || 'y');
+  if (t.type === 'heatmap') {  // a cell by its coordinates: Fx.hover's point numbers name 1-d traces' points
+    Plotly.Fx.hover(div, {xval: t.x ? t.x[point[1]] : point[1], yval: t.y ? t.y[point[0]] : point[0]}, subplot);
+  } else {
+    Plotly.Fx.hover(div, [{curveNumber: c, pointNumber: point}], subplot);
+  }
+  const label = div.querySelector('.hoverlayer .hovertext');
+  const text = label ? label.textContent : '';
+  Plotly.Fx.unhover(div);
+  return [t.type, text];
+}
+return null;
+"""
+
+
+def test_every_plot_answers_a_hover(page):
+    """Hovering the first point of each plot's first hoverable trace (a line's or scatter's point, a bar, a heatmap
+    cell) shows a label with a value in it."""
+    driver, _ = page
+    divs = driver.execute_script("return [...document.querySelectorAll('div.plot')]")
+    answered = 0
+    for div in divs:
+        name = div.get_attribute("data-name")
+        found = driver.execute_script(HOVER_FIRST_POINT, div)
+        if found is None:  # a plot of pictures only (image traces, drawn without hover)
+            continue
+        kind, text = found
+        assert any(ch.isdigit() for ch in text), (name, kind, text)
+        answered += 1
+    assert answered >= len(divs) - 2, (answered, len(divs))
+
+
 def _loop_layers(con, run_id: str, k: int) -> dict[int, list[int]]:
     """The test images of a run by their l*(k), from the stored predictions with a plain loop (never stable: T)."""
     by_layer: dict[int, list[int]] = {}
@@ -151,7 +202,7 @@ def _loop_layers(con, run_id: str, k: int) -> dict[int, list[int]]:
     return by_layer
 
 
-def test_a_histogram_bars_hover_names_its_images_and_a_click_lists_them(page):
+def test_a_histogram_bars_hover_names_its_images_and_a_click_lists_them(page, shots):
     """Hovering the k = 2 panel's fullest bar of the linear run names the run, the layer, its image count and its
     first image ids, as a plain loop over the predictions finds them; a click lists them, linked where the page has
     their timelines."""
@@ -180,6 +231,9 @@ def test_a_histogram_bars_hover_names_its_images_and_a_click_lists_them(page):
     assert run_id in label and "k = 2" in label and f"l* = {layer} " in label, label
     assert f": {len(ids)} decided (" in label, label  # the demo's fullest bar has no never-stable image
     assert "images " + ", ".join(map(str, ids[:12])) in label, label
+    driver.execute_script("window.scrollBy(0, -8)")
+    driver.save_screenshot(str(shots / "histogram_hover.png"))
+    print(f"screenshot: {shots / 'histogram_hover.png'}")
     driver.execute_script("arguments[0].emit('plotly_click', {points: [arguments[0]._fullData[arguments[1]]"
                           " && {data: arguments[0]._fullData[arguments[1]], x: arguments[2],"
                           " customdata: arguments[0]._fullData[arguments[1]].customdata[arguments[2]]}]})",
