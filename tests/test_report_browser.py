@@ -2,9 +2,10 @@
 
 Checked in the page as Chromium lays it out, not in the HTML text: no horizontal overflow, every image decoded,
 every plot drawn by plotly.js from its embedded data (an SVG with every trace), no console error, every figure's
-caption naming the runs it draws (the run ids read from the database), and a histogram bar's hover naming the
-images it counts (found here by a plain loop over the stored predictions).
-Skips with one line where Chromium, its driver or Selenium is missing; `.ci/run` installs them.
+caption naming the runs it draws (the run ids read from the database), every plot answering a hover, and a
+histogram bar's hover naming the images it counts (found here by a plain loop over the stored predictions).
+Skips with one line where Chromium, its driver or Selenium is missing; `.ci/run` installs them. The page's
+plotly.js is featstore's own copy, written with no `plotly` package importable (checked without a browser).
 
 Also a script: `python tests/test_report_browser.py REPORT.html OUT_DIR PREFIX` saves the five views (top, the
 robustness section, one run section, a Pareto table, a per-image timeline) as PNGs, e.g. to compare two versions
@@ -103,6 +104,24 @@ def page(demo):
         yield driver, out / "layouts"
     finally:
         driver.quit()
+
+
+def test_the_page_inlines_plotly_js_without_the_plotly_package(monkeypatch):
+    """The page's plotly.js is the cartesian bundle shipped in featstore (analytics/assets/, beside its MIT
+    licence), written into the page with no `plotly` Python package importable."""
+    from featstore.analytics import report_plots
+
+    monkeypatch.setitem(sys.modules, "plotly", None)  # `import plotly` raises ImportError
+    report_plots.plotly_script.cache_clear()
+    try:
+        scripts = report_plots.page_scripts()
+    finally:
+        report_plots.plotly_script.cache_clear()
+    assets = Path(report_plots.__file__).parent / "assets"
+    bundle = (assets / "plotly-cartesian.min.js").read_text(encoding="utf-8")
+    assert scripts.startswith(f"<script>{bundle}</script>")
+    assert bundle.startswith("/**\n* plotly.js (cartesian - minified)") and "Licensed under the MIT license" in bundle
+    assert (assets / "plotly.js-LICENSE").read_text().startswith("MIT License")
 
 
 def test_the_report_fits_1400_px_and_every_image_loads(page, shots):
