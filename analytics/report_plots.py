@@ -35,6 +35,7 @@ PX_PER_INCH = 100
 # (`Figure.spec`) leaves room for them as they are, and plotly.js's defaults measure every tick label to choose an
 # angle ("auto") and, once per tick label, every other one to hide those past the plot ("hide past div"): half
 # the cost of drawing a plot.
+TITLE_STANDOFF = 6  # px between an axis title and its tick labels as drawn (plotly.js's default ignores their size)
 AXIS = {"showgrid": False, "zeroline": False, "ticks": "outside", "showline": True, "mirror": True,
         "linecolor": "#444", "tickangle": 0, "ticklabeloverflow": "allow"}
 
@@ -290,10 +291,10 @@ class Axes:
         self.title = title
 
     def set_xlabel(self, label: str, **_) -> None:
-        self.xaxis["title"] = {"text": label}
+        self.xaxis["title"] = {"text": label, "standoff": TITLE_STANDOFF}
 
     def set_ylabel(self, label: str, **_) -> None:
-        self.yaxis["title"] = {"text": label}
+        self.yaxis["title"] = {"text": label, "standoff": TITLE_STANDOFF}
 
     @staticmethod
     def _ticks(axis: dict, ticks, labels=None, rotation: float = 0, **_) -> None:

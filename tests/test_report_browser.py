@@ -164,6 +164,35 @@ def test_every_plot_is_drawn_from_its_data(page):
     assert not errors, errors
 
 
+MISPLACED_TITLES = r"""
+const out = [];
+for (const div of document.querySelectorAll('div.plot')) {
+  const box = div.querySelector('svg.main-svg').getBoundingClientRect();
+  for (const title of div.querySelectorAll('g.infolayer g[class$="title"] > text')) {
+    const axis = title.parentNode.getAttribute('class').match(/^g-([xy])(\d*)title$/);
+    if (!axis || !title.textContent) continue;
+    const t = title.getBoundingClientRect();
+    const inside = t.left >= box.left - 1 && t.right <= box.right + 1 && t.top >= box.top - 1
+      && t.bottom <= box.bottom + 1;
+    const labels = [...div.querySelectorAll('g.' + axis[1] + axis[2] + 'tick > text')]
+      .map(l => l.getBoundingClientRect()).filter(r => r.width > 0);
+    const clear = !labels.length || (axis[1] === 'x' ? t.top >= Math.max(...labels.map(r => r.bottom)) - 0.5
+                                                      : t.right <= Math.min(...labels.map(r => r.left)) + 0.5);
+    if (!inside || !clear) out.push([div.dataset.name, axis[1] + axis[2], title.textContent, inside, clear]);
+  }
+}
+return out;
+"""
+
+
+def test_every_axis_title_is_inside_its_plot_and_clear_of_its_tick_labels(page):
+    """Each axis title as Chromium draws it lies inside its plot and beyond all of its axis's tick labels (below an x
+    axis's, left of a y axis's), however long or rotated the labels are."""
+    driver, _ = page
+    assert driver.execute_script("return document.querySelectorAll('div.plot g[class$=\"title\"] > text').length")
+    assert driver.execute_script(MISPLACED_TITLES) == []
+
+
 HOVER_FIRST_POINT = """
 const div = arguments[0], data = JSON.parse(div.nextElementSibling.textContent).data;
 for (let c = 0; c < data.length; c++) {
