@@ -31,11 +31,13 @@ MARKERS = {"o": "circle", "s": "square", "*": "star", "D": "diamond", "x": "x", 
 DASHES = {"-": "solid", "--": "dash", ":": "dot", "-.": "dashdot"}
 SCALES = {"viridis": "Viridis", "magma": "Magma", "RdBu_r": "RdBu", "Oranges": "Oranges"}
 PX_PER_INCH = 100
+TITLE_PX = 20  # room for an axis title beyond its tick labels
+TICK_FONT = 11.0  # px: the page's font size (Figure.spec's layout.font), its tick labels'
+TITLE_FONT = 13.0  # px: plotly.js's axis titles, 1.2 x the font
 # Every axis: matplotlib's look. Tick labels stay level unless a section rotates them, and may overflow: the layout
 # (`Figure.spec`) leaves room for them as they are, and plotly.js's defaults measure every tick label to choose an
 # angle ("auto") and, once per tick label, every other one to hide those past the plot ("hide past div"): half
 # the cost of drawing a plot.
-TITLE_STANDOFF = 6  # px between an axis title and its tick labels as drawn (plotly.js's default ignores their size)
 AXIS = {"showgrid": False, "zeroline": False, "ticks": "outside", "showline": True, "mirror": True,
         "linecolor": "#444", "tickangle": 0, "ticklabeloverflow": "allow"}
 
@@ -291,10 +293,10 @@ class Axes:
         self.title = title
 
     def set_xlabel(self, label: str, **_) -> None:
-        self.xaxis["title"] = {"text": label, "standoff": TITLE_STANDOFF}
+        self.xaxis["title"] = {"text": label}
 
     def set_ylabel(self, label: str, **_) -> None:
-        self.yaxis["title"] = {"text": label, "standoff": TITLE_STANDOFF}
+        self.yaxis["title"] = {"text": label}
 
     @staticmethod
     def _ticks(axis: dict, ticks, labels=None, rotation: float = 0, **_) -> None:
@@ -414,20 +416,49 @@ class Figure:
         pass
 
     @staticmethod
-    def _tick_width(axis: dict) -> float:
+    def _labels_width(axis: dict) -> float:
+        """How far a y axis's tick labels reach left of it, in pixels (a little more than they do)."""
         if axis.get("visible") is False or axis.get("showticklabels") is False:
             return 0.0
         texts = axis.get("ticktext") or ["0.00"]
-        return max(_text_px(t, 10) for t in texts) + 8 + (18 if axis.get("title") else 0)
+        return max(_text_px(t, TICK_FONT) for t in texts) + 8
 
     @staticmethod
-    def _tick_height(axis: dict) -> float:
+    def _labels_height(axis: dict) -> float:
+        """How far an x axis's tick labels reach below it, in pixels (a little more than they do)."""
         if axis.get("visible") is False:
             return 0.0
+        if axis.get("showticklabels") is False:
+            return 6.0
         texts = axis.get("ticktext") or ["0"]
-        rotated = abs(axis.get("tickangle", 0)) >= 45 and axis.get("showticklabels", True)
-        tall = max(_text_px(t, 10) for t in texts) + 8 if rotated else 18 if axis.get("showticklabels", True) else 0
-        return tall + (20 if axis.get("title") else 0)
+        if abs(axis.get("tickangle", 0)) >= 45:
+            return max(_text_px(t, TICK_FONT) for t in texts) + 10
+        return 1.3 * TICK_FONT * max(1 + str(t).count("\n") for t in texts) + 9
+
+    def _tick_width(self, axis: dict) -> float:
+        return self._labels_width(axis) + (TITLE_PX if axis.get("title") else 0)
+
+    def _tick_height(self, axis: dict) -> float:
+        return self._labels_height(axis) + (TITLE_PX if axis.get("title") else 0)
+
+    def _axis_titles(self, ax: Axes, x0: float, x1: float, y0: float, y1: float) -> list[dict]:
+        """The axes' titles as annotations beyond their tick labels (the subplot spans x0..x1, y0..y1 of the paper):
+        plotly.js would measure every tick label, twice, to place a title, a forced layout each."""
+        out = []
+        for letter, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            title = axis.get("title")
+            if not title or axis.get("visible") is False:
+                continue
+            axis_id = ax.xref if letter == "x" else ax.yref
+            common = {"name": f"{axis_id} title", "text": title["text"], "showarrow": False, "xref": "paper",
+                      "yref": "paper", "font": {"size": TITLE_FONT}}
+            if letter == "x":
+                out.append({**common, "x": (x0 + x1) / 2, "y": y0, "xanchor": "center", "yanchor": "top",
+                            "yshift": -self._labels_height(axis)})
+            else:
+                out.append({**common, "x": x0, "y": (y0 + y1) / 2, "xanchor": "right", "yanchor": "middle",
+                            "xshift": -self._labels_width(axis), "textangle": -90})
+        return out
 
     def spec(self) -> dict:
         """The figure as Plotly's {data, layout}: its size in CSS pixels and every subplot's place in it."""
@@ -467,14 +498,17 @@ class Figure:
             for bar in ax.colorbars:
                 bar.update(x=(x0 + col_w + 8) / plot_w, y=(y1 - row_h / 2) / plot_h, len=0.9 * row_h / plot_h)
             suffix = "" if ax.index == 1 else str(ax.index)
-            layout[f"xaxis{suffix}"], layout[f"yaxis{suffix}"] = ax.xaxis, ax.yaxis
+            layout[f"xaxis{suffix}"], layout[f"yaxis{suffix}"] = (
+                {k: v for k, v in axis.items() if k != "title"} for axis in (ax.xaxis, ax.yaxis))
+            layout["annotations"] = [*layout["annotations"], *self._axis_titles(
+                ax, ax.xaxis["domain"][0], ax.xaxis["domain"][1], ax.yaxis["domain"][0], ax.yaxis["domain"][1])]
             if ax.title:
                 layout["annotations"] = [*layout["annotations"], {
                     "text": html.escape(ax.title).replace("\n", "<br>"), "showarrow": False,
                     "xref": "paper", "yref": "paper", "x": (x0 + col_w / 2) / plot_w, "y": y1 / plot_h,
                     "xanchor": "center", "yanchor": "bottom", "yshift": 3, "font": {"size": 12}}]
         layout.update(width=round(width), height=round(height), paper_bgcolor="white", plot_bgcolor="white",
-                      font={"size": 11}, showlegend=bool(entries), hovermode="closest",
+                      font={"size": TICK_FONT}, showlegend=bool(entries), hovermode="closest",
                       margin={"l": left, "r": right, "t": top, "b": bottom, "autoexpand": False},
                       legend={"font": {"size": 10}, "x": 1 + (bar_w[-1] + 6) / plot_w, "xanchor": "left",
                               "y": 1, "yanchor": "top"})
