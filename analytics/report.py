@@ -1018,7 +1018,7 @@ def _page(db, scope: str, sections: list[str]) -> str:
              ".timeline-table td{white-space:nowrap}section.run{border-top:3px solid #3b6ea8;margin-top:2em}"
              "td.wrong{color:#b5533c}"
              ".timeline{display:flex;gap:1em;align-items:flex-start}img.thumb{width:128px;image-rendering:pixelated}"
-             "div.plot{min-height:60px}.bar-images{font-size:12px;max-height:8em;overflow-y:auto}"
+             "div.plot{contain:layout paint}.bar-images{font-size:12px;max-height:8em;overflow-y:auto}"
              ".bar-images a,.bar-images span{margin-right:.3em}.strip-row{display:flex;gap:.6em;margin:.4em 0;"
              "align-items:flex-start}.strip-row img.thumb{width:64px}.strip-title{margin:0;font-size:13px}"
              "table.strip{margin:.2em 0;font-size:11px}table.strip td{text-align:center;white-space:nowrap}"

@@ -554,9 +554,12 @@ class PlotlyFigures:
 
     def save(self, fig: Figure, name: str, caption: str, tight: bool = True) -> str:
         self.count += 1
-        spec = json.dumps(fig.spec(), separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+        figure = fig.spec()
+        spec = json.dumps(figure, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+        # sized before it is drawn: the page is laid out once, and the first screen does not move as plots draw
+        size = f"width:{figure['layout']['width']}px;height:{figure['layout']['height']}px"
         return (f"<figure><div class='plot' id='plot-{self.count}' data-name='{html.escape(name)}' "
-                f"role='img' aria-label='{html.escape(caption)}'></div>"
+                f"style='{size}' role='img' aria-label='{html.escape(caption)}'></div>"
                 f"<script type='application/json' class='plot-spec'>{spec}</script>"
                 f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
