@@ -365,6 +365,27 @@ def _text_px(text: str, size: float = 11.0) -> float:
     return 0.6 * size * max((len(line) for line in str(text).split("\n")), default=0)
 
 
+GLYPHS = {"circle": "\u25cf", "square": "\u25a0", "diamond": "\u25c6", "star": "\u2605", "x": "\u2715",
+          "circle-open": "\u25cb", "square-open": "\u25a1", "diamond-open": "\u25c7", "star-open": "\u2606",
+          "x-open": "\u2715"}  # a marker symbol as a character of the HTML legend
+CSS_DASHES = {"solid": "solid", "dash": "dashed", "dot": "dotted", "dashdot": "dashed"}
+
+
+def _legend_key(trace: dict) -> dict:
+    """A trace's legend entry for the page's HTML legend: its name, the group a click shows or hides, and its key
+    (a bar's colour, or a line's colour, dash and width and/or a marker's character)."""
+    key: dict = {"name": trace["name"], "group": trace.get("legendgroup", trace["name"])}
+    if trace["type"] == "bar":
+        key["bar"] = trace["marker"]["color"]
+        return key
+    mode, line, marker = trace.get("mode", "lines"), trace.get("line", {}), trace.get("marker", {})
+    if "lines" in mode and line.get("width", 1) > 0:
+        key["line"] = [line.get("color"), CSS_DASHES.get(line.get("dash", "solid"), "solid"), line.get("width", 2)]
+    if "markers" in mode and marker.get("symbol") in GLYPHS:
+        key["marker"] = [marker.get("color"), GLYPHS[marker["symbol"]]]
+    return key
+
+
 class Figure:
     """A Plotly figure of one or more subplots, laid out in pixels as matplotlib's `subplots` grid with
     tight_layout would be: each gap as wide as the tick labels, titles and colour bars in it."""
@@ -508,11 +529,13 @@ class Figure:
                     "xref": "paper", "yref": "paper", "x": (x0 + col_w / 2) / plot_w, "y": y1 / plot_h,
                     "xanchor": "center", "yanchor": "bottom", "yshift": 3, "font": {"size": 12}}]
         layout.update(width=round(width), height=round(height), paper_bgcolor="white", plot_bgcolor="white",
-                      font={"size": TICK_FONT}, showlegend=bool(entries), hovermode="closest",
-                      margin={"l": left, "r": right, "t": top, "b": bottom, "autoexpand": False},
-                      legend={"font": {"size": 10}, "x": 1 + (bar_w[-1] + 6) / plot_w, "xanchor": "left",
-                              "y": 1, "yanchor": "top"})
-        return {"data": self.data, "layout": layout}
+                      font={"size": TICK_FONT}, showlegend=False, hovermode="closest",
+                      margin={"l": left, "r": right, "t": top, "b": bottom, "autoexpand": False})
+        spec = {"data": self.data, "layout": layout}
+        if entries:  # drawn by the page as HTML beside the plot (see PAGE_SCRIPT), at plotly.js's legend's place
+            spec["legend"] = {"left": round(left + plot_w + bar_w[-1] + 6), "top": round(top),
+                              "keys": [_legend_key(t) for t in legend if t["showlegend"]]}
+        return spec
 
 
 class _Pyplot:
@@ -570,10 +593,36 @@ class PlotlyFigures:
 # page has one.
 PAGE_SCRIPT = """
 (function () {
+  function legend(div, spec) {  // each key shows or hides its group's traces on a click, as plotly.js's would
+    var box = document.createElement('div');
+    box.className = 'legend';
+    box.style.left = spec.legend.left + 'px';
+    box.style.top = spec.legend.top + 'px';
+    spec.legend.keys.forEach(function (key) {
+      var item = document.createElement('div'), swatch = document.createElement('span');
+      item.className = 'key';
+      swatch.className = 'swatch';
+      if (key.bar) { var bar = document.createElement('i'); bar.className = 'bar'; bar.style.background = key.bar;
+                     swatch.append(bar); }
+      if (key.line) { var line = document.createElement('i'); swatch.append(line);
+                      line.style.borderTop = key.line[2] + 'px ' + key.line[1] + ' ' + key.line[0]; }
+      if (key.marker) { var mark = document.createElement('b'); mark.style.color = key.marker[0];
+                        mark.textContent = key.marker[1]; swatch.append(mark); }
+      item.append(swatch, key.name);
+      item.addEventListener('click', function () {
+        var hidden = item.classList.toggle('off'), traces = [];
+        spec.data.forEach(function (t, i) { if ((t.legendgroup || t.name) === key.group) traces.push(i); });
+        Plotly.restyle(div, {visible: hidden ? 'legendonly' : true}, traces);
+      });
+      box.append(item);
+    });
+    div.append(box);
+  }
   function drawOne(div) {
       var spec = JSON.parse(div.nextElementSibling.textContent);
       Plotly.newPlot(div, spec.data, spec.layout, {displaylogo: false, responsive: false, displayModeBar: false,
         modeBarButtonsToRemove: ['select2d', 'lasso2d']});
+      if (spec.legend) legend(div, spec);
       div.on('plotly_click', function (event) {
         var point = event.points[0];
         if (!point || !point.customdata) return;

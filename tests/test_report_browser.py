@@ -245,6 +245,28 @@ def test_every_plot_answers_a_hover(page):
     assert answered >= len(divs) - 2, (answered, len(divs))
 
 
+def test_a_legend_key_hides_and_shows_its_series(page):
+    """Clicking a legend key of every plot that has a legend hides exactly the traces named as the key (read from
+    the plot's embedded spec) and a second click shows them again."""
+    driver, _ = page
+    divs = driver.execute_script("return [...document.querySelectorAll('div.plot')].filter(d =>"
+                                 " d.querySelector('.legend .key'))")
+    assert len(divs) >= 10, len(divs)
+    hidden = ("return arguments[0]._fullData.map((t, i) => [i, t.visible])"
+              ".filter(([, v]) => v === 'legendonly')")  # (a trace with no point to draw is visible: false)
+    for div in divs:
+        key, names = driver.execute_script(
+            "const k = arguments[0].querySelectorAll('.legend .key'); const key = k[k.length - 1];"
+            " return [key.lastChild.textContent, JSON.parse(arguments[0].nextElementSibling.textContent).data"
+            ".map(t => t.legendgroup || t.name)]", div)
+        expected = [[i, "legendonly"] for i, name in enumerate(names) if name == key]
+        assert expected and driver.execute_script(hidden, div) == [], (key, names)
+        driver.execute_script("const k = arguments[0].querySelectorAll('.legend .key'); k[k.length - 1].click()", div)
+        assert driver.execute_script(hidden, div) == expected, (div.get_attribute("data-name"), key)
+        driver.execute_script("const k = arguments[0].querySelectorAll('.legend .key'); k[k.length - 1].click()", div)
+        assert driver.execute_script(hidden, div) == [], (div.get_attribute("data-name"), key)
+
+
 def _loop_layers(con, run_id: str, k: int) -> dict[int, list[int]]:
     """The test images of a run by their l*(k), from the stored predictions with a plain loop (never stable: T)."""
     by_layer: dict[int, list[int]] = {}
