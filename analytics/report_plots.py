@@ -462,23 +462,21 @@ class Figure:
     def _tick_height(self, axis: dict) -> float:
         return self._labels_height(axis) + (TITLE_PX if axis.get("title") else 0)
 
-    def _axis_titles(self, ax: Axes, x0: float, x1: float, y0: float, y1: float) -> list[dict]:
-        """The axes' titles as annotations beyond their tick labels (the subplot spans x0..x1, y0..y1 of the paper):
-        plotly.js would measure every tick label, twice, to place a title, a forced layout each."""
+    def _labels(self, ax: Axes, left: float, right: float, top: float, bottom: float) -> list[dict]:
+        """The subplot's title and its axes' titles, beyond their tick labels, as the page's HTML labels placed in
+        the plot's pixels (the subplot spans left..right, top..bottom): plotly.js would measure every tick label
+        (twice) to place an axis title, and draw each of its annotations twice, measured."""
         out = []
-        for letter, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
-            title = axis.get("title")
-            if not title or axis.get("visible") is False:
-                continue
-            axis_id = ax.xref if letter == "x" else ax.yref
-            common = {"name": f"{axis_id} title", "text": title["text"], "showarrow": False, "xref": "paper",
-                      "yref": "paper", "font": {"size": TITLE_FONT}}
-            if letter == "x":
-                out.append({**common, "x": (x0 + x1) / 2, "y": y0, "xanchor": "center", "yanchor": "top",
-                            "yshift": -self._labels_height(axis)})
-            else:
-                out.append({**common, "x": x0, "y": (y0 + y1) / 2, "xanchor": "right", "yanchor": "middle",
-                            "xshift": -self._labels_width(axis), "textangle": -90})
+        if ax.xaxis.get("title") and ax.xaxis.get("visible") is not False:
+            out.append({"text": ax.xaxis["title"]["text"], "axis": ax.xref, "at": "top", "size": TITLE_FONT,
+                        "x": round((left + right) / 2, 1), "y": round(bottom + self._labels_height(ax.xaxis), 1)})
+        if ax.yaxis.get("title") and ax.yaxis.get("visible") is not False:
+            out.append({"text": ax.yaxis["title"]["text"], "axis": ax.yref, "at": "left", "size": TITLE_FONT,
+                        "x": round(left - self._labels_width(ax.yaxis) - 0.6 * TITLE_FONT, 1),
+                        "y": round((top + bottom) / 2, 1)})
+        if ax.title:
+            out.append({"text": ax.title, "at": "bottom", "size": 12.0, "x": round((left + right) / 2, 1),
+                        "y": round(top - 3, 1)})
         return out
 
     def spec(self) -> dict:
@@ -510,7 +508,7 @@ class Figure:
         height = top + bottom + sum(gaps_y) + inner_h
         plot_w, plot_h = width - left - right, height - top - bottom
         col_w, row_h = inner_w / self.cols, inner_h / self.rows
-        layout = dict(self.layout)
+        layout, labels = dict(self.layout), []
         for ax in axes:
             x0 = sum(gaps_x[: ax.col]) + ax.col * col_w
             y1 = plot_h - sum(gaps_y[: ax.row]) - ax.row * row_h
@@ -521,17 +519,11 @@ class Figure:
             suffix = "" if ax.index == 1 else str(ax.index)
             layout[f"xaxis{suffix}"], layout[f"yaxis{suffix}"] = (
                 {k: v for k, v in axis.items() if k != "title"} for axis in (ax.xaxis, ax.yaxis))
-            layout["annotations"] = [*layout["annotations"], *self._axis_titles(
-                ax, ax.xaxis["domain"][0], ax.xaxis["domain"][1], ax.yaxis["domain"][0], ax.yaxis["domain"][1])]
-            if ax.title:
-                layout["annotations"] = [*layout["annotations"], {
-                    "text": html.escape(ax.title).replace("\n", "<br>"), "showarrow": False,
-                    "xref": "paper", "yref": "paper", "x": (x0 + col_w / 2) / plot_w, "y": y1 / plot_h,
-                    "xanchor": "center", "yanchor": "bottom", "yshift": 3, "font": {"size": 12}}]
+            labels += self._labels(ax, left + x0, left + x0 + col_w, top + plot_h - y1, top + plot_h - y1 + row_h)
         layout.update(width=round(width), height=round(height), paper_bgcolor="white", plot_bgcolor="white",
                       font={"size": TICK_FONT}, showlegend=False, hovermode="closest",
                       margin={"l": left, "r": right, "t": top, "b": bottom, "autoexpand": False})
-        spec = {"data": self.data, "layout": layout}
+        spec = {"data": self.data, "layout": layout, "labels": labels}
         if entries:  # drawn by the page as HTML beside the plot (see PAGE_SCRIPT), at plotly.js's legend's place
             spec["legend"] = {"left": round(left + plot_w + bar_w[-1] + 6), "top": round(top),
                               "keys": [_legend_key(t) for t in legend if t["showlegend"]]}
@@ -618,11 +610,24 @@ PAGE_SCRIPT = """
     });
     div.append(box);
   }
+  function labels(div, spec) {  // titles of subplots and axes, placed in Python (Figure.spec)
+    spec.labels.forEach(function (label) {
+      var text = document.createElement('div');
+      text.className = 'label ' + label.at;
+      text.textContent = label.text;
+      text.style.left = label.x + 'px';
+      text.style.top = label.y + 'px';
+      text.style.fontSize = label.size + 'px';
+      if (label.axis) text.dataset.axis = label.axis;
+      div.append(text);
+    });
+  }
   function drawOne(div) {
       var spec = JSON.parse(div.nextElementSibling.textContent);
       Plotly.newPlot(div, spec.data, spec.layout, {displaylogo: false, responsive: false, displayModeBar: false,
         modeBarButtonsToRemove: ['select2d', 'lasso2d']});
       if (spec.legend) legend(div, spec);
+      labels(div, spec);
       div.on('plotly_click', function (event) {
         var point = event.points[0];
         if (!point || !point.customdata) return;

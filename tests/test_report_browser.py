@@ -171,8 +171,8 @@ for (const div of document.querySelectorAll('div.plot')) {
   const box = div.querySelector('svg.main-svg').getBoundingClientRect();
   const titles = [...div.querySelectorAll('g.infolayer g[class$="title"] > text')].map(t =>  // plotly.js's own
     [t, t.parentNode.getAttribute('class').match(/^g-([xy])(\d*)title$/)]);
-  (div._fullLayout.annotations || []).forEach((a, i) => titles.push(  // or annotations named after their axis
-    [div.querySelector(`g.annotation[data-index="${i}"] text`), (a.name || '').match(/^([xy])(\d*) title$/)]));
+  div.querySelectorAll('.label[data-axis]').forEach(t => titles.push(  // or the page's labels naming their axis
+    [t, t.dataset.axis.match(/^([xy])(\d*)$/)]));
   for (const [title, axis] of titles) {
     if (!axis || !title || !title.textContent) continue;
     count++;
