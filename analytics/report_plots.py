@@ -4,8 +4,10 @@ axhline, axvspan, text, ticks, labels, limits, legend, colorbar) and records it 
 annotations. The sections draw once, here, for the page; matplotlib (`report_figures._Figures`) draws the same calls
 only when publication figures are asked for. Nothing here imports matplotlib.
 
-The page embeds each figure's spec as JSON and draws it with plotly.js, inlined from the `plotly` package
-(`plotly/package_data/plotly.min.js`) so that the page works offline.
+The page embeds each figure's spec as JSON and draws it with plotly.js, inlined so that the page works offline: the
+minified cartesian bundle (scatter, bar, heatmap, image and a few other trace types; 1.5 MB where the full bundle is
+4.8 MB and costs the browser a second more to evaluate), vendored with its MIT licence in `assets/` from the npm
+package plotly.js-cartesian-dist-min (see `PLOTLY_JS`).
 """
 
 from __future__ import annotations
@@ -29,12 +31,24 @@ MARKERS = {"o": "circle", "s": "square", "*": "star", "D": "diamond", "x": "x", 
 DASHES = {"-": "solid", "--": "dash", ":": "dot", "-.": "dashdot"}
 SCALES = {"viridis": "Viridis", "magma": "Magma", "RdBu_r": "RdBu", "Oranges": "Oranges"}
 PX_PER_INCH = 100
+TITLE_PX = 20  # room for an axis title beyond its tick labels
+TICK_FONT = 11.0  # px: the page's font size (Figure.spec's layout.font), its tick labels'
+TITLE_FONT = 13.0  # px: plotly.js's axis titles, 1.2 x the font
+# Every axis: matplotlib's look. Tick labels stay level unless a section rotates them, and may overflow: the layout
+# (`Figure.spec`) leaves room for them as they are, and plotly.js's defaults measure every tick label to choose an
+# angle ("auto") and, once per tick label, every other one to hide those past the plot ("hide past div"): half
+# the cost of drawing a plot.
+AXIS = {"showgrid": False, "zeroline": False, "ticks": "outside", "showline": True, "mirror": True,
+        "linecolor": "#444", "tickangle": 0, "ticklabeloverflow": "allow"}
+
+
+PLOTLY_JS = "plotly-cartesian.min.js"  # npm plotly.js-cartesian-dist-min 4.1.1, beside its licence plotly.js-LICENSE
 
 
 @cache
 def plotly_script() -> str:
-    """plotly.js, minified, from the `plotly` package: inlined in the page so that it draws offline."""
-    return (resources.files("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+    """plotly.js's cartesian bundle, minified: inlined in the page so that it draws offline."""
+    return (resources.files("featstore.analytics") / "assets" / PLOTLY_JS).read_text(encoding="utf-8")
 
 
 def _colour(colour: object) -> str | None:
@@ -118,10 +132,8 @@ class Axes:
         self.figure, self.index, self.row, self.col = figure, index, row, col
         suffix = "" if index == 1 else str(index)
         self.xref, self.yref = f"x{suffix}", f"y{suffix}"
-        self.xaxis: dict = {"anchor": self.yref, "showgrid": False, "zeroline": False, "ticks": "outside",
-                            "showline": True, "mirror": True, "linecolor": "#444"}
-        self.yaxis: dict = {"anchor": self.xref, "showgrid": False, "zeroline": False, "ticks": "outside",
-                            "showline": True, "mirror": True, "linecolor": "#444"}
+        self.xaxis: dict = {"anchor": self.yref, **AXIS}
+        self.yaxis: dict = {"anchor": self.xref, **AXIS}
         self.lines: list[Line] = []
         self._line_cycle = self._patch_cycle = 0
         self.title: str | None = None
@@ -217,7 +229,7 @@ class Axes:
         if bottom is not None:
             trace["base"] = _values(bottom)
         if hovertext is not None:
-            trace["hovertext"], trace["hovertemplate"] = list(hovertext), "%{hovertext}"
+            trace["hovertext"], trace["hovertemplate"] = list(hovertext), "%{hovertext}<extra></extra>"
         if customdata is not None:
             trace["customdata"] = list(customdata)
         self._add(trace, label)
@@ -353,6 +365,27 @@ def _text_px(text: str, size: float = 11.0) -> float:
     return 0.6 * size * max((len(line) for line in str(text).split("\n")), default=0)
 
 
+GLYPHS = {"circle": "\u25cf", "square": "\u25a0", "diamond": "\u25c6", "star": "\u2605", "x": "\u2715",
+          "circle-open": "\u25cb", "square-open": "\u25a1", "diamond-open": "\u25c7", "star-open": "\u2606",
+          "x-open": "\u2715"}  # a marker symbol as a character of the HTML legend
+CSS_DASHES = {"solid": "solid", "dash": "dashed", "dot": "dotted", "dashdot": "dashed"}
+
+
+def _legend_key(trace: dict) -> dict:
+    """A trace's legend entry for the page's HTML legend: its name, the group a click shows or hides, and its key
+    (a bar's colour, or a line's colour, dash and width and/or a marker's character)."""
+    key: dict = {"name": trace["name"], "group": trace.get("legendgroup", trace["name"])}
+    if trace["type"] == "bar":
+        key["bar"] = trace["marker"]["color"]
+        return key
+    mode, line, marker = trace.get("mode", "lines"), trace.get("line", {}), trace.get("marker", {})
+    if "lines" in mode and line.get("width", 1) > 0:
+        key["line"] = [line.get("color"), CSS_DASHES.get(line.get("dash", "solid"), "solid"), line.get("width", 2)]
+    if "markers" in mode and marker.get("symbol") in GLYPHS:
+        key["marker"] = [marker.get("color"), GLYPHS[marker["symbol"]]]
+    return key
+
+
 class Figure:
     """A Plotly figure of one or more subplots, laid out in pixels as matplotlib's `subplots` grid with
     tight_layout would be: each gap as wide as the tick labels, titles and colour bars in it."""
@@ -389,7 +422,8 @@ class Figure:
     def colorbar(self, image: _Image, ax: Axes | None = None, label: str | None = None, **_) -> _Colorbar:
         owner = ax or image.ax
         image.trace["showscale"] = True
-        image.trace["colorbar"] = {"thickness": 12, "xanchor": "left", "yanchor": "middle", "outlinewidth": 0}
+        image.trace["colorbar"] = {"thickness": 12, "xanchor": "left", "yanchor": "middle", "outlinewidth": 0,
+                                   "ticklabeloverflow": "allow"}
         owner.colorbars.append(image.trace["colorbar"])
         bar = _Colorbar(image.trace)
         if label:
@@ -403,20 +437,47 @@ class Figure:
         pass
 
     @staticmethod
-    def _tick_width(axis: dict) -> float:
+    def _labels_width(axis: dict) -> float:
+        """How far a y axis's tick labels reach left of it, in pixels (a little more than they do)."""
         if axis.get("visible") is False or axis.get("showticklabels") is False:
             return 0.0
         texts = axis.get("ticktext") or ["0.00"]
-        return max(_text_px(t, 10) for t in texts) + 8 + (18 if axis.get("title") else 0)
+        return max(_text_px(t, TICK_FONT) for t in texts) + 8
 
     @staticmethod
-    def _tick_height(axis: dict) -> float:
+    def _labels_height(axis: dict) -> float:
+        """How far an x axis's tick labels reach below it, in pixels (a little more than they do)."""
         if axis.get("visible") is False:
             return 0.0
+        if axis.get("showticklabels") is False:
+            return 6.0
         texts = axis.get("ticktext") or ["0"]
-        rotated = abs(axis.get("tickangle", 0)) >= 45 and axis.get("showticklabels", True)
-        tall = max(_text_px(t, 10) for t in texts) + 8 if rotated else 18 if axis.get("showticklabels", True) else 0
-        return tall + (20 if axis.get("title") else 0)
+        if abs(axis.get("tickangle", 0)) >= 45:
+            return max(_text_px(t, TICK_FONT) for t in texts) + 10
+        return 1.3 * TICK_FONT * max(1 + str(t).count("\n") for t in texts) + 9
+
+    def _tick_width(self, axis: dict) -> float:
+        return self._labels_width(axis) + (TITLE_PX if axis.get("title") else 0)
+
+    def _tick_height(self, axis: dict) -> float:
+        return self._labels_height(axis) + (TITLE_PX if axis.get("title") else 0)
+
+    def _labels(self, ax: Axes, left: float, right: float, top: float, bottom: float) -> list[dict]:
+        """The subplot's title and its axes' titles, beyond their tick labels, as the page's HTML labels placed in
+        the plot's pixels (the subplot spans left..right, top..bottom): plotly.js would measure every tick label
+        (twice) to place an axis title, and draw each of its annotations twice, measured."""
+        out = []
+        if ax.xaxis.get("title") and ax.xaxis.get("visible") is not False:
+            out.append({"text": ax.xaxis["title"]["text"], "axis": ax.xref, "at": "top", "size": TITLE_FONT,
+                        "x": round((left + right) / 2, 1), "y": round(bottom + self._labels_height(ax.xaxis), 1)})
+        if ax.yaxis.get("title") and ax.yaxis.get("visible") is not False:
+            out.append({"text": ax.yaxis["title"]["text"], "axis": ax.yref, "at": "left", "size": TITLE_FONT,
+                        "x": round(left - self._labels_width(ax.yaxis) - 0.6 * TITLE_FONT, 1),
+                        "y": round((top + bottom) / 2, 1)})
+        if ax.title:
+            out.append({"text": ax.title, "at": "bottom", "size": 12.0, "x": round((left + right) / 2, 1),
+                        "y": round(top - 3, 1)})
+        return out
 
     def spec(self) -> dict:
         """The figure as Plotly's {data, layout}: its size in CSS pixels and every subplot's place in it."""
@@ -447,7 +508,7 @@ class Figure:
         height = top + bottom + sum(gaps_y) + inner_h
         plot_w, plot_h = width - left - right, height - top - bottom
         col_w, row_h = inner_w / self.cols, inner_h / self.rows
-        layout = dict(self.layout)
+        layout, labels = dict(self.layout), []
         for ax in axes:
             x0 = sum(gaps_x[: ax.col]) + ax.col * col_w
             y1 = plot_h - sum(gaps_y[: ax.row]) - ax.row * row_h
@@ -456,18 +517,17 @@ class Figure:
             for bar in ax.colorbars:
                 bar.update(x=(x0 + col_w + 8) / plot_w, y=(y1 - row_h / 2) / plot_h, len=0.9 * row_h / plot_h)
             suffix = "" if ax.index == 1 else str(ax.index)
-            layout[f"xaxis{suffix}"], layout[f"yaxis{suffix}"] = ax.xaxis, ax.yaxis
-            if ax.title:
-                layout["annotations"] = [*layout["annotations"], {
-                    "text": html.escape(ax.title).replace("\n", "<br>"), "showarrow": False,
-                    "xref": "paper", "yref": "paper", "x": (x0 + col_w / 2) / plot_w, "y": y1 / plot_h,
-                    "xanchor": "center", "yanchor": "bottom", "yshift": 3, "font": {"size": 12}}]
+            layout[f"xaxis{suffix}"], layout[f"yaxis{suffix}"] = (
+                {k: v for k, v in axis.items() if k != "title"} for axis in (ax.xaxis, ax.yaxis))
+            labels += self._labels(ax, left + x0, left + x0 + col_w, top + plot_h - y1, top + plot_h - y1 + row_h)
         layout.update(width=round(width), height=round(height), paper_bgcolor="white", plot_bgcolor="white",
-                      font={"size": 11}, showlegend=bool(entries), hovermode="closest",
-                      margin={"l": left, "r": right, "t": top, "b": bottom, "autoexpand": False},
-                      legend={"font": {"size": 10}, "x": 1 + (bar_w[-1] + 6) / plot_w, "xanchor": "left",
-                              "y": 1, "yanchor": "top"})
-        return {"data": self.data, "layout": layout}
+                      font={"size": TICK_FONT}, showlegend=False, hovermode="closest",
+                      margin={"l": left, "r": right, "t": top, "b": bottom, "autoexpand": False})
+        spec = {"data": self.data, "layout": layout, "labels": labels}
+        if entries:  # drawn by the page as HTML beside the plot (see PAGE_SCRIPT), at plotly.js's legend's place
+            spec["legend"] = {"left": round(left + plot_w + bar_w[-1] + 6), "top": round(top),
+                              "keys": [_legend_key(t) for t in legend if t["showlegend"]]}
+        return spec
 
 
 class _Pyplot:
@@ -509,22 +569,65 @@ class PlotlyFigures:
 
     def save(self, fig: Figure, name: str, caption: str, tight: bool = True) -> str:
         self.count += 1
-        spec = json.dumps(fig.spec(), separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+        figure = fig.spec()
+        spec = json.dumps(figure, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+        # sized before it is drawn: the page is laid out once, and the first screen does not move as plots draw
+        size = f"width:{figure['layout']['width']}px;height:{figure['layout']['height']}px"
         return (f"<figure><div class='plot' id='plot-{self.count}' data-name='{html.escape(name)}' "
-                f"role='img' aria-label='{html.escape(caption)}'></div>"
+                f"style='{size}' role='img' aria-label='{html.escape(caption)}'></div>"
                 f"<script type='application/json' class='plot-spec'>{spec}</script>"
                 f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
 # Draws every embedded spec, top first, yielding to the browser every 50 ms so that the first screen shows before
-# the rest is drawn; body[data-plots-drawn] is set once all are. A bar that carries the ids of the images it counts
-# lists them on a click, each a link to its per-image timeline where the page has one.
+# the rest is drawn (and a reader can scroll meanwhile); body[data-plots-drawn] is set once all are. A bar that
+# carries the ids of the images it counts lists them on a click, each a link to its per-image timeline where the
+# page has one.
 PAGE_SCRIPT = """
 (function () {
+  function legend(div, spec) {  // each key shows or hides its group's traces on a click, as plotly.js's would
+    var box = document.createElement('div');
+    box.className = 'legend';
+    box.style.left = spec.legend.left + 'px';
+    box.style.top = spec.legend.top + 'px';
+    spec.legend.keys.forEach(function (key) {
+      var item = document.createElement('div'), swatch = document.createElement('span');
+      item.className = 'key';
+      swatch.className = 'swatch';
+      if (key.bar) { var bar = document.createElement('i'); bar.className = 'bar'; bar.style.background = key.bar;
+                     swatch.append(bar); }
+      if (key.line) { var line = document.createElement('i'); swatch.append(line);
+                      line.style.borderTop = key.line[2] + 'px ' + key.line[1] + ' ' + key.line[0]; }
+      if (key.marker) { var mark = document.createElement('b'); mark.style.color = key.marker[0];
+                        mark.textContent = key.marker[1]; swatch.append(mark); }
+      item.append(swatch, key.name);
+      item.addEventListener('click', function () {
+        var hidden = item.classList.toggle('off'), traces = [];
+        spec.data.forEach(function (t, i) { if ((t.legendgroup || t.name) === key.group) traces.push(i); });
+        Plotly.restyle(div, {visible: hidden ? 'legendonly' : true}, traces);
+      });
+      box.append(item);
+    });
+    div.append(box);
+  }
+  function labels(div, spec) {  // titles of subplots and axes, placed in Python (Figure.spec)
+    spec.labels.forEach(function (label) {
+      var text = document.createElement('div');
+      text.className = 'label ' + label.at;
+      text.textContent = label.text;
+      text.style.left = label.x + 'px';
+      text.style.top = label.y + 'px';
+      text.style.fontSize = label.size + 'px';
+      if (label.axis) text.dataset.axis = label.axis;
+      div.append(text);
+    });
+  }
   function drawOne(div) {
       var spec = JSON.parse(div.nextElementSibling.textContent);
       Plotly.newPlot(div, spec.data, spec.layout, {displaylogo: false, responsive: false, displayModeBar: false,
         modeBarButtonsToRemove: ['select2d', 'lasso2d']});
+      if (spec.legend) legend(div, spec);
+      labels(div, spec);
       div.on('plotly_click', function (event) {
         var point = event.points[0];
         if (!point || !point.customdata) return;
@@ -545,13 +648,16 @@ PAGE_SCRIPT = """
   }
   function draw() {
     var start = performance.now(), divs = document.querySelectorAll('div.plot'), i = 0;
-    (function next() {
+    var channel = new MessageChannel();  // yields without setTimeout's 4 ms clamp on nested timers
+    function next() {
       var until = performance.now() + 50;
       while (i < divs.length && performance.now() < until) drawOne(divs[i++]);
-      if (i < divs.length) { setTimeout(next, 0); return; }
+      if (i < divs.length) { channel.port2.postMessage(0); return; }
       document.body.dataset.plotsDrawn = divs.length;
       document.body.dataset.drawMs = Math.round(performance.now() - start);
-    })();
+    }
+    channel.port1.onmessage = next;
+    next();
   }
   if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', draw); else draw();
 })();

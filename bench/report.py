@@ -7,9 +7,10 @@ checkout of the older code with its own venv, e.g. `git worktree add /tmp/base C
 import that checkout's featstore, not another's editable install), one after the other; wall time, CPU time and peak
 memory (the child's max RSS) are measured. The new page is then opened in headless Chromium (as
 tests/test_report_browser.py opens it) and timed until every plot is drawn; the old page until its images are
-decoded. Prints each figure new and old with their ratio, the targets, and the load average.
+decoded; each page is opened `--opens` times (3), each time in a fresh browser, and the median is kept. Prints each
+figure new and old with their ratio, the targets, and the load average.
 
-    python bench/report.py --demo DEMO/layouts/featstore.duckdb --base /tmp/base [--repeat 40] [--only demo]
+    python bench/report.py --demo DEMO/layouts/featstore.duckdb --base /tmp/base [--repeat 40] [--only demo] [--opens 3]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,9 +69,10 @@ def timed_report(python: Path, db: Path, out: Path) -> tuple[float, float, float
     return seconds, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
-def browser_seconds(page: Path) -> tuple[float, float] | None:
+def browser_seconds(page: Path, opens: int = 1) -> tuple[float, float] | None:
     """Seconds from navigation until every plot is drawn (a page without plots: until its images decode), and the
-    renderer's CPU seconds in that time (Chromium's own ProcessTime: what a busy machine does not inflate)."""
+    renderer's CPU seconds in that time (Chromium's own ProcessTime: what a busy machine inflates least); the median
+    of `opens` openings, each in a fresh browser (nothing cached: a reader's first visit)."""
     sys.path.insert(0, str(ROOT / "tests"))
     try:
         from test_report_browser import _chromium, open_browser
@@ -77,20 +80,23 @@ def browser_seconds(page: Path) -> tuple[float, float] | None:
         return None
     if _chromium() is None:
         return None
-    driver = open_browser()
-    try:
-        driver.execute_cdp_cmd("Performance.enable", {})
-        start = time.perf_counter()
-        driver.get(page.resolve().as_uri())
-        driver.execute_async_script(
-            "const done = arguments[0]; const check = () => (!document.querySelector('div.plot') ||"
-            " document.body.dataset.plotsDrawn !== undefined) && [...document.images].every(i => i.complete) ?"
-            " done(0) : setTimeout(check, 10); check();")
-        seconds = time.perf_counter() - start
-        metrics = {m["name"]: m["value"] for m in driver.execute_cdp_cmd("Performance.getMetrics", {})["metrics"]}
-        return seconds, metrics.get("ProcessTime", float("nan"))
-    finally:
-        driver.quit()
+    walls, cpus = [], []
+    for _ in range(opens):
+        driver = open_browser()
+        try:
+            driver.execute_cdp_cmd("Performance.enable", {})
+            start = time.perf_counter()
+            driver.get(page.resolve().as_uri())
+            driver.execute_async_script(
+                "const done = arguments[0]; const check = () => (!document.querySelector('div.plot') ||"
+                " document.body.dataset.plotsDrawn !== undefined) && [...document.images].every(i => i.complete) ?"
+                " done(0) : setTimeout(check, 10); check();")
+            walls.append(time.perf_counter() - start)
+            metrics = {m["name"]: m["value"] for m in driver.execute_cdp_cmd("Performance.getMetrics", {})["metrics"]}
+            cpus.append(metrics.get("ProcessTime", float("nan")))
+        finally:
+            driver.quit()
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def main() -> None:
@@ -99,6 +105,7 @@ def main() -> None:
     parser.add_argument("--base", type=Path, required=True, help="a checkout of the older code with .venv/")
     parser.add_argument("--repeat", type=int, default=40)
     parser.add_argument("--only", choices=["demo", "big"])
+    parser.add_argument("--opens", type=int, default=3, help="times each page is opened (the median is printed)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-report-"))
     codes = {"new": ROOT / ".venv" / "bin" / "python", "old": args.base / ".venv" / "bin" / "python"}
@@ -116,7 +123,7 @@ def main() -> None:
         figures = {}
         for code, python in codes.items():
             seconds, mb, cpu_s = timed_report(python, db, work / f"{name}-{code}")
-            opened, cpu = browser_seconds(work / f"{name}-{code}" / "report.html") or (None, None)
+            opened, cpu = browser_seconds(work / f"{name}-{code}" / "report.html", args.opens) or (None, None)
             size = (work / f"{name}-{code}" / "report.html").stat().st_size / 1e6
             figures[code] = (seconds, mb, opened, cpu, cpu_s)
             print(f"{name} {code}: {seconds:.1f} s ({cpu_s:.1f} s of CPU), {mb:.0f} MB, page {size:.1f} MB, opened in "

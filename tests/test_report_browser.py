@@ -2,9 +2,10 @@
 
 Checked in the page as Chromium lays it out, not in the HTML text: no horizontal overflow, every image decoded,
 every plot drawn by plotly.js from its embedded data (an SVG with every trace), no console error, every figure's
-caption naming the runs it draws (the run ids read from the database), and a histogram bar's hover naming the
-images it counts (found here by a plain loop over the stored predictions).
-Skips with one line where Chromium, its driver or Selenium is missing; `.ci/run` installs them.
+caption naming the runs it draws (the run ids read from the database), every plot answering a hover, and a
+histogram bar's hover naming the images it counts (found here by a plain loop over the stored predictions).
+Skips with one line where Chromium, its driver or Selenium is missing; `.ci/run` installs them. The page's
+plotly.js is featstore's own copy, written with no `plotly` package importable (checked without a browser).
 
 Also a script: `python tests/test_report_browser.py REPORT.html OUT_DIR PREFIX` saves the five views (top, the
 robustness section, one run section, a Pareto table, a per-image timeline) as PNGs, e.g. to compare two versions
@@ -85,6 +86,12 @@ def shoot(driver, out: Path, prefix: str) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    """Where the tests save what the browser shows (printed with -s): look at them after a change to the page."""
+    return Path(str(tmp_path_factory.mktemp("shots")))
+
+
+@pytest.fixture(scope="module")
 def page(demo):
     if _chromium() is None:
         pytest.skip("no Chromium with chromedriver here (apt-get install chromium chromium-driver)")
@@ -99,7 +106,25 @@ def page(demo):
         driver.quit()
 
 
-def test_the_report_fits_1400_px_and_every_image_loads(page, tmp_path_factory):
+def test_the_page_inlines_plotly_js_without_the_plotly_package(monkeypatch):
+    """The page's plotly.js is the cartesian bundle shipped in featstore (analytics/assets/, beside its MIT
+    licence), written into the page with no `plotly` Python package importable."""
+    from featstore.analytics import report_plots
+
+    monkeypatch.setitem(sys.modules, "plotly", None)  # `import plotly` raises ImportError
+    report_plots.plotly_script.cache_clear()
+    try:
+        scripts = report_plots.page_scripts()
+    finally:
+        report_plots.plotly_script.cache_clear()
+    assets = Path(report_plots.__file__).parent / "assets"
+    bundle = (assets / "plotly-cartesian.min.js").read_text(encoding="utf-8")
+    assert scripts.startswith(f"<script>{bundle}</script>")
+    assert bundle.startswith("/**\n* plotly.js (cartesian - minified)") and "Licensed under the MIT license" in bundle
+    assert (assets / "plotly.js-LICENSE").read_text().startswith("MIT License")
+
+
+def test_the_report_fits_1400_px_and_every_image_loads(page, shots):
     driver, home = page
     sizes = driver.execute_script("return [document.documentElement.scrollWidth, window.innerWidth,"
                                   " document.documentElement.scrollHeight]")
@@ -115,7 +140,6 @@ def test_the_report_fits_1400_px_and_every_image_loads(page, tmp_path_factory):
     assert not broken, f"{len(broken)} image(s) not decoded: {broken[:3]}"
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
-    shots = Path(str(tmp_path_factory.mktemp("shots")))  # look at them: `python tests/test_report_browser.py`
     driver.set_window_size(WIDTH, min(int(sizes[2]) + 200, 16384))
     driver.save_screenshot(str(shots / "report_full.png"))
     driver.set_window_size(WIDTH, HEIGHT)
@@ -140,6 +164,109 @@ def test_every_plot_is_drawn_from_its_data(page):
     assert not errors, errors
 
 
+MISPLACED_TITLES = r"""
+const out = [];
+let count = 0;
+for (const div of document.querySelectorAll('div.plot')) {
+  const box = div.querySelector('svg.main-svg').getBoundingClientRect();
+  const titles = [...div.querySelectorAll('g.infolayer g[class$="title"] > text')].map(t =>  // plotly.js's own
+    [t, t.parentNode.getAttribute('class').match(/^g-([xy])(\d*)title$/)]);
+  div.querySelectorAll('.label[data-axis]').forEach(t => titles.push(  // or the page's labels naming their axis
+    [t, t.dataset.axis.match(/^([xy])(\d*)$/)]));
+  for (const [title, axis] of titles) {
+    if (!axis || !title || !title.textContent) continue;
+    count++;
+    const t = title.getBoundingClientRect();
+    const inside = t.left >= box.left - 1 && t.right <= box.right + 1 && t.top >= box.top - 1
+      && t.bottom <= box.bottom + 1;
+    const labels = [...div.querySelectorAll('g.' + axis[1] + axis[2] + 'tick > text')]
+      .map(l => l.getBoundingClientRect()).filter(r => r.width > 0);
+    const clear = !labels.length || (axis[1] === 'x' ? t.top >= Math.max(...labels.map(r => r.bottom)) - 0.5
+                                                      : t.right <= Math.min(...labels.map(r => r.left)) + 0.5);
+    if (!inside || !clear) out.push([div.dataset.name, axis[1] + axis[2], title.textContent, inside, clear]);
+  }
+}
+return [count, out];
+"""
+
+
+def test_every_axis_title_is_inside_its_plot_and_clear_of_its_tick_labels(page):
+    """Each axis title as Chromium draws it lies inside its plot and beyond all of its axis's tick labels (below an x
+    axis's, left of a y axis's), however long or rotated the labels are."""
+    driver, _ = page
+    count, misplaced = driver.execute_script(MISPLACED_TITLES)
+    plots = driver.execute_script("return document.querySelectorAll('div.plot').length")
+    assert count >= plots and misplaced == [], (count, plots, misplaced)  # most plots title both axes
+
+
+HOVER_FIRST_POINT = """
+const div = arguments[0], data = JSON.parse(div.nextElementSibling.textContent).data;
+for (let c = 0; c < data.length; c++) {
+  const t = data[c];
+  if (t.hoverinfo === 'skip' || !['scatter', 'bar', 'heatmap'].includes(t.type)) continue;
+  let point = null;
+  if (t.type === 'heatmap') {
+    t.z.forEach((row, r) => row.forEach((v, i) => { if (point === null && v !== null) point = [r, i]; }));
+  } else {
+    point = (t.y || []).findIndex(v => v !== null);
+    if (point < 0) point = null;
+  }
+  if (point === null) continue;
+  div.scrollIntoView(true);
+  const subplot = (t.xaxis || 'x') + (t.yaxis || 'y');
+  if (t.type === 'heatmap') {  // a cell by its coordinates: Fx.hover's point numbers name 1-d traces' points
+    Plotly.Fx.hover(div, {xval: t.x ? t.x[point[1]] : point[1], yval: t.y ? t.y[point[0]] : point[0]}, subplot);
+  } else {
+    Plotly.Fx.hover(div, [{curveNumber: c, pointNumber: point}], subplot);
+  }
+  const label = div.querySelector('.hoverlayer .hovertext');
+  const text = label ? label.textContent : '';
+  Plotly.Fx.unhover(div);
+  return [t.type, text];
+}
+return null;
+"""
+
+
+def test_every_plot_answers_a_hover(page):
+    """Hovering the first point of each plot's first hoverable trace (a line's or scatter's point, a bar, a heatmap
+    cell) shows a label with a value in it."""
+    driver, _ = page
+    divs = driver.execute_script("return [...document.querySelectorAll('div.plot')]")
+    answered = 0
+    for div in divs:
+        name = div.get_attribute("data-name")
+        found = driver.execute_script(HOVER_FIRST_POINT, div)
+        if found is None:  # a plot of pictures only (image traces, drawn without hover)
+            continue
+        kind, text = found
+        assert any(ch.isdigit() for ch in text), (name, kind, text)
+        answered += 1
+    assert answered >= len(divs) - 2, (answered, len(divs))
+
+
+def test_a_legend_key_hides_and_shows_its_series(page):
+    """Clicking a legend key of every plot that has a legend hides exactly the traces named as the key (read from
+    the plot's embedded spec) and a second click shows them again."""
+    driver, _ = page
+    divs = driver.execute_script("return [...document.querySelectorAll('div.plot')].filter(d =>"
+                                 " d.querySelector('.legend .key'))")
+    assert len(divs) >= 10, len(divs)
+    hidden = ("return arguments[0]._fullData.map((t, i) => [i, t.visible])"
+              ".filter(([, v]) => v === 'legendonly')")  # (a trace with no point to draw is visible: false)
+    for div in divs:
+        key, names = driver.execute_script(
+            "const k = arguments[0].querySelectorAll('.legend .key'); const key = k[k.length - 1];"
+            " return [key.lastChild.textContent, JSON.parse(arguments[0].nextElementSibling.textContent).data"
+            ".map(t => t.legendgroup || t.name)]", div)
+        expected = [[i, "legendonly"] for i, name in enumerate(names) if name == key]
+        assert expected and driver.execute_script(hidden, div) == [], (key, names)
+        driver.execute_script("const k = arguments[0].querySelectorAll('.legend .key'); k[k.length - 1].click()", div)
+        assert driver.execute_script(hidden, div) == expected, (div.get_attribute("data-name"), key)
+        driver.execute_script("const k = arguments[0].querySelectorAll('.legend .key'); k[k.length - 1].click()", div)
+        assert driver.execute_script(hidden, div) == [], (div.get_attribute("data-name"), key)
+
+
 def _loop_layers(con, run_id: str, k: int) -> dict[int, list[int]]:
     """The test images of a run by their l*(k), from the stored predictions with a plain loop (never stable: T)."""
     by_layer: dict[int, list[int]] = {}
@@ -151,7 +278,7 @@ def _loop_layers(con, run_id: str, k: int) -> dict[int, list[int]]:
     return by_layer
 
 
-def test_a_histogram_bars_hover_names_its_images_and_a_click_lists_them(page):
+def test_a_histogram_bars_hover_names_its_images_and_a_click_lists_them(page, shots):
     """Hovering the k = 2 panel's fullest bar of the linear run names the run, the layer, its image count and its
     first image ids, as a plain loop over the predictions finds them; a click lists them, linked where the page has
     their timelines."""
@@ -180,6 +307,9 @@ def test_a_histogram_bars_hover_names_its_images_and_a_click_lists_them(page):
     assert run_id in label and "k = 2" in label and f"l* = {layer} " in label, label
     assert f": {len(ids)} decided (" in label, label  # the demo's fullest bar has no never-stable image
     assert "images " + ", ".join(map(str, ids[:12])) in label, label
+    driver.execute_script("window.scrollBy(0, -8)")
+    driver.save_screenshot(str(shots / "histogram_hover.png"))
+    print(f"screenshot: {shots / 'histogram_hover.png'}")
     driver.execute_script("arguments[0].emit('plotly_click', {points: [arguments[0]._fullData[arguments[1]]"
                           " && {data: arguments[0]._fullData[arguments[1]], x: arguments[2],"
                           " customdata: arguments[0]._fullData[arguments[1]].customdata[arguments[2]]}]})",
