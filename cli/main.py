@@ -918,12 +918,19 @@ def cka(store: str, model: str, db: Path, view: str, unbiased: bool, threads: in
                f"({result.n_images} images, {result.passes} pass(es) over the store) into {db}")
 
 
+_OWN_PROCESS = {"is": False}  # set by `main`: the command is the process, not a call in a test or a notebook
+
+
 @contextmanager
 def lasting_imports() -> Iterator[None]:
     """Import a command's libraries with Python's cyclic collector paused, then freeze what they made. torch,
     torchvision, zarr and featstore make ~370,000 objects that live as long as the process; collecting while they
     arrive passes over all of them again and again (a third of the demo's import time), and a frozen object is
-    never looked at again by the collections of what the command itself makes."""
+    never looked at again by the collections of what the command itself makes. Only where the command is the
+    process (`main`): a test or a notebook that calls it keeps its collector as it was."""
+    if not _OWN_PROCESS["is"]:
+        yield
+        return
     was_enabled = cyclic_gc.isenabled()
     cyclic_gc.disable()
     try:
@@ -937,8 +944,10 @@ def lasting_imports() -> Iterator[None]:
 def main() -> None:
     """The `featstore` command. Once it has ended (its writes committed or rolled back, its line said), a Ctrl-C
     can only interrupt Python's own cleanup at exit, which prints a traceback of it: it is ignored from then on.
-    Its objects are frozen for that cleanup: Python frees them as it empties its modules either way, and the
-    collector's passes over them at exit took seconds with torch loaded."""
+    Its objects are frozen for that cleanup: Python still frees by their counts of references what it frees as
+    it empties its modules, and only skips the collector's passes over them, which took seconds with torch
+    loaded (an object in a reference cycle that is still alive at exit gets no finaliser, as Python allows)."""
+    _OWN_PROCESS["is"] = True
     try:
         cli(prog_name="featstore")
     finally:
