@@ -141,6 +141,12 @@ def demo(out: str | Path, dataset: str = DEMO_DATASET, epochs: int | None = None
     return run_demo(Path(out), dataset=dataset, epochs=epochs, limit=limit, run=run)
 
 
+def load_demo() -> None:
+    """Import what `demo` runs (torch, torchvision, zarr, DuckDB, Polars and the workflows) without running it: the
+    CLI loads them before the work starts, with Python's cyclic collector paused meanwhile."""
+    import featstore.workflows.demo  # noqa: F401
+
+
 def example_images(folder: str | Path, size: int = 32, limit: int | None = None) -> Path:
     """scikit-learn's handwritten digits (real images that ship offline) as a folder of PNGs, one subfolder per
     class, `size` px: the images docs/python.md builds its store of (needs scikit-learn)."""

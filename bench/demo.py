@@ -4,9 +4,11 @@ side by side on this machine, as ratios, with the load average the machine had m
 Each run is `featstore demo --out <fresh folder> --no-progress` in a process of its own (a first run: the images
 written, the network trained, the store built, every probe fitted); the versions alternate within each round (the
 order flips every round) to spread the machine's noise over both. Printed per stage: the median of the rounds for
-each version, the ratio now / before, and the load; then whether both printed the same k-sweep and corruption
-shift (a faster demo that tells the user something else is no faster demo). Give the baseline as a git worktree of
-the commit to compare with, with a virtual environment of its own in `.venv` where that worktree is installed
+each version, the ratio now / before, and the load; then the time outside the printed stages (Python's and the
+libraries' start-up, the summary's queries, the exit), the command's wall time and its CPU time; then whether every
+run trained the same network (sha256 of its weights file) and printed the same k-sweep and corruption shift (a
+faster demo that tells the user something else is no faster demo). Give the baseline as a git worktree of the
+commit to compare with, with a virtual environment of its own in `.venv` where that worktree is installed
 (docs/benchmarks.md#the-demo says how the table there was made).
 
     python bench/demo.py --baseline /tmp/featstore-before [--rounds 2] [--out /tmp/bench-demo]
@@ -15,6 +17,7 @@ the commit to compare with, with a virtual environment of its own in `.venv` whe
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import resource
@@ -49,7 +52,9 @@ def run_demo(featstore: Path, out: Path) -> dict:
     times = {stage: float(s) for stage, s in re.findall(r"(\w+) (\d+(?:\.\d+)?)s", line)}
     printed = done.stdout.split("Where the clean")[1].split("time:")[0]
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
-    return {"times": times, "wall": wall, "cpu": cpu, "load": (before_load + load()) / 2, "printed": printed}
+    network = hashlib.sha256(next(out.glob("*/resnet18-e*.pth")).read_bytes()).hexdigest()
+    return {"times": times, "wall": wall, "cpu": cpu, "load": (before_load + load()) / 2, "printed": printed,
+            "network": network}
 
 
 def main() -> None:
@@ -76,15 +81,19 @@ def main() -> None:
             print(f"round {r + 1} {name:6s}: {got['wall']:.1f} s wall, {got['cpu']:.1f} s CPU, load "
                   f"{got['load']:.1f}: " + ", ".join(f"{s} {t:g}s" for s, t in got["times"].items()), flush=True)
     print("\n| stage | before (s) | now (s) | now / before |\n|---|---|---|---|")
-    for stage in STAGES + ("cpu",):
-        med = {name: statistics.median(g["cpu"] if stage == "cpu" else g["times"].get(stage, 0.0)
-                                       for g in runs) for name, runs in results.items()}
+    rows = {**{stage: lambda g, s=stage: g["times"].get(s, 0.0) for stage in STAGES},
+            "outside the stages": lambda g: g["wall"] - g["times"].get("total", 0.0),
+            "wall (the command)": lambda g: g["wall"], "CPU (process)": lambda g: g["cpu"]}
+    for label, value in rows.items():
+        med = {name: statistics.median(value(g) for g in runs) for name, runs in results.items()}
         ratio = f"{med['now'] / med['before']:.2f}x" if med["before"] else "-"
-        label = "CPU (process)" if stage == "cpu" else stage
         print(f"| {label} | {med['before']:.1f} | {med['now']:.1f} | {ratio} |")
     loads = [g["load"] for runs in results.values() for g in runs]
     print(f"\nload average over the runs {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores "
           f"(medians of {args.rounds} rounds)")
+    networks = {g["network"] for runs in results.values() for g in runs}
+    print(f"the same network trained by every run (sha256 {next(iter(networks))[:16]}...)" if len(networks) == 1
+          else f"the trained network differs between runs ({len(networks)} versions)")
     same = {g["printed"] for runs in results.values() for g in runs}
     print("the same k-sweep and corruption shift printed by every run" if len(same) == 1 else
           f"the printed k-sweep or corruption shift differs between runs ({len(same)} versions)")

@@ -3,8 +3,11 @@ layers recomputed by a plain loop."""
 
 from __future__ import annotations
 
+import gc
 import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import polars as pl
@@ -209,3 +212,19 @@ def test_compare_fits_120_columns_and_prints_the_predictions_numbers(demo):
 def test_demo_refuses_an_unknown_dataset_before_writing(tmp_path):
     assert "--dataset" in fails("demo", "--out", tmp_path / "d", "--dataset", "cifar")
     assert not (tmp_path / "d").exists()
+
+
+def test_the_command_leaves_its_objects_frozen_to_the_exit_and_a_call_in_process_keeps_its_collector(tmp_path):
+    """`featstore` as a process freezes what it made before Python's exit cleanup (the collector's passes over
+    torch's objects there took seconds); the same command called in this process (a test, a notebook) leaves the
+    collector as it found it."""
+    code = ("import atexit, gc, sys\n"
+            "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0, 'collecting', gc.isenabled()))\n"
+            f"sys.argv = ['featstore', 'demo', '--out', {str(tmp_path / 'd')!r}, '--epochs', '0']\n"
+            "from featstore.cli.main import main\nmain()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 2 and "--epochs" in done.stderr, done.stderr
+    assert done.stdout.strip() == "frozen True collecting True"
+    frozen = gc.get_freeze_count()
+    assert "--epochs" in fails("demo", "--out", tmp_path / "d", "--epochs", "0")
+    assert gc.get_freeze_count() == frozen and gc.isenabled() and not (tmp_path / "d").exists()

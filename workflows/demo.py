@@ -158,6 +158,8 @@ def fit_resnet18(x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, num_clas
                         results = list(pool.map(micro_batch, range(len(parts)), parts))
                     else:
                         results = [micro_batch(j, p) for j, p in enumerate(parts)]
+                    # the sums and AdamW's step are elementwise: the same bits at any thread count (checked)
+                    torch.set_num_threads(policy.current)
                     for k, param in enumerate(params.values()):
                         param.grad = _in_order([r[1][k] for r in results]).div_(len(batch))
                     with torch.no_grad():
@@ -166,6 +168,7 @@ def fit_resnet18(x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, num_clas
                             value.copy_(_in_order(stats).div_(len(stats)) if value.is_floating_point() else stats[0])
                     optimiser.step()
                     schedule.step()
+                    torch.set_num_threads(1)
                     bar.update(len(batch))
                     loss = float(sum(r[0] for r in results)) / len(batch)
                     bar.set_postfix(epoch=f"{epoch + 1}/{epochs}", loss=f"{loss:.3f}", threads=policy.current,
