@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zarr
 
 from conftest import kill_after_next_chunk, run_cli
@@ -43,13 +44,20 @@ def assert_identical(a: Path, b: Path) -> None:
         assert x[name].tobytes() == y[name].tobytes(), f"{name} differs"
 
 
-def test_sigkill_then_resume_is_bit_identical(big_image_dir, tmp_path):
+@pytest.fixture(scope="module")
+def reference(big_image_dir, tmp_path_factory) -> Path:
+    """An uninterrupted build in this process (--threads 1: the same bits as a process of its own), which both
+    tests' stores must equal."""
+    store = tmp_path_factory.mktemp("reference") / "ref.zarr"
+    run_cli("build", "--data", big_image_dir, "--store", store, *BUILD)
+    return store
+
+
+def test_sigkill_then_resume_is_bit_identical(big_image_dir, tmp_path, reference):
     """Two killed runs, one per moment class: the first right after it commits a chunk (its next chunk not begun),
     the second, a resumed run, a random moment after its next commit (mid-chunk, its arrays partly written); then a
     resume to the end. The kills are of real processes (SIGKILL); the uninterrupted and the final build, which are
-    about the store and not the process, run in this one (--threads 1: the same bits as a process of their own)."""
-    reference = tmp_path / "ref.zarr"
-    run_cli("build", "--data", big_image_dir, "--store", reference, *BUILD)
+    about the store and not the process, run in this one."""
     n_chunks = 12
     assert done_chunks(reference) == n_chunks
 
@@ -73,11 +81,10 @@ def test_sigkill_then_resume_is_bit_identical(big_image_dir, tmp_path):
     assert_identical(store, reference)
 
 
-def test_two_ranks_equal_one(big_image_dir, tmp_path):
-    single, double = tmp_path / "one.zarr", tmp_path / "two.zarr"
-    run_cli("build", "--data", big_image_dir, "--store", single, *BUILD)
+def test_two_ranks_equal_one(big_image_dir, tmp_path, reference):
+    double = tmp_path / "two.zarr"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 "-m", "featstore.cli.main", "build", "--data", str(big_image_dir), "--store", str(double)] + BUILD
     done = subprocess.run(torchrun, env=ENV, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert_identical(single, double)
+    assert_identical(reference, double)
