@@ -42,15 +42,19 @@ lease.release()
 
 
 def holder(url: str, ttl: float) -> subprocess.Popen:
-    """A process that takes the lease when it reads a line, holds it and releases it at the next line."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, url, str(ttl)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    """A process that takes the lease when it reads a line (`go`), holds it and releases it at the next line."""
+    return subprocess.Popen([sys.executable, "-c", HOLD, url, str(ttl)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ})
+
+
+def ready(proc: subprocess.Popen) -> None:
+    """Wait until the holder is up."""
     assert proc.stdout.readline() == "ready\n", proc.stderr.read()
-    return proc
 
 
-def say(proc: subprocess.Popen, line: str = "") -> None:
-    proc.stdin.write(line + "\n")
+def go(proc: subprocess.Popen) -> None:
+    """Tell the holder to take the lease."""
+    proc.stdin.write("\n")
     proc.stdin.flush()
 
 
@@ -59,7 +63,9 @@ def test_racing_processes_get_exactly_one_lease(s3_url):
     have answered (however slowly a busy machine runs them)."""
     procs = [holder(s3_url, 60) for _ in range(4)]
     for p in procs:
-        say(p)
+        ready(p)
+    for p in procs:
+        go(p)
     said = [p.stdout.readline() for p in procs]  # "won" or "refused ...", as each one's acquire ends
     winners = [p for p, line in zip(procs, said, strict=True) if line.startswith("won")]
     assert len(winners) == 1, said
@@ -78,7 +84,8 @@ def test_a_hung_holder_loses_its_lease_when_it_expires(s3_url):
     left at least); the takeover is tried until it succeeds, the expiry's moment left to the lease."""
     store = StoreLocation.parse(s3_url).object_store
     first = holder(s3_url, ttl=4.0)
-    say(first)
+    ready(first)
+    go(first)
     assert first.stdout.readline().startswith("won")
     first.send_signal(signal.SIGSTOP)  # alive, but renewing nothing: a hung or cut-off node
     try:
@@ -106,7 +113,8 @@ def test_a_hung_holder_loses_its_lease_when_it_expires(s3_url):
 def test_a_killed_holder_on_this_machine_is_taken_over_at_once(s3_url):
     store = StoreLocation.parse(s3_url).object_store
     first = holder(s3_url, ttl=600)
-    say(first)
+    ready(first)
+    go(first)
     assert first.stdout.readline().startswith("won")
     first.kill()
     first.wait()
