@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -9,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download weights
 
@@ -138,7 +139,7 @@ def s3_url(s3, request) -> str:
     return f"s3://featstore-test/{request.node.name.replace('[', '-').strip(']')}-{s3_url.count}"
 
 
-def kill_after_next_chunk(proc: subprocess.Popen, chunks: Callable[[], int], then: float = 0.0) -> bool:
+def kill_after_next_chunk(proc: subprocess.Popen | Running, chunks: Callable[[], int], then: float = 0.0) -> bool:
     """SIGKILL a build process `then` seconds after it commits a chunk beyond those `chunks()` counts now, so the
     kill lands mid-build: its start-up (~5 s of imports) is over, where a fixed delay from Popen killed it during
     its imports. False if it ended first (or committed nothing in 90 s: then it is killed all the same)."""
@@ -219,10 +220,12 @@ class ForkedCLI:
 
     def run_apart(self, args: list, env: dict[str, str] | None = None, kill_after: int = 0, trace: Path | None = None,
                   started: Callable[[int], None] | None = None) -> tuple[int, str, str]:
-        """`run`, with stdout and stderr apart: (wait status, stdout, stderr)."""
+        """`run`, with stdout and stderr apart: (wait status, stdout, stderr). The child's environment is this
+        process's, as a subprocess's would be, plus `env`."""
         self.n += 1
         out, err = self.tmp / f"run{self.n}.out", self.tmp / f"run{self.n}.err"
-        job = {"argv": ["featstore", *map(str, args)], "env": env or {}, "out": str(out), "err": str(err),
+        job = {"argv": ["featstore", *map(str, args)], "env": {**os.environ, **(env or {})}, "out": str(out),
+               "err": str(err),
                "kill_after": kill_after, "trace": str(trace or "")}
         self.zygote.stdin.write(json.dumps(job) + "\n")
         self.zygote.stdin.flush()
@@ -235,6 +238,38 @@ class ForkedCLI:
     def close(self) -> None:
         self.zygote.stdin.close()
         self.zygote.wait(timeout=60)
+
+
+class Running:
+    """A ForkedCLI child seen through its pid, as `kill_after_next_chunk` reads a Popen: running until its fork
+    server has reaped it (its exit status is what ForkedCLI.run returns)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        """None while it runs, else 0 (ended)."""
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return 0
+        return None
+
+    def send_signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):  # it ended first
+            os.kill(self.pid, sig)
+
+    def wait(self) -> None:
+        while self.poll() is None:
+            time.sleep(0.01)
+
+
+@pytest.fixture(scope="session")
+def forked_cli(tmp_path_factory) -> Iterator[ForkedCLI]:
+    """One fork server per worker, for every test that needs real featstore processes (builds and probes)."""
+    forked = ForkedCLI(tmp_path_factory.mktemp("forked"), "featstore.workflows.build", "featstore.workflows.probe")
+    yield forked
+    forked.close()
 
 
 def run_cli(*args: str, ok: bool = True):

@@ -24,7 +24,6 @@ failed on main before the change, silently or with a traceback from inside numpy
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -49,7 +48,7 @@ from synthetic import class_clusters, make_image_folder, write_feature_store
 import featstore as fs
 from featstore.errors import FeatstoreError, FeatstoreWarning
 
-from conftest import ForkedCLI, digest, fails, run_cli
+from conftest import Running, digest, fails, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DIMS = [8, 12]
@@ -436,14 +435,6 @@ def test_entry_points_that_raise_or_exit_are_warnings_and_their_name_is_the_vari
 # -- 10. Ctrl-C during the write ----------------------------------------------------------------------------------
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _versions(store: Path) -> set[str]:
     folder = store / "synthetic" / "probes" / "linear@clean"
     return {p.name for p in folder.iterdir() if p.is_dir()} if folder.exists() else set()
@@ -459,7 +450,7 @@ def _state(db: Path) -> tuple[str, int]:
     return version, n
 
 
-def test_ctrl_c_during_the_database_write_rolls_it_back(tmp_path):
+def test_ctrl_c_during_the_database_write_rolls_it_back(tmp_path, forked_cli):
     """SIGINT sent the moment the job starts its write (its new weights version appears in the store) and after
     delays that move it through the write and past it, one run per moment: each time the database is the old one,
     every row, with one line and exit status 2, or the complete new run (the job finished its write first; a
@@ -476,37 +467,32 @@ def test_ctrl_c_during_the_database_write_rolls_it_back(tmp_path):
     args = ["probe", "--store", str(store), "--model", "synthetic", "--db", str(db), "--variant", "linear",
             "--threads", "1", "--no-progress"]
     run_cli(*args)  # the old run, in this process: only the interrupted ones need a process of their own
-    forked = ForkedCLI(tmp_path, "featstore.workflows.probe")
     outcomes = []
-    try:
-        for delay in (0.0, 0.0, 0.01, 0.05, 0.6):
-            old, old_state, old_versions = digest(db), _state(db), _versions(store)
+    for delay in (0.0, 0.0, 0.01, 0.05, 0.6):
+        old, old_state, old_versions = digest(db), _state(db), _versions(store)
 
-            def interrupt(pid: int, delay: float = delay, old_versions: set[str] = old_versions) -> None:
-                deadline = time.monotonic() + 120  # a hang guard only
-                while _running(pid) and not (_versions(store) - old_versions) and time.monotonic() < deadline:
-                    time.sleep(0.0005)
-                time.sleep(delay)
-                with contextlib.suppress(ProcessLookupError):  # it ended first
-                    os.kill(pid, signal.SIGINT)
+        def interrupt(pid: int, delay: float = delay, old_versions: set[str] = old_versions) -> None:
+            deadline = time.monotonic() + 120  # a hang guard only
+            while Running(pid).poll() is None and not (_versions(store) - old_versions) and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            time.sleep(delay)
+            Running(pid).send_signal(signal.SIGINT)  # unless it ended first
 
-            status, _, err = forked.run_apart(args, started=interrupt)
-            returncode = os.waitstatus_to_exitcode(status)
-            assert "Traceback" not in err, err
-            lines = [line for line in err.splitlines() if line.strip()]
-            if digest(db) == old:
-                assert returncode == 2 and len(lines) == 1, (returncode, err)
-                assert lines[0].startswith("featstore: error: interrupted while writing the runs into"), lines
-                assert "rolled back" in lines[0] and _state(db) == old_state
-                outcomes.append("rolled back")
-            else:
-                version, n = _state(db)
-                assert version not in old_versions and n == 3000 * 3, (version, n)
-                # after the write: 'featstore: interrupted' (130), or Python's own exit by SIGINT (-2)
-                assert returncode in (0, 130, -signal.SIGINT), (returncode, err)
-                outcomes.append("finished" if returncode == 0 else "interrupted after the write")
-    finally:
-        forked.close()
+        status, _, err = forked_cli.run_apart(args, started=interrupt)
+        returncode = os.waitstatus_to_exitcode(status)
+        assert "Traceback" not in err, err
+        lines = [line for line in err.splitlines() if line.strip()]
+        if digest(db) == old:
+            assert returncode == 2 and len(lines) == 1, (returncode, err)
+            assert lines[0].startswith("featstore: error: interrupted while writing the runs into"), lines
+            assert "rolled back" in lines[0] and _state(db) == old_state
+            outcomes.append("rolled back")
+        else:
+            version, n = _state(db)
+            assert version not in old_versions and n == 3000 * 3, (version, n)
+            # after the write: 'featstore: interrupted' (130), or Python's own exit by SIGINT (-2)
+            assert returncode in (0, 130, -signal.SIGINT), (returncode, err)
+            outcomes.append("finished" if returncode == 0 else "interrupted after the write")
     print(outcomes)
     assert "rolled back" in outcomes
 

@@ -187,10 +187,8 @@ def images(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    forked = ForkedCLI(tmp_path_factory.mktemp("builds"), "featstore.workflows.build")
-    yield forked
-    forked.close()
+def builds(forked_cli: ForkedCLI) -> ForkedCLI:
+    return forked_cli
 
 
 @pytest.fixture(scope="module")
