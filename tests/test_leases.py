@@ -121,7 +121,7 @@ def test_a_killed_holder_on_this_machine_is_taken_over_at_once(s3_url):
     t = time.monotonic()
     with Lease(store, "m.lease", "model 'm'", s3_url, wait=False) as lease:
         lease.check()
-    assert time.monotonic() - t < 120  # not the 600 s of its expiry (a loose bound: the machine may be busy)
+    assert time.monotonic() - t < 300  # not the 600 s of its expiry (a loose bound: the machine may be busy)
 
 
 @pytest.mark.parametrize("text", ["foo://bucket/s.zarr", "s3:/bucket/s.zarr", "s3:bucket", "memory:///s",
@@ -220,7 +220,7 @@ def test_a_lease_with_an_expiry_no_holder_writes_is_taken_over(s3_url, expires):
     with Lease(store, "m.lease", "model 'm'", s3_url, wait=True) as lease:
         lease.check()
         assert json.loads(bytes(obstore.get(store, "m.lease").bytes()))["host"] == socket.gethostname()
-    assert time.monotonic() - t < 120  # not waited on forever (a loose bound: the machine may be busy)
+    assert time.monotonic() - t < 300  # not waited on forever (a loose bound: the machine may be busy)
 
 
 def test_a_lease_object_deleted_during_a_build_is_a_lost_lease(s3_url):
