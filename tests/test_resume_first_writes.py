@@ -15,7 +15,7 @@ The moments are counted exactly. On S3 a proxy between the build and the server 
 (PUT, POST, DELETE) on the wire and, once the server has applied the Nth, SIGKILLs the build before it hears the
 answer. On a local folder the build process counts zarr's file writes and SIGKILLs itself after the Nth (that
 hook is the tests', in the forked child, never in featstore). Each build is a real process: forked from one that
-has imported featstore and torch once (conftest's ForkedCLI), so that 30 killed builds and their 30 resumes fit
+has imported featstore and torch once (conftest's ForkedCLI), so that 31 killed builds and their 31 resumes fit
 in CI."""
 
 from __future__ import annotations
