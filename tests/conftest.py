@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download weights
 
@@ -136,7 +139,7 @@ def s3_url(s3, request) -> str:
     return f"s3://featstore-test/{request.node.name.replace('[', '-').strip(']')}-{s3_url.count}"
 
 
-def kill_after_next_chunk(proc: subprocess.Popen, chunks: Callable[[], int], then: float = 0.0) -> bool:
+def kill_after_next_chunk(proc: subprocess.Popen | Running, chunks: Callable[[], int], then: float = 0.0) -> bool:
     """SIGKILL a build process `then` seconds after it commits a chunk beyond those `chunks()` counts now, so the
     kill lands mid-build: its start-up (~5 s of imports) is over, where a fixed delay from Popen killed it during
     its imports. False if it ended first (or committed nothing in 90 s: then it is killed all the same)."""
@@ -150,6 +153,123 @@ def kill_after_next_chunk(proc: subprocess.Popen, chunks: Callable[[], int], the
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     return True
+
+
+# One process that imports featstore, torch and the modules named on its command line, then forks a `featstore`
+# command per line of JSON it reads ({"argv", "env", "out", "err", "kill_after", "trace"}), answering the child's
+# pid, then its wait status. The child writes its stdout to the file "out", its stderr to "err".
+# With "trace" (a file) it appends the path of every file zarr writes through its local store (every file zarr
+# writes goes through _put); with "kill_after" N it SIGKILLs itself right after the Nth such write.
+FORK_SERVER = r"""
+import json, os, signal, sys, threading
+import torch, torchvision.models, zarr.storage._local as local
+import featstore.cli.main
+for name in sys.argv[1:]:
+    __import__(name)
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.environ.update(job["env"])
+        sys.argv = job["argv"]
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for fd, name in ((1, "out"), (2, "err")):
+            os.dup2(os.open(job[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        put, lock, count = local._put, threading.Lock(), [0]
+        def counted(path, *args, **kwargs):
+            written = put(path, *args, **kwargs)
+            with lock:
+                count[0] += 1
+                if job["trace"]:
+                    with open(job["trace"], "a") as trace:
+                        print(path, file=trace)
+                if count[0] == job["kill_after"]:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return written
+        local._put = counted
+        code = 0
+        try:
+            featstore.cli.main.main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            import traceback; traceback.print_exc(); code = 1
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(code)
+    print(pid, flush=True)
+    print(os.waitpid(pid, 0)[1], flush=True)
+"""
+
+
+class ForkedCLI:
+    """`featstore` commands as real processes, one at a time, forked from one that has imported featstore, torch and
+    `preload` once: a fresh interpreter spends seconds importing them, which tests that kill or interrupt many
+    processes would pay for each."""
+
+    def __init__(self, tmp: Path, *preload: str):
+        self.tmp, self.n = tmp, 0
+        self.zygote = subprocess.Popen([sys.executable, "-c", FORK_SERVER, *preload], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def run(self, args: list, env: dict[str, str] | None = None, kill_after: int = 0, trace: Path | None = None,
+            started: Callable[[int], None] | None = None) -> tuple[int, str]:
+        """Run `featstore ARGS` to its end (or its kill), calling `started(pid)` once it runs: (wait status, what it
+        printed on stdout, then on stderr)."""
+        status, out, err = self.run_apart(args, env, kill_after, trace, started)
+        return status, out + err
+
+    def run_apart(self, args: list, env: dict[str, str] | None = None, kill_after: int = 0, trace: Path | None = None,
+                  started: Callable[[int], None] | None = None) -> tuple[int, str, str]:
+        """`run`, with stdout and stderr apart: (wait status, stdout, stderr). The child's environment is this
+        process's, as a subprocess's would be, plus `env`."""
+        self.n += 1
+        out, err = self.tmp / f"run{self.n}.out", self.tmp / f"run{self.n}.err"
+        job = {"argv": ["featstore", *map(str, args)], "env": {**os.environ, **(env or {})}, "out": str(out),
+               "err": str(err),
+               "kill_after": kill_after, "trace": str(trace or "")}
+        self.zygote.stdin.write(json.dumps(job) + "\n")
+        self.zygote.stdin.flush()
+        pid = int(self.zygote.stdout.readline())
+        if started is not None:
+            started(pid)
+        status = int(self.zygote.stdout.readline())
+        return status, out.read_text(), err.read_text()
+
+    def close(self) -> None:
+        self.zygote.stdin.close()
+        self.zygote.wait(timeout=60)
+
+
+class Running:
+    """A ForkedCLI child seen through its pid, as `kill_after_next_chunk` reads a Popen: running until its fork
+    server has reaped it (its exit status is what ForkedCLI.run returns)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        """None while it runs, else 0 (ended)."""
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return 0
+        return None
+
+    def send_signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):  # it ended first
+            os.kill(self.pid, sig)
+
+    def wait(self) -> None:
+        while self.poll() is None:
+            time.sleep(0.01)
+
+
+@pytest.fixture(scope="session")
+def forked_cli(tmp_path_factory) -> Iterator[ForkedCLI]:
+    """One fork server per worker, for every test that needs real featstore processes (builds and probes)."""
+    forked = ForkedCLI(tmp_path_factory.mktemp("forked"), "featstore.workflows.build", "featstore.workflows.probe")
+    yield forked
+    forked.close()
 
 
 def run_cli(*args: str, ok: bool = True):

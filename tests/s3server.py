@@ -62,7 +62,7 @@ def s3_server() -> Iterator[S3Server]:
     try:
         port = int(proc.stdout.readline())
         endpoint = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 300  # a hang guard: moto starts in seconds, more on a busy machine
         while True:
             try:
                 urllib.request.urlopen(endpoint, timeout=2).close()

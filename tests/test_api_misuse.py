@@ -48,7 +48,7 @@ from synthetic import class_clusters, make_image_folder, write_feature_store
 import featstore as fs
 from featstore.errors import FeatstoreError, FeatstoreWarning
 
-from conftest import digest, fails, run_cli
+from conftest import Running, digest, fails, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DIMS = [8, 12]
@@ -450,7 +450,7 @@ def _state(db: Path) -> tuple[str, int]:
     return version, n
 
 
-def test_ctrl_c_during_the_database_write_rolls_it_back(tmp_path):
+def test_ctrl_c_during_the_database_write_rolls_it_back(tmp_path, forked_cli):
     """SIGINT sent the moment the job starts its write (its new weights version appears in the store) and after
     delays that move it through the write and past it, one run per moment: each time the database is the old one,
     every row, with one line and exit status 2, or the complete new run (the job finished its write first; a
@@ -459,38 +459,40 @@ def test_ctrl_c_during_the_database_write_rolls_it_back(tmp_path):
     Five moments, each a class of where the signal lands: twice at once (the write's start: the moment that must
     roll back, tried twice so that one late wake-up of this process cannot lose it), 10 ms and 50 ms in (inside the
     transaction, its rows going in) and 0.6 s (past the commit: the finished run, or 130 while the CLI prints). Each
-    moment is one process start (~4 s), so more delays between these add time, not a new case."""
+    moment is one process (forked from one that has imported featstore and torch: conftest's ForkedCLI), so more
+    delays between these add time, not a new case."""
     feats, labels = class_clusters(3000, 4, [16, 16, 16], seed=7)
     store = write_feature_store(tmp_path / "s.zarr", feats, labels, 4)
     db = tmp_path / "f.duckdb"
-    command = [sys.executable, "-m", "featstore.cli.main", "probe", "--store", str(store), "--model", "synthetic",
-               "--db", str(db), "--variant", "linear", "--threads", "1", "--no-progress"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    assert subprocess.run(command, capture_output=True, env=env).returncode == 0
+    args = ["probe", "--store", str(store), "--model", "synthetic", "--db", str(db), "--variant", "linear",
+            "--threads", "1", "--no-progress"]
+    run_cli(*args)  # the old run, in this process: only the interrupted ones need a process of their own
     outcomes = []
     for delay in (0.0, 0.0, 0.01, 0.05, 0.6):
         old, old_state, old_versions = digest(db), _state(db), _versions(store)
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        deadline = time.monotonic() + 120  # a hang guard only
-        while proc.poll() is None and not (_versions(store) - old_versions) and time.monotonic() < deadline:
-            time.sleep(0.0005)
-        time.sleep(delay)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+
+        def interrupt(pid: int, delay: float = delay, old_versions: set[str] = old_versions) -> None:
+            deadline = time.monotonic() + 120  # a hang guard only
+            while Running(pid).poll() is None and not (_versions(store) - old_versions) and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            time.sleep(delay)
+            Running(pid).send_signal(signal.SIGINT)  # unless it ended first
+
+        status, _, err = forked_cli.run_apart(args, started=interrupt)
+        returncode = os.waitstatus_to_exitcode(status)
         assert "Traceback" not in err, err
         lines = [line for line in err.splitlines() if line.strip()]
         if digest(db) == old:
-            assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, err)
+            assert returncode == 2 and len(lines) == 1, (returncode, err)
             assert lines[0].startswith("featstore: error: interrupted while writing the runs into"), lines
             assert "rolled back" in lines[0] and _state(db) == old_state
             outcomes.append("rolled back")
         else:
             version, n = _state(db)
             assert version not in old_versions and n == 3000 * 3, (version, n)
-            # after the write: 'featstore: interrupted' (130), or Python's own exit by SIGINT during shutdown (-2)
-            assert proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, err)
-            outcomes.append("finished" if proc.returncode == 0 else "interrupted after the write")
+            # after the write: 'featstore: interrupted' (130), or Python's own exit by SIGINT (-2)
+            assert returncode in (0, 130, -signal.SIGINT), (returncode, err)
+            outcomes.append("finished" if returncode == 0 else "interrupted after the write")
     print(outcomes)
     assert "rolled back" in outcomes
 

@@ -301,7 +301,7 @@ def test_report_skips_a_fifo_and_finishes(tmp_path):
     fsdb.record_image_source(db, root, ["a", "b"])
     try:  # a hang guard, not a speed check: the report takes a few seconds
         done = subprocess.run([sys.executable, "-m", "featstore.cli.main", "report", "--db", str(db), "--out",
-                               str(tmp_path / "rep")], capture_output=True, text=True, timeout=120)
+                               str(tmp_path / "rep")], capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:  # (run() killed it)
         pytest.fail("featstore report waited on a FIFO")
     assert done.returncode == 0, done.stderr

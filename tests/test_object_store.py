@@ -5,6 +5,7 @@ probe streams from S3 within a memory budget smaller than the features."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import subprocess
@@ -20,7 +21,7 @@ from obstore.store import S3Store
 from synthetic import class_clusters, write_feature_store
 from test_probe import DIMS, assert_matches_sklearn, assert_predictions_recompute
 
-from conftest import fails, kill_after_next_chunk, run_cli
+from conftest import Running, fails, kill_after_next_chunk, run_cli
 
 BUILD = ["--model", "resnet18", "--weights", "none", "--image-size", "32", "--chunk-rows", "8", "--batch-size", "4",
          "--workers", "0", "--no-progress",
@@ -66,16 +67,23 @@ def local_build(big_image_dir, tmp_path_factory) -> dict[str, np.ndarray]:
     return arrays(store)
 
 
-def test_a_killed_build_on_s3_resumes_bit_identical_to_a_local_one(big_image_dir, s3_url, local_build):
+def test_a_killed_build_on_s3_resumes_bit_identical_to_a_local_one(big_image_dir, s3_url, local_build, forked_cli):
     """Two killed runs, one per moment class: the first right after it commits a chunk, the second, a resumed run, a
-    random moment after its next commit (mid-chunk, some of its objects PUT); then a resume to the end."""
+    random moment after its next commit (mid-chunk, some of its objects PUT); then a resume to the end. The killed
+    builds are real processes, forked from one that has imported featstore (conftest's ForkedCLI)."""
     kills, rng = 0, random.Random(0)
     for attempt in range(2):
-        proc = build_process(big_image_dir, s3_url)
-        # the first kill as soon as this run commits a chunk, later ones a random moment after
-        if kill_after_next_chunk(proc, lambda: done_chunks(s3_url), then=rng.uniform(0.0, 0.5) if attempt > 0 else 0.0):
-            kills += 1
-        if proc.returncode == 0:
+        killed: list[bool] = []
+
+        def kill(pid: int, then: float = rng.uniform(0.0, 0.5) if attempt > 0 else 0.0,
+                 killed: list[bool] = killed) -> None:
+            # the first kill as soon as this run commits a chunk, later ones a random moment after
+            killed.append(kill_after_next_chunk(Running(pid), lambda: done_chunks(s3_url), then=then))
+
+        status, _ = forked_cli.run(["build", "--data", big_image_dir, "--store", s3_url, *BUILD],
+                                   env={"OMP_NUM_THREADS": "1"}, started=kill)
+        kills += killed[0]
+        if status == 0:
             break
     assert kills >= 1, "the build finished before it could be killed; the test proved nothing"
     # the killed holder's lease is taken over at once (same machine, its process is gone), and the build resumes
@@ -257,27 +265,32 @@ def test_a_foreign_folder_in_a_model_group_is_ignored_and_named(where, s3_url, t
     con.close()
 
 
-def test_a_server_that_goes_away_mid_build_is_one_line(big_image_dir):
+def test_a_server_that_goes_away_mid_build_is_one_line(big_image_dir, forked_cli):
     """The S3 server killed mid-build gave 174 lines of traceback. It is one line and exit status 2, and
-    what was committed before stays marked done."""
-    from s3server import s3_server, with_env
+    what was committed before stays marked done. The build is a real process, forked from one that has imported
+    featstore (conftest's ForkedCLI)."""
+    from s3server import s3_server
 
-    with s3_server() as server:
+    with contextlib.ExitStack() as running:
+        server = running.enter_context(s3_server())
         server.create_bucket("gone")
         url = "s3://gone/s.zarr"
-        env = {**with_env(server.env), "OMP_NUM_THREADS": "1"}
-        build = subprocess.Popen([*CLI, "build", "--data", str(big_image_dir), "--store", url, *BUILD], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         store = S3Store("gone", prefix="s.zarr", endpoint=server.endpoint, client_options={"allow_http": True},
                         **{k.removeprefix("AWS_").lower(): v for k, v in server.env.items()
                            if k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")})
-        deadline = time.monotonic() + 300
-        while sum(len(b) for b in obstore.list(store, "resnet18/clean/done/c/")) < 1:
-            assert build.poll() is None and time.monotonic() < deadline, build.stderr.read()[-2000:]
-            time.sleep(0.05)
-    # the server is gone (killed on leaving the block) while the build has chunks to go
-    assert build.wait(timeout=600) == 2
-    lines = [line for line in build.stderr.read().splitlines() if line.strip()]
+
+        def stop_the_server_after_a_chunk(pid: int) -> None:
+            deadline = time.monotonic() + 300  # a hang guard only
+            while sum(len(b) for b in obstore.list(store, "resnet18/clean/done/c/")) < 1:
+                assert Running(pid).poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+            running.close()  # the server is gone (killed) while the build has chunks to go
+
+        status, _, err = forked_cli.run_apart(["build", "--data", big_image_dir, "--store", url, *BUILD],
+                                              env={**server.env, "OMP_NUM_THREADS": "1"},
+                                              started=stop_the_server_after_a_chunk)
+    assert os.waitstatus_to_exitcode(status) == 2, err[-2000:]
+    lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("featstore: error: the object store stopped answering"), lines
 
 

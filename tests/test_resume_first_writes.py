@@ -14,9 +14,9 @@ overwrite among them), where an even spread of 20 tried some phases several time
 The moments are counted exactly. On S3 a proxy between the build and the server (moto) counts the build's writes
 (PUT, POST, DELETE) on the wire and, once the server has applied the Nth, SIGKILLs the build before it hears the
 answer. On a local folder the build process counts zarr's file writes and SIGKILLs itself after the Nth (that
-hook is this file's, in the forked child, never in featstore). Each build is a real process: forked from one that
-has imported featstore and torch once (a fresh interpreter spends ~5 s importing them), so that 40 killed builds
-and their 40 resumes fit in CI."""
+hook is the tests', in the forked child, never in featstore). Each build is a real process: forked from one that
+has imported featstore and torch once (conftest's ForkedCLI), so that 31 killed builds and their 31 resumes fit
+in CI."""
 
 from __future__ import annotations
 
@@ -25,8 +25,6 @@ import http.server
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +38,7 @@ import zarr
 from obstore.store import S3Store
 from synthetic import make_image_folder
 
-from conftest import run_cli
+from conftest import ForkedCLI, run_cli
 
 PHASES = {"root", "images", "model", "head", "view", "chunk", "done"}  # each build's, on S3 "lease" too
 # a noise view (its attrs decide its draws) and two anchors: few arrays, so that a build makes few requests
@@ -48,77 +46,6 @@ BUILD = ["build", "--model", "resnet18", "--weights", "none", "--image-size", "3
          "--batch-size", "8", "--workers", "0", "--device", "cpu", "--no-progress", "--views", "gaussian_noise-1",
          "--anchors", "layer1.0,layer4.1",
          "--threads", "1"]  # other thread counts differ in the last bits (docs/build.md#reliability)
-
-# One process that imports what a build needs, then forks a build per line of JSON it reads ({"argv", "env",
-# "log", "kill_after", "trace"}), answering the child's pid, then its wait status. The child counts its file writes
-# through zarr's local store (every file zarr writes goes through _put), appends each one's path to "trace" (a
-# file, if given) and with "kill_after" N SIGKILLs itself right after the Nth.
-ZYGOTE = r"""
-import json, os, signal, sys, threading
-import torch, torchvision.models, zarr.storage._local as local
-import featstore.cli.main, featstore.workflows.build
-for line in sys.stdin:
-    job = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        os.environ.update(job["env"])
-        sys.argv = job["argv"]
-        out = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        put, lock, count = local._put, threading.Lock(), [0]
-        def counted(path, *args, **kwargs):
-            written = put(path, *args, **kwargs)
-            with lock:
-                count[0] += 1
-                if job["trace"]:
-                    with open(job["trace"], "a") as trace:
-                        print(path, file=trace)
-                if count[0] == job["kill_after"]:
-                    os.kill(os.getpid(), signal.SIGKILL)
-            return written
-        local._put = counted
-        code = 0
-        try:
-            featstore.cli.main.main()
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        except BaseException:
-            import traceback; traceback.print_exc(); code = 1
-        sys.stdout.flush(); sys.stderr.flush()
-        os._exit(code)
-    print(pid, flush=True)
-    print(os.waitpid(pid, 0)[1], flush=True)
-"""
-
-
-class Builds:
-    """Build processes forked from the zygote, one at a time."""
-
-    def __init__(self, tmp: Path):
-        self.tmp, self.n = tmp, 0
-        self.zygote = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-    def run(self, args: list[str], env: dict[str, str] | None = None, kill_after: int = 0, trace: Path | None = None,
-            started: Callable[[int], None] | None = None) -> tuple[int, str]:
-        """Run `featstore ARGS` to its end (or its kill): (wait status, what it printed)."""
-        self.n += 1
-        log = self.tmp / f"build{self.n}.log"
-        job = {"argv": ["featstore", *map(str, args)], "env": env or {}, "log": str(log), "kill_after": kill_after,
-               "trace": str(trace or "")}
-        self.zygote.stdin.write(json.dumps(job) + "\n")
-        self.zygote.stdin.flush()
-        pid = int(self.zygote.stdout.readline())
-        if started is not None:
-            started(pid)
-        status = int(self.zygote.stdout.readline())
-        return status, log.read_text()
-
-    def close(self) -> None:
-        self.zygote.stdin.close()
-        self.zygote.wait(timeout=60)
-
 
 def killed(status: int) -> bool:
     return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
@@ -260,10 +187,8 @@ def images(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    forked = Builds(tmp_path_factory.mktemp("builds"))
-    yield forked
-    forked.close()
+def builds(forked_cli: ForkedCLI) -> ForkedCLI:
+    return forked_cli
 
 
 @pytest.fixture(scope="module")
@@ -325,7 +250,7 @@ def first_commit(writes: list[str]) -> int:
     return next(i + 1 for i, w in enumerate(writes) if "/done/c/" in w)
 
 
-def resumes(builds: Builds, images: Path, store: str | Path, reference: dict, kill: Callable[[], int],
+def resumes(builds: ForkedCLI, images: Path, store: str | Path, reference: dict, kill: Callable[[], int],
             moment: int) -> str | None:
     """None when the build killed at `moment` (by `kill()`, which returns its wait status) resumes to the
     reference; else what went wrong."""

@@ -237,7 +237,7 @@ class _no_warning:
 
 # -- 8-9. hangs: a FIFO as the database ----------------------------------------------------------------------------
 
-def _in_child(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _in_child(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """A command in a process of its own, so that a hang (the case before) fails the test instead of stopping it;
     the timeout is a guard far above the few seconds the refusal takes."""
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
