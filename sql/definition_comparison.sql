@@ -36,7 +36,8 @@ ranks_b AS (
     FROM cells GROUP BY ai, bi, layer_b),
 centred AS (  -- each cell's ranks less their mean, (n + 1) / 2
     SELECT c.*, ra - (pr.total + 1) / 2 AS da, rb - (pr.total + 1) / 2 AS db
-    FROM cells c JOIN pairs pr USING (ai, bi) JOIN ranks_a USING (ai, bi, layer_a) JOIN ranks_b USING (ai, bi, layer_b)),
+    FROM cells c JOIN pairs pr USING (ai, bi) JOIN ranks_a USING (ai, bi, layer_a)
+    JOIN ranks_b USING (ai, bi, layer_b)),
 stats AS (  -- Spearman's ρ: Pearson's of the ranks, summed in a fixed order (NULL when one side is constant)
     SELECT ai, bi, sum(n)::BIGINT AS n,
            CASE WHEN count(DISTINCT layer_a) > 1 AND count(DISTINCT layer_b) > 1

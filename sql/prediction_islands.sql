@@ -1,7 +1,7 @@
 -- prediction_islands(of_run, tap_name := NULL) -> (run_id, image_id, anchor, pos, pred, conf, island): every
--- prediction of a run (of_run NULL: of every run of `runs`), numbered by the stretch of equal consecutive predictions it lies
--- in; pos is the anchor index, or with tap_name the block index over that tap's anchors. (run_id, image_id, pred,
--- island) identifies a stretch: pos minus its rank among equal predictions is constant inside one. l*(k) is the
+-- prediction of a run (of_run NULL: of every run of `runs`), numbered by the stretch of equal consecutive predictions
+-- it lies in; pos is the anchor index, or with tap_name the block index over that tap's anchors. (run_id, image_id,
+-- pred, island) identifies a stretch: pos minus its rank among equal predictions is constant inside one. l*(k) is the
 -- first start (min pos) of a stretch of length (count) >= k+1 (docs/design.md §7): the one definition that
 -- decisions, the joint criterion, exits and tap timelines use.
 CREATE OR REPLACE MACRO prediction_islands(of_run, tap_name := NULL) AS TABLE

@@ -201,9 +201,10 @@ def test_exit_sim_reads_every_policy_and_the_front_from_one_simulation(tmp_path)
     confs = (rng.integers(0, 9, (400, 5)) / 8).astype(np.float32)
     head, labels = rng.integers(0, 3, 400), np.ones(400, int)
     path = exit_database(tmp_path / "f.duckdb", preds, confs, head, labels)
-    policies = q.ExitPolicies((1, 3, 1), (0.25, 0.5, 0.5, 0.625, 1.0), (0.5, 0.875, 0.5))
+    policies = q.ExitPolicies((1, 3, 1), (0.25, 0.5, 0.5, 0.55, 0.6, 0.625, 1.0), (0.5, 0.875, 0.5))
     sim, front = q.exit_frontier(path, "m/clean/linear", DEVICE, 4, policies)
-    cases = ([("stability", k, None) for k in (1, 3)] + [("confidence", None, t) for t in (0.25, 0.5, 0.625, 1.0)]
+    cases = ([("stability", k, None) for k in (1, 3)]
+             + [("confidence", None, t) for t in (0.25, 0.5, 0.55, 0.6, 0.625, 1.0)]
              + [("combined", k, t) for k in (1, 3) for t in (0.5, 0.875)] + [("full depth", None, None),
                                                                               ("oracle", None, None)])
     assert sim.select("policy", "k", "theta").rows() == sorted(cases, key=lambda c: (c[0], c[1] or 0, c[2] or 0))
@@ -223,6 +224,11 @@ def test_exit_sim_reads_every_policy_and_the_front_from_one_simulation(tmp_path)
     undominated = {c for c, (a, m) in points.items()
                    if not any(b >= a and n <= m and (b > a or n < m) for b, n in points.values())}
     assert set(front.select("policy", "k", "theta").rows()) == undominated and front["mean_ms"].is_sorted()
+    # θ = 0.55 and 0.6 exit every image where 0.625 does (the grid has nothing between): the same figures to the
+    # last bit, and so both on the front or neither
+    tied = sim.filter(pl.col("theta").is_in([0.55, 0.6, 0.625]) & (pl.col("policy") == "confidence"))
+    assert tied.select("accuracy", "mean_ms", "mean_flops").unique().height == 1
+    assert front.filter(pl.col("theta").is_in([0.55, 0.6, 0.625]) & (pl.col("policy") == "confidence")).height in (0, 3)
     result = q.early_exit(path, "m/clean/linear", DEVICE, 4, policies)
     assert result.simulation.equals(sim) and result.pareto.equals(front)
 
