@@ -243,8 +243,7 @@ def early_exit(db: Db, run_id: str, device: str | None = None, batch_size: int =
                                  Name("scope"), ", or ", Name("no_gate"), field="scope", value=scope)
         raise FeatstoreError(f"no image to simulate early exit on: this scope counts no image of {run_id!r}; pass "
                              f"another ", Name("scope"), field="scope", value=scope)
-    return EarlyExit(device, population, exit_simulation(db, run_id, device, batch_size, policies, scope),
-                     exit_pareto(db, run_id, device, batch_size, policies, scope))
+    return EarlyExit(device, population, *exit_frontier(db, run_id, device, batch_size, policies, scope))
 
 
 def exit_population(db: Db, run_id: str, policies: ExitPolicies = DEFAULT_POLICIES,
@@ -289,6 +288,15 @@ def exit_pareto(db: Db, run_id: str, device: str, batch_size: int = 1, policies:
     return _exit_table("exit_pareto", db, run_id, device, batch_size, policies, scope)
 
 
+def exit_frontier(db: Db, run_id: str, device: str, batch_size: int = 1, policies: ExitPolicies = DEFAULT_POLICIES,
+                  scope: str = SCOPE) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """exit_simulation's table and exit_pareto's, from one simulation (sql/exit_frontier.sql marks the front): the
+    two macros would each simulate every policy over every image."""
+    both = _exit_table("exit_frontier", db, run_id, device, batch_size, policies, scope)
+    simulation = both.drop("on_front").sort("policy", "k", "theta", maintain_order=True)  # exit_simulation's order
+    return simulation, both.filter(pl.col("on_front")).drop("on_front").sort("mean_ms", maintain_order=True)
+
+
 def exit_shares(db: Db, run_id: str, policies: ExitPolicies = DEFAULT_POLICIES, scope: str = SCOPE) -> pl.DataFrame:
     return query(db, "SELECT * FROM exit_shares(?, ks := ?, thresholds := ?, combined_thresholds := ?, scope := ?, "
                      "gate_thresholds := ?)", [run_id, *policies.args(), check_scope(scope), policies.gate_args()])
@@ -319,25 +327,28 @@ def comparison_runs(db: Db, runs: Sequence[str] | None = None) -> list[str]:
     return clean
 
 
+def _rows_of(packed: pl.DataFrame, column: str) -> pl.DataFrame:
+    """The rows a one-row result holds in a list column (a macro returning several tables from one computation), in
+    the list's order; no rows, with the columns, for an empty (NULL) list."""
+    return packed.select(pl.col(column).explode()).filter(pl.col(column).is_not_null()).unnest(column)
+
+
 def compare(db: Db, runs: Sequence[str] | None = None, k: int = K, min_conf: float = JOINT_MIN_CONF,
             scope: str = SCOPE, per_pair: int = PER_PAIR) -> Comparison:
-    """l*(k), prediction depth and the joint criterion of each run, compared image by image."""
+    """l*(k), prediction depth and the joint criterion of each run, compared image by image: every table from one
+    query (definition_comparison computes the definitions and their pairs once)."""
     per_pair = check_field("per_pair", per_pair)
     con = db if isinstance(db, duckdb.DuckDBPyConnection) else connect(db, read_only=True, wait_s=READ_WAIT_S)
     try:
         runs = comparison_runs(con, runs)
-        args = [runs, k, check_min_conf(min_conf), check_scope(scope)]
-        tail = "(?, k := ?, min_conf := ?, scope := ?)"
-        picked = "(?, k := ?, min_conf := ?, per_pair := ?, scope := ?)"
-        ranking = query(con, f"SELECT * FROM definition_ranking{tail}", args)  # definition_agreement's rows too
-        return Comparison(runs, query(con, f"SELECT * FROM definition_summary{tail}", args),
+        scope = check_scope(scope)
+        packed = query(con, "SELECT * FROM definition_comparison(?, k := ?, min_conf := ?, per_pair := ?, scope := ?)",
+                       [runs, k, check_min_conf(min_conf), per_pair, scope])
+        ranking = _rows_of(packed, "ranking")  # definition_agreement's rows too
+        return Comparison(runs, _rows_of(packed, "summary"),
                           ranking.drop("early_late_decided").sort("a", "b", maintain_order=True),
-                          query(con, f"SELECT * FROM definition_crosstab{tail}", args),
-                          query(con, f"SELECT * FROM definition_disagreements{picked}", [*args[:3], per_pair, args[3]]),
-                          query(con, f"SELECT * FROM definition_decided_disagreements{picked}",
-                                [*args[:3], per_pair, args[3]]),
-                          ranking,
-                          query(con, "SELECT * FROM prediction_depth_summary(?, scope := ?)", [runs, args[3]]))
+                          _rows_of(packed, "crosstab"), _rows_of(packed, "disagreements"), _rows_of(packed, "decided"),
+                          ranking, query(con, "SELECT * FROM prediction_depth_summary(?, scope := ?)", [runs, scope]))
     finally:
         if con is not db:
             con.close()

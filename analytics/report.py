@@ -435,9 +435,7 @@ def _early_exit(figs, con, run: dict, scope: str) -> str:
     counted = f"<p>{html.escape(q.describe_population(population))}.</p>"
     if population["n"] == 0:
         return f"<p>Early exit for {html.escape(run['run_id'])}: no image to simulate on.</p>" + counted
-    both = q._exit_table("exit_frontier", con, run["run_id"], device, batch, DEFAULT_POLICIES, scope)
-    sim = both.drop("on_front")  # exit_simulation's rows, and exit_pareto's among them: one simulation
-    front = both.filter(pl.col("on_front")).drop("on_front").sort("mean_ms", maintain_order=True)
+    sim, front = q.exit_frontier(con, run["run_id"], device, batch, DEFAULT_POLICIES, scope)
     oracle = sim.filter(pl.col("policy") == "oracle")
     fig, ax = figs.plt.subplots(figsize=(6.5, 4))
     colours = {"stability": "#3b6ea8", "confidence": "#4c9a5f", "combined": "#8e5ea2", "learned": "#c9a227",

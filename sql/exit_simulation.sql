@@ -19,16 +19,26 @@ probes AS (
 whole AS (
     SELECT ms / batch_size AS ms, flops / batch_size AS flops FROM model_costs
     WHERE model = (SELECT model FROM m) AND device = sim_device AND batch_size = sim_batch),
+counted AS (  -- per policy and exit anchor: the images leaving there, those judged (a prediction) and those right
+    SELECT policy, k, theta, exit_anchor, count(*) AS n, count(pred = label) AS judged,
+           count(*) FILTER (WHERE pred = label) AS right_
+    FROM exit_events(sim_run, ks := ks, thresholds := thresholds, combined_thresholds := combined_thresholds,
+                     scope := scope, gate_thresholds := gate_thresholds)
+    GROUP BY policy, k, theta, exit_anchor),
 priced AS (
     SELECT e.*,
            CASE WHEN e.exit_anchor IS NOT NULL THEN c.exit_ms
                 WHEN e.policy = 'full depth' THEN whole.ms ELSE whole.ms + probes.ms END AS ms,
            CASE WHEN e.exit_anchor IS NOT NULL THEN c.exit_flops
                 WHEN e.policy = 'full depth' THEN whole.flops ELSE whole.flops + probes.flops END AS flops
-    FROM exit_events(sim_run, ks := ks, thresholds := thresholds, combined_thresholds := combined_thresholds,
-                     scope := scope, gate_thresholds := gate_thresholds) e
-    CROSS JOIN whole CROSS JOIN probes LEFT JOIN costs c ON c.anchor = e.exit_anchor)
-SELECT policy, k, theta, count(*) AS n, avg((pred = label)::INT) AS accuracy, avg(ms) AS mean_ms,
-       avg(flops) AS mean_flops, avg((exit_anchor IS NULL)::INT) AS full_depth_share
+    FROM counted e CROSS JOIN whole CROSS JOIN probes LEFT JOIN costs c ON c.anchor = e.exit_anchor)
+-- the means per image from the counts per anchor, summed in anchor order: two policies whose images leave at the
+-- same anchors have the same figures to the last bit (a tie on the Pareto front stays a tie), whatever the threads
+SELECT policy, k, theta, sum(n)::BIGINT AS n,
+       CASE WHEN sum(judged) > 0 THEN sum(right_)::DOUBLE / sum(judged)::DOUBLE END AS accuracy,
+       sum(n * ms ORDER BY exit_anchor NULLS LAST) / (sum(n) FILTER (WHERE ms IS NOT NULL))::DOUBLE AS mean_ms,
+       sum(n * flops ORDER BY exit_anchor NULLS LAST) / (sum(n) FILTER (WHERE flops IS NOT NULL))::DOUBLE
+           AS mean_flops,
+       (coalesce(sum(n) FILTER (WHERE exit_anchor IS NULL), 0))::DOUBLE / sum(n)::DOUBLE AS full_depth_share
 FROM priced GROUP BY policy, k, theta
 ORDER BY policy, k NULLS FIRST, theta NULLS FIRST;

@@ -130,8 +130,8 @@ def test_min_conf_zero_is_todays_decision_layers_and_every_k_macro_takes_it(worl
          for r in sweep["run_id"].to_list()])
 
 
-def test_comparison_equals_scipy_and_numpy(world):
-    result = q.compare(world.db, list(RUNS), k=2, min_conf=0.5, scope="all", per_pair=3)
+def definition_layers(world) -> dict[str, np.ndarray]:
+    """Every definition's layer per image (k = 2, min_conf 0.5), by the plain loops above."""
     layers = {}
     for run_id, run in world.runs.items():
         layers[f"l*(2) {run_id}"] = np.array([joint_loop(list(p), [1.0] * (T + 1), 2, 0)[0] for p in run.preds])
@@ -139,6 +139,12 @@ def test_comparison_equals_scipy_and_numpy(world):
                                                       for p, c in zip(run.preds, run.confs, strict=True)])
         layers[f"depth {run_id}"] = np.array([depth_loop(list(p), h) for p, h in zip(run.preds, world.head,
                                                                                         strict=True)])
+    return layers
+
+
+def test_comparison_equals_scipy_and_numpy(world):
+    result = q.compare(world.db, list(RUNS), k=2, min_conf=0.5, scope="all", per_pair=3)
+    layers = definition_layers(world)
     assert sorted(result.summary["definition"].to_list()) == sorted(layers)
     assert result.summary["definition"].to_list()[:3] == [f"l*(2) {RUNS[0]}", f"joint(2, 0.5) {RUNS[0]}",
                                                           f"depth {RUNS[0]}"]
@@ -191,6 +197,41 @@ def test_comparison_equals_scipy_and_numpy(world):
     matrix = result.shortened().matrix("spearman")
     assert matrix.shape == (len(layers), len(layers) + 1)
     assert matrix["definition"][0] == "#1 l*(2) linear"
+
+
+def test_the_comparison_is_one_query_whose_picks_are_plain_counts(world):
+    """definition_comparison, compare's one query (the definitions and their pairs computed once): one row whose
+    lists hold every table; Spearman's ρ from the pairs' counts per pair of layers is scipy's to 1e-12, the
+    cross-table's shares its counts over n, and per pair and side the disagreements listed are the first per_pair
+    by the id's hash of a plain loop's images early by one definition and late by the other (all of them, and
+    those where both layers are decisions, with their count n)."""
+    packed = q.query(world.db, "SELECT * FROM definition_comparison(?, k := 2, min_conf := 0.5, per_pair := 3, "
+                               "scope := 'all')", [list(RUNS)])
+    assert packed.columns == ["summary", "ranking", "crosstab", "disagreements", "decided"] and packed.height == 1
+    table = {c: packed.select(pl.col(c).explode()).unnest(c) for c in packed.columns}
+    layers = definition_layers(world)
+    band = {name: np.where(v > T, "unsettled", np.where(v < 0.3 * T, "early", np.where(v >= 0.7 * T, "late", "mid")))
+            for name, v in layers.items()}
+    decided = {name: v <= T - (0 if name.startswith("depth") else 2) for name, v in layers.items()}
+    hashes = dict(q.query(world.db, "SELECT image_id, hash(image_id) AS h FROM images").rows())
+    assert len(table["ranking"]) == 36 and table["crosstab"]["share"].to_list() == pytest.approx(
+        (table["crosstab"]["n"] / N).to_list(), rel=1e-15)
+    for row in table["ranking"].iter_rows(named=True):
+        a, b = row["a"], row["b"]
+        assert row["spearman"] == pytest.approx(spearmanr(layers[a], layers[b]).statistic, abs=1e-12)
+        both = decided[a] & decided[b]
+        for side, (early, late) in (("a early, b late", (a, b)), ("a late, b early", (b, a))):
+            opposite = (band[early] == "early") & (band[late] == "late")
+            for name, among, n in (("disagreements", opposite, None),
+                                   ("decided", opposite & both, row["early_late_decided"])):
+                ids = sorted(world.ids[among].tolist(), key=lambda i: (hashes[i], i))[:3]
+                listed = table[name].filter((pl.col("a") == a) & (pl.col("b") == b) & (pl.col("side") == side))
+                assert sorted(listed["image_id"].to_list()) == sorted(ids), (name, a, b, side)
+                if n is not None:
+                    assert n == int(np.sum((band[a] != band[b]) & np.isin(band[a], ["early", "late"])
+                                           & np.isin(band[b], ["early", "late"]) & both))
+                    assert set(listed["n"].to_list()) <= {n}
+    assert table["decided"]["n"].to_list() == sorted(table["decided"]["n"].to_list(), reverse=True)
 
 
 def test_compare_and_timeline_commands(world):

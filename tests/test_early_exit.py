@@ -38,19 +38,19 @@ PREFIX_FLOPS, PROBE_FLOPS, FULL_FLOPS = [10, 20, 40, 70, 90], 5, 100
 DEVICE = "test-device"
 
 
-@pytest.fixture(scope="module")
-def db(tmp_path_factory):
-    path = tmp_path_factory.mktemp("exit") / "f.duckdb"
+def exit_database(path, preds, confs, head, labels):
+    """A database of one run (anchors 0..4) with the given predictions, confidences, head and labels, its images all
+    in the test split, and the costs above measured at batch 1 and 4."""
     con = fsdb.connect(path)
-    ids = np.arange(5)
-    fsdb.register_images(con, DatasetInfo("fp", "test", "-", 0), ids, np.array(["a"] * 5), np.ones(5, int),
-                         np.array(["test"] * 5))
+    ids = np.arange(len(preds))
+    fsdb.register_images(con, DatasetInfo("fp", "test", "-", 0), ids, np.array(["a"] * len(ids)), np.asarray(labels),
+                         np.array(["test"] * len(ids)))
     fsdb.register_anchors(con, "m", [SimpleNamespace(index=a, name=f"a{a}", module=f"a{a}", dim=2, depth_frac=a / 4)
                                      for a in range(5)])
     run = {"run_id": "m/clean/linear", "model": "m", "view": "clean", "train_view": "clean", "probe": "linear",
            "params": {}, "cross_fit": 0, "seed": 0, "store": "-"}
-    fsdb.write_runs(con, [run_rows(run, ids, np.array(PREDS), np.array(CONFS))])
-    fsdb.replace_model_outputs(con, "m", "clean", ids, np.array(HEAD), np.full(5, 0.9))
+    fsdb.write_runs(con, [run_rows(run, ids, np.array(preds), np.array(confs))])
+    fsdb.replace_model_outputs(con, "m", "clean", ids, np.array(head), np.full(len(ids), 0.9))
     for batch in (1, 4):  # batch 4 costs 4x per batch: the same per image
         anchors = [AnchorCost(a, ms * batch, PREFIX_FLOPS[a] * batch, PROBE_MS * batch, PROBE_FLOPS * batch)
                    for a, ms in enumerate(PREFIX_MS)]
@@ -59,19 +59,25 @@ def db(tmp_path_factory):
     return path
 
 
-def simulate(policy: str, k: int | None, theta: float | None) -> list[tuple[int | None, int]]:
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    return exit_database(tmp_path_factory.mktemp("exit") / "f.duckdb", PREDS, CONFS, HEAD, [1] * 5)
+
+
+def simulate(policy: str, k: int | None, theta: float | None, preds=PREDS, confs=CONFS, heads=HEAD,
+             labels=(1,) * 5) -> list[tuple[int | None, int]]:
     """Plain Python, docs/design.md §7: (exit anchor or None for full depth, prediction) per image."""
     out = []
-    for preds, confs, head in zip(PREDS, CONFS, HEAD, strict=True):
+    for timeline, conf, head, label in zip(preds, confs, heads, labels, strict=True):
         exit_at = None
-        for layer in range(len(preds)):
-            stable = k is not None and layer >= k and len(set(preds[layer - k : layer + 1])) == 1
-            confident = theta is not None and confs[layer] >= theta
+        for layer in range(len(timeline)):
+            stable = k is not None and layer >= k and len(set(timeline[layer - k : layer + 1])) == 1
+            confident = theta is not None and np.float32(conf[layer]) >= np.float32(theta)
             if (policy == "stability" and stable) or (policy == "confidence" and confident) or \
-               (policy == "combined" and stable and confident) or (policy == "oracle" and preds[layer] == 1):
+               (policy == "combined" and stable and confident) or (policy == "oracle" and timeline[layer] == label):
                 exit_at = layer
                 break
-        out.append((exit_at, head if exit_at is None else preds[exit_at]))
+        out.append((exit_at, head if exit_at is None else timeline[exit_at]))
     return out
 
 
@@ -183,6 +189,48 @@ def test_cost_and_exit_sim_commands(image_dir, tmp_path):
     assert "give stability windows" in fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear", "--k", "x")
     line = fails("exit-sim", "--db", db, "--run", "resnet18/clean/linear", "--scope", "tst")
     assert "'tst' is not one of" in line and "'test'" in line
+
+
+def test_exit_sim_reads_every_policy_and_the_front_from_one_simulation(tmp_path):
+    """q.exit_frontier (what exit-sim and the report read: one simulation, its front marked) on 400 images whose
+    confidences lie on a 1/8 grid (ties at every threshold) and thresholds given twice: every policy equals a plain
+    simulation, the front is the undominated set of the realisable ones, and early_exit prints these tables."""
+    rng = np.random.default_rng(3)
+    preds = rng.integers(0, 3, (400, 5))
+    preds[rng.random(400) < 0.5, 2:] = 1  # half settle on the label from anchor 2
+    confs = (rng.integers(0, 9, (400, 5)) / 8).astype(np.float32)
+    head, labels = rng.integers(0, 3, 400), np.ones(400, int)
+    path = exit_database(tmp_path / "f.duckdb", preds, confs, head, labels)
+    policies = q.ExitPolicies((1, 3, 1), (0.25, 0.5, 0.5, 0.55, 0.6, 0.625, 1.0), (0.5, 0.875, 0.5))
+    sim, front = q.exit_frontier(path, "m/clean/linear", DEVICE, 4, policies)
+    cases = ([("stability", k, None) for k in (1, 3)]
+             + [("confidence", None, t) for t in (0.25, 0.5, 0.55, 0.6, 0.625, 1.0)]
+             + [("combined", k, t) for k in (1, 3) for t in (0.5, 0.875)] + [("full depth", None, None),
+                                                                              ("oracle", None, None)])
+    assert sim.select("policy", "k", "theta").rows() == sorted(cases, key=lambda c: (c[0], c[1] or 0, c[2] or 0))
+    points = {}
+    for policy, k, theta in cases:
+        events = simulate(policy, k, theta, preds.tolist(), confs.tolist(), head.tolist(), labels.tolist())
+        if policy == "full depth":
+            events = [(None, h) for h in head.tolist()]
+        row = sim.filter((pl.col("policy") == policy) & pl.col("k").eq_missing(k)
+                         & pl.col("theta").eq_missing(theta)).row(0, named=True)
+        costs = [price(policy, e) for e, _ in events]
+        assert row["n"] == 400 and row["accuracy"] == np.mean([p == 1 for _, p in events]), (policy, k, theta)
+        assert row["mean_ms"] == pytest.approx(np.mean([c[0] for c in costs]), rel=1e-12), (policy, k, theta)
+        assert row["full_depth_share"] == np.mean([e is None for e, _ in events]), (policy, k, theta)
+        if policy != "oracle":
+            points[policy, k, theta] = (row["accuracy"], row["mean_ms"])
+    undominated = {c for c, (a, m) in points.items()
+                   if not any(b >= a and n <= m and (b > a or n < m) for b, n in points.values())}
+    assert set(front.select("policy", "k", "theta").rows()) == undominated and front["mean_ms"].is_sorted()
+    # θ = 0.55 and 0.6 exit every image where 0.625 does (the grid has nothing between): the same figures to the
+    # last bit, and so both on the front or neither
+    tied = sim.filter(pl.col("theta").is_in([0.55, 0.6, 0.625]) & (pl.col("policy") == "confidence"))
+    assert tied.select("accuracy", "mean_ms", "mean_flops").unique().height == 1
+    assert front.filter(pl.col("theta").is_in([0.55, 0.6, 0.625]) & (pl.col("policy") == "confidence")).height in (0, 3)
+    result = q.early_exit(path, "m/clean/linear", DEVICE, 4, policies)
+    assert result.simulation.equals(sim) and result.pareto.equals(front)
 
 
 def test_the_macros_defaults_are_the_cli_and_report_defaults(db):
