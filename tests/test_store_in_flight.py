@@ -69,3 +69,26 @@ def test_a_read_of_rows_that_fails_in_one_array_raises_after_every_other_read_en
     assert sorted(ended) == sorted(a.path for a in arrays[:-1])
     blocks = read_rows(arrays, 0, CHUNK, errors=True)  # each failure in its place, the rest as stored
     assert isinstance(blocks[-1], Gone) and [b.shape for b in blocks[:-1]] == [(CHUNK, d) for d in DIMS]
+
+
+def test_a_discarded_probe_version_waits_for_the_writes_a_ctrl_c_left_running(store):
+    """Ctrl-C while a probe's arrays are written ends the job's wait, not the writes on Zarr's loop: discarding
+    the version waits for them, so none lands in (or brings back) the removed folder. A write is left running here
+    as a Ctrl-C leaves it: scheduled on Zarr's loop with nothing waiting on it, landing 0.5 s later."""
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import _get_loop
+
+    writer = StoreWriter(store)
+    writer.write_probe("synthetic", "linear", "anchor00", {"w": np.ones((2, 3))}, {}, "v1")
+    version = store / "synthetic" / "probes" / "linear" / "v1"
+    assert version.is_dir()
+
+    async def late_write() -> None:
+        await asyncio.sleep(0.5)
+        await writer.root.store.set("synthetic/probes/linear/v1/anchor00/late.partial",
+                                    default_buffer_prototype().buffer.from_bytes(b"written after the interrupt"))
+
+    left_running = asyncio.run_coroutine_threadsafe(late_write(), _get_loop())
+    writer.discard_probe_version("synthetic", "linear", "v1")
+    left_running.result(timeout=60)  # the write has landed, or had landed before the removal
+    assert not version.exists()

@@ -26,7 +26,7 @@ from featstore.store.integrity import NO_CHECKSUM, STAT_COLUMNS, brief, checksum
 from featstore.store.location import StoreLocation
 from featstore.store.probes import PROBES
 from featstore.store.reader import HEAD, FeatureStore
-from featstore.store.zarr_loop import sync, together
+from featstore.store.zarr_loop import settle, sync, together
 
 
 @dataclass
@@ -262,7 +262,9 @@ class StoreWriter(FeatureStore):
                 del g[other]
 
     def discard_probe_version(self, key: str, name: str, version: str) -> None:
-        """Remove a version that never became current (its database transaction failed)."""
+        """Remove a version that never became current (its database transaction failed, or Ctrl-C came while its
+        arrays were written: those writes end first, `settle`)."""
+        settle()
         try:
             g = self.root[key][PROBES][name]
         except KeyError:

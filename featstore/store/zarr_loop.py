@@ -16,7 +16,7 @@ from typing import Any
 
 from zarr.core.sync import sync
 
-__all__ = ["sync", "together"]
+__all__ = ["settle", "sync", "together"]
 
 
 def together(calls: Sequence[Coroutine[Any, Any, Any]], errors: bool = False) -> list:
@@ -32,3 +32,17 @@ def together(calls: Sequence[Coroutine[Any, Any, Any]], errors: bool = False) ->
     if failed is not None and not errors:
         raise failed
     return outcomes
+
+
+def settle(timeout_s: float = 60.0) -> None:
+    """Wait until nothing else runs on Zarr's loop (at most `timeout_s`): a Ctrl-C ends `sync`'s wait in the
+    calling thread but not the coroutine it waited on, whose writes would land in a folder being removed after it
+    (a removal failing on a file renamed under it, or a removed version back with the late files)."""
+
+    async def others() -> None:
+        current = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout_s)
+
+    sync(others())
