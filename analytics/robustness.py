@@ -68,7 +68,9 @@ def robust_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = SCOPE, ru
                   ).filter(pl.col("k").is_in(ks))
     if sweep.is_empty():
         return sweep
-    bands = robust_bands(db, max(ks), scope, chosen, min_conf, bool(refits)).filter(pl.col("k").is_in(ks))
+    bands = query(db, "SELECT model, view, k, image_id, run_id, band, never_stable, votes, refits FROM robust_bands("
+                      "?, scope := ?, run_set := ?, min_conf := ?, seeds := ?) WHERE list_contains(?, k)",
+                  [max(ks), scope, chosen, min_conf, bool(refits), list(ks)])  # what the intervals read: a third
     intervals = [_intervals(group, replicates, seed, level, bool(refits))
                  for _, group in bands.group_by("model", "view", "k", maintain_order=True)]
     return (sweep.join(pl.concat(intervals), on=["model", "view", "k", "run_id"], how="left", maintain_order="left")
