@@ -26,6 +26,7 @@ import duckdb
 
 from featstore.analytics.interrupts import interruptible
 from featstore.errors import FeatstoreError, Name, Step
+from featstore.schema import READ_MEMORY_LIMIT
 
 if TYPE_CHECKING:
     import numpy as np
@@ -187,6 +188,9 @@ def _create_temp_table(con: duckdb.DuckDBPyConnection, table: str) -> None:
 # featstore's jobs only insert rows it hands over (Arrow) and read the database itself.
 NO_EXTENSIONS = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
 SEALED = {"enable_external_access": False, **NO_EXTENSIONS, "lock_configuration": True}
+# A reader's DuckDB memory (featstore/schema.py): DuckDB's default, 80% of the machine, let one report hold 1.4 GB of
+# buffers on a 48,000-image database; bounded, the same queries spill to <database>.tmp instead.
+READER = {"memory_limit": READ_MEMORY_LIMIT}
 
 
 def seal(con: duckdb.DuckDBPyConnection, reach: Sequence[Path] = ()) -> None:
@@ -252,7 +256,8 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
         while True:
             try:
                 con = interruptible(duckdb.connect(str(path), read_only=read_only,
-                                                   config=NO_EXTENSIONS if reach else SEALED))
+                                                   config=(NO_EXTENSIONS if reach else SEALED)
+                                                   | (READER if read_only else {})))
                 break
             except duckdb.IOException as e:
                 if "lock" not in str(e).lower() or time.monotonic() >= deadline:
@@ -464,7 +469,7 @@ def connect_several(paths: Sequence[str | Path], runs: Sequence[str] | None = No
     paths = _distinct_files([Path(p) for p in paths])
     for p in paths:
         connect(p, read_only=True).close()  # each one exists and is a featstore database
-    con = interruptible(duckdb.connect(":memory:", config=NO_EXTENSIONS))
+    con = interruptible(duckdb.connect(":memory:", config=NO_EXTENSIONS | READER))
     try:
         seal(con, database_files(paths))  # before anything is attached: they, and nothing else, can be read
         aliases = attach_names(con, paths)

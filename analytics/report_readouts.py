@@ -107,7 +107,7 @@ def _calibration(figs, con, run_id: str, bins: int, scope: str) -> str:
 def _overthinking(figs, con, run_ids: Sequence[str], scope: str) -> str:
     """Share right at some anchor <= l per run beside its label-blind permutation null, the head's accuracy, and
     the run-wide shares with their nulls and p-values."""
-    frames = {run_id: r.overthinking(con, run_id, scope) for run_id in run_ids}
+    frames = r.overthinking_runs(con, run_ids, scope)
     frames = {k: v for k, v in frames.items() if not v.is_empty() and v["n"][0]}
     if not frames:
         return ""

@@ -68,9 +68,15 @@ def robust_sweep(db: Db, ks: Sequence[int] | None = None, scope: str = SCOPE, ru
                   ).filter(pl.col("k").is_in(ks))
     if sweep.is_empty():
         return sweep
-    bands = robust_bands(db, max(ks), scope, chosen, min_conf, bool(refits)).filter(pl.col("k").is_in(ks))
-    intervals = [_intervals(group, replicates, seed, level, bool(refits))
-                 for _, group in bands.group_by("model", "view", "k", maintain_order=True)]
+    bands = query(db, "SELECT model, view, k, image_id, run_id, band, never_stable, votes, refits FROM robust_bands("
+                      "?, scope := ?, run_set := ?, min_conf := ?, seeds := ?) WHERE list_contains(?, k) "
+                      "ORDER BY model, view, k", [max(ks), scope, chosen, min_conf, bool(refits), list(ks)])
+    # each model, view and k a slice of the rows (a group_by would hash and gather all of them: ~80 MB at 48,000
+    # images), the columns the intervals read
+    group = bands.select(pl.struct("model", "view", "k").rle_id()).to_series().to_numpy()
+    starts = np.flatnonzero(np.diff(group, prepend=-1))
+    intervals = [_intervals(bands[start:stop], replicates, seed, level, bool(refits))
+                 for start, stop in zip(starts, np.append(starts[1:], len(bands)), strict=True)]
     return (sweep.join(pl.concat(intervals), on=["model", "view", "k", "run_id"], how="left", maintain_order="left")
             .with_columns(interval_over=pl.lit(OVER_REFITS if refits else OVER_IMAGES)))
 

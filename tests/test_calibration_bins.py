@@ -8,13 +8,14 @@ import re
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 from synthetic import register_toy_images, run_rows
 
 from featstore.analytics import db as fsdb
 from featstore.analytics import readouts as r
 from featstore.errors import FeatstoreError
-from featstore.schema import CALIBRATION_BINNINGS, CALIBRATION_BINS, CALIBRATION_MIN_N
+from featstore.schema import CALIBRATION_BINNINGS, CALIBRATION_BINS, CALIBRATION_MIN_N, INTERVAL_LEVEL
 
 RUN = "m/clean/linear"
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,3 +184,41 @@ def test_the_macros_default_as_the_schema(file):
     assert f"bins := {CALIBRATION_BINS}" in signature and f"binning := '{CALIBRATION_BINNINGS[0]}'" in signature
     if file != "calibration_images.sql":
         assert f"min_n := {CALIBRATION_MIN_N}" in signature
+
+
+def bincount_bootstrap(confs, hits, bins_of, bins: int, min_n: int, replicates: int, seed: int):
+    """Equal-width bins' ECE and MCE per replicate, one replicate at a time: each bin's size, hits and confidence
+    sum by numpy.bincount over the images in id order, weighted by the replicate's copies of each image."""
+    rng = np.random.default_rng(seed)
+    n, anchors = confs.shape
+    ece, mce = np.zeros((replicates, anchors)), np.full((replicates, anchors), np.nan)
+    for b in range(replicates):
+        copies = np.bincount(rng.integers(0, n, n), minlength=n).astype(np.float64)
+        for layer in range(anchors):
+            size = np.bincount(bins_of[:, layer], weights=copies, minlength=bins)
+            right = np.bincount(bins_of[:, layer], weights=copies * hits[:, layer], minlength=bins)
+            conf = np.bincount(bins_of[:, layer], weights=confs[:, layer] * copies, minlength=bins)
+            gap = np.abs(right - conf)
+            ece[b, layer] = gap.sum() / n
+            large = [gap[m] / size[m] for m in range(bins) if size[m] >= min_n]
+            mce[b, layer] = max(large) if large else np.nan
+    return ece, mce
+
+
+@pytest.mark.parametrize("replicates, min_n", [(129, 10), (1, 40)])  # blocks of 64, 64 and 1 replicates; one alone
+def test_blocked_bootstrap_is_bit_identical_to_one_replicate_at_a_time(replicates, min_n):
+    rng = np.random.default_rng(8)
+    n, anchors, bins = 3000, 3, 15
+    confs = rng.beta(5, 2, (n, anchors))  # float64: each sum's rounding depends on the order of its additions
+    hits = (rng.random((n, anchors)) < confs).astype(np.float64)
+    bins_of = np.maximum(np.ceil(confs * bins).astype(int), 1) - 1
+    rows = pl.DataFrame({"anchor": np.repeat(np.arange(anchors), n), "image_id": np.tile(np.arange(n) * 3 + 1, anchors),
+                         "hit": hits.T.ravel().astype(bool), "conf": confs.T.ravel(), "bin": bins_of.T.ravel() + 1})
+    got = r.calibration_intervals(rows.sample(fraction=1.0, shuffle=True, seed=1), bins, "width", min_n, replicates, 5)
+    ece, mce = bincount_bootstrap(confs, hits, bins_of, bins, min_n, replicates, 5)
+    quantiles = [(1 - INTERVAL_LEVEL) / 2, (1 + INTERVAL_LEVEL) / 2]  # as documented: 0.025 is not (1 - 0.95) / 2
+    for layer in range(anchors):
+        row = got.row(layer, named=True)
+        assert [row["ece_lo"], row["ece_hi"]] == np.quantile(ece[:, layer], quantiles).tolist()  # exact, bit for bit
+        kept = mce[:, layer][~np.isnan(mce[:, layer])]
+        assert [row["mce_lo"], row["mce_hi"]] == (np.quantile(kept, quantiles).tolist() if len(kept) else [None] * 2)

@@ -142,8 +142,13 @@ def random_run(tmp_path_factory):
 def test_every_figure_matches_a_plain_permutation_loop(random_run, seed, table_cells, monkeypatch):
     monkeypatch.setattr(r, "_TABLE_CELLS", table_cells)
     db, preds, labels, head_right = random_run
-    draws, n, t = 300, len(labels), preds.shape[1] - 1
-    got = r.overthinking(db, RUN, draws=draws, seed=seed)
+    draws = 300
+    assert_plain_loop(r.overthinking(db, RUN, draws=draws, seed=seed), preds, labels, head_right, draws, seed)
+
+
+def assert_plain_loop(got, preds, labels, head_right, draws: int, seed: int) -> None:
+    """Every figure of `got` (overthinking of one run) against `plain_null` and counts of its own."""
+    n, t = len(labels), preds.shape[1] - 1
     counts = plain_null(preds, labels, head_right, draws, seed)
     observed = {g: np.array(right_by_group) for g, right_by_group in
                 ((g, [sum(labels[i] in preds[i, :layer + 1] for i in np.flatnonzero(head_right == g))
@@ -164,6 +169,41 @@ def test_every_figure_matches_a_plain_permutation_loop(random_run, seed, table_c
         assert got[f"{share}_p"].to_list() == [got[f"{share}_by_p"][t - 1]] * (t + 1)
         assert got[f"{share}_null_lo"][0] == got[f"{share}_by_null_lo"][t - 1]
     assert got["seed"][0] == seed
+
+
+@pytest.fixture(scope="module")
+def three_runs(tmp_path_factory):
+    """Two runs over the same images and head (groups of the same sizes: one set of permutations serves both) and
+    a third on another view, whose head is right on other images (groups of other sizes)."""
+    rng = np.random.default_rng(11)
+    n, anchors = 120, 5
+    labels = rng.integers(0, 5, n)
+    db = tmp_path_factory.mktemp("three") / "f.duckdb"
+    con = fsdb.connect(db)
+    register_toy_images(con, labels, np.array(["test"] * n), ("m",), anchors)
+    runs = {}
+    for run_id, view, right in (("m/clean/linear", "clean", 0.7), ("m/clean/knn", "clean", 0.7),
+                                ("m/noisy/linear", "noisy", 0.4)):
+        if view not in {v for _, v, _ in runs.values()}:
+            head = np.where(rng.random(n) < right, labels, (labels + 1) % 5)
+            fsdb.replace_model_outputs(con, "m", view, np.arange(n), head, np.full(n, 0.9))
+        preds = np.where(rng.random((n, anchors)) < np.linspace(0.2, 0.8, anchors), labels[:, None],
+                         rng.integers(0, 5, (n, anchors)))
+        fsdb.write_runs(con, [run_rows({"run_id": run_id, "model": "m", "view": view}, np.arange(n), preds,
+                                       np.full(preds.shape, 0.5, dtype=np.float32))])
+        runs[run_id] = (preds, view, head)
+    con.close()
+    return db, labels, runs
+
+
+def test_runs_at_once_are_each_run_alone_by_a_plain_loop(three_runs):
+    db, labels, runs = three_runs
+    got = r.overthinking_runs(db, list(runs), draws=150, seed=2)
+    assert list(got) == list(runs)
+    sizes = {run_id: int((head == labels).sum()) for run_id, (_, _, head) in runs.items()}
+    assert sizes["m/clean/linear"] == sizes["m/clean/knn"] != sizes["m/noisy/linear"]
+    for run_id, (preds, _, head) in runs.items():
+        assert_plain_loop(got[run_id], preds, labels, head == labels, 150, 2)
 
 
 def test_the_same_seed_gives_the_same_figures(random_run):
