@@ -11,6 +11,7 @@ import functools
 import hashlib
 import importlib.resources
 import json
+import math
 import os
 import re
 import stat
@@ -26,7 +27,7 @@ import duckdb
 
 from featstore.analytics.interrupts import interruptible
 from featstore.errors import FeatstoreError, Name, Step
-from featstore.schema import READ_MEMORY_LIMIT
+from featstore.schema import READ_MEMORY_FLOOR_MB, READ_MEMORY_PER_BYTE
 
 if TYPE_CHECKING:
     import numpy as np
@@ -188,9 +189,14 @@ def _create_temp_table(con: duckdb.DuckDBPyConnection, table: str) -> None:
 # featstore's jobs only insert rows it hands over (Arrow) and read the database itself.
 NO_EXTENSIONS = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
 SEALED = {"enable_external_access": False, **NO_EXTENSIONS, "lock_configuration": True}
-# A reader's DuckDB memory (featstore/schema.py): DuckDB's default, 80% of the machine, let one report hold 1.4 GB of
-# buffers on a 48,000-image database; bounded, the same queries spill to <database>.tmp instead.
-READER = {"memory_limit": READ_MEMORY_LIMIT}
+
+
+def reader_config(paths: Sequence[Path]) -> dict[str, str]:
+    """A reader's DuckDB memory limit (featstore/schema.py READ_MEMORY_FLOOR_MB, READ_MEMORY_PER_BYTE) for the
+    database files `paths` (their write-ahead logs counted): DuckDB's default, 80% of the machine, let one report
+    hold 1.4 GB of buffers on a 48,000-image database; bounded, the same queries spill to <database>.tmp instead."""
+    stored = sum(p.stat().st_size for path in paths for p in (path, path.with_name(path.name + ".wal")) if p.exists())
+    return {"memory_limit": f"{max(READ_MEMORY_FLOOR_MB, math.ceil(READ_MEMORY_PER_BYTE * stored / 1e6))}MB"}
 
 
 def seal(con: duckdb.DuckDBPyConnection, reach: Sequence[Path] = ()) -> None:
@@ -257,7 +263,7 @@ def connect(path: str | Path, read_only: bool = False, wait_s: float = 0.0,
             try:
                 con = interruptible(duckdb.connect(str(path), read_only=read_only,
                                                    config=(NO_EXTENSIONS if reach else SEALED)
-                                                   | (READER if read_only else {})))
+                                                   | (reader_config([path]) if read_only else {})))
                 break
             except duckdb.IOException as e:
                 if "lock" not in str(e).lower() or time.monotonic() >= deadline:
@@ -469,7 +475,7 @@ def connect_several(paths: Sequence[str | Path], runs: Sequence[str] | None = No
     paths = _distinct_files([Path(p) for p in paths])
     for p in paths:
         connect(p, read_only=True).close()  # each one exists and is a featstore database
-    con = interruptible(duckdb.connect(":memory:", config=NO_EXTENSIONS | READER))
+    con = interruptible(duckdb.connect(":memory:", config=NO_EXTENSIONS | reader_config(paths)))
     try:
         seal(con, database_files(paths))  # before anything is attached: they, and nothing else, can be read
         aliases = attach_names(con, paths)

@@ -244,8 +244,12 @@ class Size(Value):
 CHUNK_ROWS = 1024  # images per store chunk (a build's unit of work and of resumption)
 VAL_FRAC = 0.1  # the share of the non-test images a probe keeps for validation
 MEMORY_BUDGET = "4GB"  # what a probe run may hold of stored rows in memory
-READ_MEMORY_LIMIT = "150MB"  # DuckDB's memory_limit on a read-only connection (the report, queries, sql): past it,
-# DuckDB spills joins, aggregates and sorts to <database>.tmp: a reader's memory stays bounded at any database size
+# DuckDB's memory_limit on a read-only connection (the report, queries, sql): READ_MEMORY_PER_BYTE times the bytes of
+# the database files it reads, at least READ_MEMORY_FLOOR_MB; past it DuckDB spills joins, aggregates and sorts to
+# <database>.tmp. In proportion to the data because what DuckDB cannot spill (robust_sweep's state: more than 100 MB
+# on the 48,000-image benchmark's 62 MB file) grows with it: a fixed bound would refuse a larger database's report
+READ_MEMORY_FLOOR_MB = 150
+READ_MEMORY_PER_BYTE = 2.5
 IG_STEPS = 5  # integrated-gradients steps of a circuit attribution
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")  # a build's forward precision
 DECODES = ("auto", "cpu", "gpu")  # where a build decodes its images
