@@ -74,21 +74,28 @@ def test_a_read_of_rows_that_fails_in_one_array_raises_after_every_other_read_en
 def test_a_discarded_probe_version_waits_for_the_writes_a_ctrl_c_left_running(store):
     """Ctrl-C while a probe's arrays are written ends the job's wait, not the writes on Zarr's loop: discarding
     the version waits for them, so none lands in (or brings back) the removed folder. A write is left running here
-    as a Ctrl-C leaves it: scheduled on Zarr's loop with nothing waiting on it, landing 0.5 s later."""
-    from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.sync import _get_loop
+    as a Ctrl-C leaves it: on Zarr's loop, its caller (another thread) not the one that discards, landing 0.5 s
+    after it started."""
+    import threading
+
+    from featstore.store.zarr_loop import sync
 
     writer = StoreWriter(store)
     writer.write_probe("synthetic", "linear", "anchor00", {"w": np.ones((2, 3))}, {}, "v1")
     version = store / "synthetic" / "probes" / "linear" / "v1"
     assert version.is_dir()
+    started = threading.Event()
 
     async def late_write() -> None:
+        started.set()
         await asyncio.sleep(0.5)
-        await writer.root.store.set("synthetic/probes/linear/v1/anchor00/late.partial",
-                                    default_buffer_prototype().buffer.from_bytes(b"written after the interrupt"))
+        late = version / "anchor00" / "w" / "c" / "0.partial"  # as a store's write lands: its folders made
+        late.parent.mkdir(parents=True, exist_ok=True)
+        late.write_bytes(b"written after the interrupt")
 
-    left_running = asyncio.run_coroutine_threadsafe(late_write(), _get_loop())
+    left_running = threading.Thread(target=sync, args=(late_write(),))
+    left_running.start()
+    assert started.wait(60)
     writer.discard_probe_version("synthetic", "linear", "v1")
-    left_running.result(timeout=60)  # the write has landed, or had landed before the removal
+    left_running.join(60)  # the write has landed, or had landed before the removal
     assert not version.exists()
