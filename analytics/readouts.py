@@ -321,6 +321,8 @@ def _run_sums(values: np.ndarray, starts: np.ndarray, dtype: type | None = None)
     Floats are added row by row in order: numpy adds that way along an axis that is not the fast one in memory
     (its pairwise summation is only for the fast axis), so a lone column is given a second, of zeros, and dropped."""
     columns = values.shape[1]
+    if len(starts) == 0:  # no rows (say, no image the probe got wrong): no runs
+        return np.zeros((columns, 0), dtype=dtype or values.dtype)
     if columns == 1:
         values = np.hstack([values, np.zeros_like(values)])
     ends = np.append(starts[1:], len(values))

@@ -205,12 +205,15 @@ def bincount_bootstrap(confs, hits, bins_of, bins: int, min_n: int, replicates: 
     return ece, mce
 
 
-@pytest.mark.parametrize("replicates, min_n", [(129, 10), (1, 40)])  # blocks of 64, 64 and 1 replicates; one alone
-def test_blocked_bootstrap_is_bit_identical_to_one_replicate_at_a_time(replicates, min_n):
+# blocks of 64, 64 and 1 replicates; one alone; an anchor whose probe is right on every image (no wrong image to sum)
+@pytest.mark.parametrize("replicates, min_n, all_right", [(129, 10, False), (1, 40, False), (65, 10, True)])
+def test_blocked_bootstrap_is_bit_identical_to_one_replicate_at_a_time(replicates, min_n, all_right):
     rng = np.random.default_rng(8)
     n, anchors, bins = 3000, 3, 15
     confs = rng.beta(5, 2, (n, anchors))  # float64: each sum's rounding depends on the order of its additions
     hits = (rng.random((n, anchors)) < confs).astype(np.float64)
+    if all_right:
+        hits[:, 1] = 1.0
     bins_of = np.maximum(np.ceil(confs * bins).astype(int), 1) - 1
     rows = pl.DataFrame({"anchor": np.repeat(np.arange(anchors), n), "image_id": np.tile(np.arange(n) * 3 + 1, anchors),
                          "hit": hits.T.ravel().astype(bool), "conf": confs.T.ravel(), "bin": bins_of.T.ravel() + 1})
