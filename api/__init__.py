@@ -5,6 +5,7 @@ read-only (`open_store`, store.py); probes fitted on in-memory arrays with the C
 estimator.py); the jobs `build` and `probe` (a registered variant or any scikit-learn estimator, landed in DuckDB
 like every run) and `register_probe` (jobs.py); the saved probes read back (`load_probe`, saved.py); the results
 read-only (`connect`, results.py); the other jobs, one per command (tasks.py); the declared values the CLI's options
-read (declared.py). This package itself imports nothing, so the CLI's `--help` loads only the light modules it
-names; `import featstore as fs` re-exports the public names (featstore/__init__.py).
+read (declared.py); the jobs' records under their public names (configs.py). This package itself imports nothing,
+so the CLI's `--help` loads only the light modules it names; `import featstore as fs` re-exports the public names
+(featstore/__init__.py).
 """

@@ -1,16 +1,17 @@
 """featstore: a feature store of pooled anchor activations, and the analytics of when a network decides.
 
-`import featstore as fs` is the public API (docs/python.md): the names below, each defined in a module of the API
-(`featstore.api`, the api/ folder), the records its calls take and return where the jobs or the core define them,
-and the version. Each is imported on first use, so that `import featstore` loads neither torch, DuckDB nor Polars;
-the `TYPE_CHECKING` block makes the same imports for type checkers, IDEs and readers, and `_PUBLIC` says where each
-name is found at run time (tests/test_imports_followable.py checks that they and `__all__` agree).
+`import featstore as fs` is the public API (docs/python.md): the names below, each from a module of the API
+(`featstore.api`, the api/ folder; the jobs' records through api/configs.py), the core's records its calls take
+and return, and the version. Each is imported on first use, so that `import featstore` loads neither torch, DuckDB
+nor Polars; the `TYPE_CHECKING` block makes the same imports for type checkers, IDEs and readers, and `_PUBLIC`
+says where each name is found at run time (tests/test_imports_followable.py checks that they and `__all__` agree).
 """
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from featstore.api.configs import BuildConfig, ProbeConfig, ProbeResult, ZooConfig
     from featstore.api.estimator import Probe
     from featstore.api.jobs import build, probe, register_probe
     from featstore.api.results import Results, connect
@@ -35,9 +36,6 @@ if TYPE_CHECKING:
     from featstore.errors import FeatstoreError
     from featstore.records import RunIdentity
     from featstore.version import __version__
-    from featstore.workflows.build import BuildConfig
-    from featstore.workflows.probe import ProbeConfig, ProbeResult
-    from featstore.workflows.zoo import ZooConfig
 
 # each public name -> the module it is imported from on first use
 _PUBLIC = {
@@ -52,10 +50,8 @@ _PUBLIC = {
     "FeatstoreError": "featstore.errors",
     "RunIdentity": "featstore.records",
     "__version__": "featstore.version",
-    "BuildConfig": "featstore.workflows.build",
+    **dict.fromkeys(("BuildConfig", "ProbeConfig", "ProbeResult", "ZooConfig"), "featstore.api.configs"),
     "CircuitConfig": "featstore.compute.attribution",
-    **dict.fromkeys(("ProbeConfig", "ProbeResult"), "featstore.workflows.probe"),
-    "ZooConfig": "featstore.workflows.zoo",
 }
 __all__ = ["__version__", "BuildConfig", "CircuitConfig", "FeatstoreError", "ImageSource", "LoadedProbe", "ModelData",
            "ModelSpec", "Probe", "ProbeConfig", "ProbeResult", "Results", "RunIdentity", "RunOptions", "Store",
